@@ -1,0 +1,67 @@
+"""zerobatch.core: the compiled kernels every zerobatch package calls, and file I/O helpers.
+
+Everything here is imported from this module, never from ``zerobatch.core._<kernel>``:
+
+- LLMBATCH headers: :func:`parse_llmbatch_header`, :func:`pack_llmbatch_header`,
+  :func:`llmbatch_geometry`;
+- offsets and orders: :func:`llmbatch_batch_offsets`, :func:`block_shuffle_items`;
+- gathers: :class:`LLMBatchSlots` (verified batch reads into int64 / int32 / uint32 buffers),
+  :func:`widen_u32`, :func:`max_u32`;
+- checksums: :func:`xxh3_64`, :func:`hash_slots`;
+- :mod:`zerobatch.core.io`: atomic writes, safe opens.
+
+The kernels release the GIL in their inner loops. If the compiled extensions are missing
+this import fails with the command that rebuilds them; ``ZEROBATCH_PUREPYTHON=1`` selects the
+pure-NumPy twins in ``zerobatch.core._reference`` instead (slow; for debugging).
+"""
+
+import os as _os
+
+from zerobatch.core._version import __version__
+
+PURE_PYTHON = _os.environ.get("ZEROBATCH_PUREPYTHON") == "1"
+
+if PURE_PYTHON:
+    from zerobatch.core._reference import (
+        LLMBatchSlots,
+        block_shuffle_items,
+        hash_slots,
+        llmbatch_batch_offsets,
+        llmbatch_geometry,
+        max_u32,
+        pack_llmbatch_header,
+        parse_llmbatch_header,
+        widen_u32,
+        xxh3_64,
+    )
+else:
+    try:
+        from zerobatch.core._gather import LLMBatchSlots, max_u32, widen_u32
+        from zerobatch.core._hash import hash_slots, xxh3_64
+        from zerobatch.core._header import llmbatch_geometry, pack_llmbatch_header, parse_llmbatch_header
+        from zerobatch.core._offsets import block_shuffle_items, llmbatch_batch_offsets
+    except ImportError as _exc:  # pragma: no cover - exercised by a broken install only
+        raise ImportError(
+            "zerobatch.core: the compiled extensions are missing or broken "
+            f"({_exc}). Reinstall them with: python -m pip install --force-reinstall "
+            "--no-deps zerobatch-core (or set ZEROBATCH_PUREPYTHON=1 for the slow pure-Python "
+            "kernels)"
+        ) from _exc
+
+from zerobatch.core import io
+
+__all__ = [
+    "LLMBatchSlots",
+    "PURE_PYTHON",
+    "__version__",
+    "block_shuffle_items",
+    "hash_slots",
+    "io",
+    "llmbatch_batch_offsets",
+    "llmbatch_geometry",
+    "max_u32",
+    "pack_llmbatch_header",
+    "parse_llmbatch_header",
+    "widen_u32",
+    "xxh3_64",
+]

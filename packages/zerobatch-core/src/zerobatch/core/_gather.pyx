@@ -1,0 +1,404 @@
+# Gather: LLMBATCH batch slots -> caller buffers, with per-batch checksum verification.
+#
+# Contract
+#   zb_convert_tokens(src, n, dst, kind)
+#     pre:  src holds 4*n readable bytes of little-endian uint32 tokens; dst holds n
+#           writable elements of `kind` (ZB_OUT_INT64 / ZB_OUT_INT32 / ZB_OUT_UINT32);
+#           the two do not overlap.
+#     post: ZB_OK and dst[i] = token i; or ZB_E_RANGE when kind is int32 and a token is
+#           >= 2**31 (dst is then unspecified).
+#   LLMBatchSlots methods validate indices and buffers with the GIL held, then run the
+#   copies and checksums with the GIL released, so reader threads run in parallel.
+#
+# Verification: with checksums present and verify=True, a batch is checked against its
+# trailer entry (XXH3-64 of its whole slot, padding included) the first time it is served;
+# a bitmap remembers verified batches, so each batch is hashed once per reader.
+
+from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyBuffer_Release,
+                             PyObject_GetBuffer)
+from cpython.number cimport PyNumber_Index
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+
+from zerobatch.core._endian cimport zb_load_u64le
+from zerobatch.core._hash cimport zb_xxh3_64
+from zerobatch.core._layout cimport LLMBATCH_CHECKSUM_SIZE, LLMBATCH_HEADER_SIZE
+from zerobatch.core._status cimport ZB_E_CHECKSUM, ZB_E_RANGE, ZB_OK
+
+import numpy as np
+
+from zerobatch.formats.errors import ConfigError, IntegrityError
+
+
+cdef int zb_convert_tokens(const uint8_t *src, int64_t n, void *dst, int kind) noexcept nogil:
+    if kind == ZB_OUT_INT64:
+        zb_widen_u32_i64(src, n, <int64_t *>dst)
+        return ZB_OK
+    if kind == ZB_OUT_INT32:
+        if zb_narrow_u32_i32(src, n, <int32_t *>dst):
+            return ZB_E_RANGE
+        return ZB_OK
+    zb_copy_u32(src, n, <uint32_t *>dst)
+    return ZB_OK
+
+
+cdef int _buffer_kind(const Py_buffer *view):
+    """The zb_out_kind of an acquired buffer, or 0 when it is not int64/int32/uint32."""
+    cdef bytes fmt = view.format if view.format != NULL else b"B"
+    if fmt[:1] in (b"@", b"=", b"<", b"!", b">"):
+        if fmt[:1] in (b"!", b">"):
+            return 0
+        fmt = fmt[1:]
+    if len(fmt) != 1:
+        return 0
+    if fmt in b"bhilqn":
+        if view.itemsize == 8:
+            return ZB_OUT_INT64
+        if view.itemsize == 4:
+            return ZB_OUT_INT32
+    elif fmt in b"BHILQN":
+        if view.itemsize == 4:
+            return ZB_OUT_UINT32
+    return 0
+
+
+_KIND_NAMES = {ZB_OUT_INT64: "int64", ZB_OUT_INT32: "int32", ZB_OUT_UINT32: "uint32"}
+
+
+cdef int _acquire_out(object out, Py_buffer *view, int64_t elements, str what) except -1:
+    """Acquire `out` as a writable C-contiguous int64/int32/uint32 buffer of `elements` items."""
+    if PyObject_GetBuffer(out, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0:
+        return -1
+    cdef int kind = _buffer_kind(view)
+    if kind == 0:
+        fmt = view.format
+        PyBuffer_Release(view)
+        raise ConfigError(f"{what}: out must hold int64, int32 or uint32 elements, got format "
+                          f"{fmt!r}", field="out")
+    if view.len != elements * view.itemsize:
+        n = view.len // view.itemsize
+        PyBuffer_Release(view)
+        raise ConfigError(f"{what}: out holds {n} elements, expected {elements}", field="out")
+    return kind
+
+
+def widen_u32(src, out):
+    """Convert little-endian ``uint32`` tokens into a preallocated output, GIL released.
+
+    Args:
+        src: a buffer of ``4 * n`` bytes (a NumPy ``uint32`` array, an mmap slice...).
+        out: a writable C-contiguous ``int64``, ``int32`` or ``uint32`` buffer of ``n`` elements.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ConfigError: sizes differ, ``out`` has another dtype or is read-only, or ``out`` is
+            ``int32`` and a token is 2**31 or more.
+    """
+    cdef const uint8_t[::1] s = memoryview(src).cast("B")
+    if s.shape[0] % 4:
+        raise ConfigError(f"widen_u32: src holds {s.shape[0]} bytes, not a multiple of 4",
+                          field="src")
+    cdef int64_t n = s.shape[0] // 4
+    cdef Py_buffer view
+    cdef int kind = _acquire_out(out, &view, n, "widen_u32")
+    cdef int status = ZB_OK
+    try:
+        if n:
+            with nogil:
+                status = zb_convert_tokens(&s[0], n, view.buf, kind)
+    finally:
+        PyBuffer_Release(&view)
+    if status == ZB_E_RANGE:
+        raise ConfigError("widen_u32: a token is 2**31 or more and does not fit in int32",
+                          field="out")
+    return out
+
+
+def max_u32(src) -> int:
+    """Largest little-endian ``uint32`` in a buffer (0 for an empty one), GIL released."""
+    cdef const uint8_t[::1] s = memoryview(src).cast("B")
+    if s.shape[0] % 4:
+        raise ConfigError(f"max_u32: src holds {s.shape[0]} bytes, not a multiple of 4",
+                          field="src")
+    cdef int64_t n = s.shape[0] // 4
+    cdef uint32_t m = 0
+    if n:
+        with nogil:
+            m = zb_max_u32(&s[0], n)
+    return m
+
+
+cdef class LLMBatchSlots:
+    """Compiled access to the batch slots of one mapped LLMBATCH file.
+
+    Holds the mapping's buffer and the validated geometry; every method validates its
+    arguments with the GIL held, then copies and verifies with the GIL released.
+
+    Args:
+        buffer: the whole file, mapped (any buffer of ``header.file_size`` bytes).
+        header: the file's validated :class:`~zerobatch.formats.llmbatch.LLMBatchHeader`.
+        verify: check each batch against its checksum the first time it is served.
+        path: the file's name, for error messages.
+    """
+
+    cdef const uint8_t[::1] _data
+    cdef const uint8_t *_base
+    cdef const uint8_t *_trailer
+    cdef uint8_t[::1] _verified
+    cdef uint8_t[::1] _int32_ok
+    cdef readonly uint64_t num_batches
+    cdef readonly uint64_t batch_size
+    cdef readonly uint64_t seq_len
+    cdef readonly uint64_t tokens_per_batch
+    cdef readonly uint64_t raw_batch_bytes
+    cdef readonly uint64_t padded_batch_bytes
+    cdef readonly bint verify
+    cdef readonly bint has_checksums
+    cdef readonly bint int32_safe
+    cdef readonly object path
+
+    def __cinit__(self, buffer, header, *, bint verify=True, path=None):
+        cdef const uint8_t[::1] data = memoryview(buffer).cast("B")
+        if <uint64_t>data.shape[0] != <uint64_t>header.file_size:
+            raise ConfigError(f"LLMBatchSlots: buffer holds {data.shape[0]} bytes, header "
+                              f"describes {header.file_size}", field="buffer", path=path)
+        self._data = data
+        self._base = &data[0]
+        self.path = path
+        self.num_batches = header.num_batches
+        self.batch_size = header.batch_size
+        self.seq_len = header.seq_len
+        self.tokens_per_batch = header.batch_size * header.seq_len
+        self.raw_batch_bytes = header.raw_batch_bytes
+        self.padded_batch_bytes = header.padded_batch_bytes
+        self.has_checksums = header.has_checksums
+        self.verify = verify and header.has_checksums
+        cdef uint64_t trailer_offset = header.trailer_offset
+        self._trailer = NULL
+        if header.has_checksums:
+            self._trailer = self._base + trailer_offset
+        nbytes = (header.num_batches + 7) // 8
+        self._verified = np.zeros(max(nbytes, 1), dtype=np.uint8)
+        self._int32_ok = np.zeros(max(nbytes, 1), dtype=np.uint8)
+        self.int32_safe = header.max_token is not None and header.max_token < 2**31
+
+    cdef inline uint64_t _index(self, object i) except? 0xFFFFFFFFFFFFFFFF:
+        cdef object j = i if type(i) is int else PyNumber_Index(i)
+        if j < 0 or j >= self.num_batches:
+            raise IndexError(f"{self.path}: batch index {j} out of range [0, {self.num_batches})")
+        return <uint64_t>j
+
+    cdef inline const uint8_t *_slot(self, uint64_t i) noexcept nogil:
+        return self._base + LLMBATCH_HEADER_SIZE + i * self.padded_batch_bytes
+
+    cdef inline bint _check_sum(self, uint64_t i) noexcept nogil:
+        """True when batch i is verified or matches its checksum (then marked verified)."""
+        if zb_bit_get(&self._verified[0], i):
+            return True
+        cdef uint64_t expected = zb_load_u64le(self._trailer + i * LLMBATCH_CHECKSUM_SIZE)
+        if zb_xxh3_64(self._slot(i), self.padded_batch_bytes) != expected:
+            return False
+        zb_bit_set(&self._verified[0], i)
+        return True
+
+    cdef int _raise_checksum(self, uint64_t i) except -1:
+        cdef uint64_t expected = zb_load_u64le(self._trailer + i * LLMBATCH_CHECKSUM_SIZE)
+        cdef uint64_t got = zb_xxh3_64(self._slot(i), self.padded_batch_bytes)
+        raise IntegrityError(f"batch_checksum: batch {i} does not match its checksum (stored "
+                             f"0x{expected:016x}, computed 0x{got:016x})",
+                             path=self.path, field="batch_checksum")
+
+    cpdef uint64_t check(self, object i) except? 0xFFFFFFFFFFFFFFFF:
+        """Validate index ``i`` (an integer in ``[0, num_batches)``), verify that batch's
+        checksum if it has not been verified yet, and return the index.
+
+        Raises:
+            IndexError: ``i`` is outside ``[0, num_batches)``.
+            IntegrityError: the batch does not match its checksum.
+        """
+        cdef uint64_t idx = self._index(i)
+        cdef bint ok
+        if self.verify:
+            if zb_bit_get(&self._verified[0], idx):
+                return idx
+            with nogil:
+                ok = self._check_sum(idx)
+            if not ok:
+                self._raise_checksum(idx)
+        return idx
+
+    def is_verified(self, i) -> bool:
+        """Whether batch ``i`` has been checked against its checksum by this reader."""
+        return bool(zb_bit_get(&self._verified[0], self._index(i)))
+
+    cpdef uint64_t check_int32(self, object i) except? 0xFFFFFFFFFFFFFFFF:
+        """:meth:`check`, then make sure every token of batch ``i`` fits in ``int32``.
+
+        Uses the header's ``max_token`` when the file records it, else scans the batch once
+        (remembered per batch).
+
+        Raises:
+            ConfigError: a token of the batch is 2**31 or more.
+        """
+        cdef uint64_t idx = self.check(i)
+        cdef uint32_t m
+        if self.int32_safe or zb_bit_get(&self._int32_ok[0], idx):
+            return idx
+        with nogil:
+            m = zb_max_u32(self._slot(idx), self.tokens_per_batch)
+        if m >= 2**31:
+            raise ConfigError(f"batch {idx} holds token id {m}, which does not fit in int32; "
+                              f"read it as int64", path=self.path, field="dtype")
+        zb_bit_set(&self._int32_ok[0], idx)
+        return idx
+
+    def read_into(self, i, out):
+        """Copy batch ``i`` into ``out``, converting tokens to ``out``'s element type.
+
+        Args:
+            i: batch index in ``[0, num_batches)``.
+            out: writable C-contiguous ``int64``, ``int32`` or ``uint32`` buffer of
+                ``batch_size * seq_len`` elements.
+
+        Returns:
+            ``out``.
+
+        Raises:
+            IndexError: ``i`` out of range.
+            IntegrityError: the batch does not match its checksum.
+            ConfigError: ``out`` does not fit, or is ``int32`` and a token is 2**31 or more.
+        """
+        cdef uint64_t idx = self._index(i)
+        cdef Py_buffer view
+        cdef int kind = _acquire_out(out, &view, self.tokens_per_batch, "read_into")
+        cdef int status = ZB_OK
+        try:
+            with nogil:
+                if self.verify and not self._check_sum(idx):
+                    status = ZB_E_CHECKSUM
+                else:
+                    status = zb_convert_tokens(self._slot(idx), self.tokens_per_batch,
+                                               view.buf, kind)
+        finally:
+            PyBuffer_Release(&view)
+        if status == ZB_E_CHECKSUM:
+            self._raise_checksum(idx)
+        if status == ZB_E_RANGE:
+            raise ConfigError(f"batch {idx} holds a token id of 2**31 or more, which does not "
+                              f"fit in int32; read it as int64", path=self.path, field="dtype")
+        return out
+
+    def gather(self, indices, out):
+        """Copy the batches at ``indices`` into ``out[k]``, in order, GIL released.
+
+        Args:
+            indices: integer array-like of batch indices (each in ``[0, num_batches)``).
+            out: writable C-contiguous ``int64``, ``int32`` or ``uint32`` buffer of
+                ``len(indices) * batch_size * seq_len`` elements (e.g. shape
+                ``[k, batch_size, seq_len]``).
+
+        Returns:
+            ``out``.
+
+        Raises:
+            IndexError: an index out of range (nothing is copied).
+            IntegrityError: a batch does not match its checksum.
+            ConfigError: ``out`` does not fit, or is ``int32`` and a token is 2**31 or more.
+        """
+        cdef const int64_t[::1] idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        cdef Py_ssize_t k = idx.shape[0], j
+        cdef int64_t bad = -1
+        for j in range(k):
+            if idx[j] < 0 or <uint64_t>idx[j] >= self.num_batches:
+                raise IndexError(f"{self.path}: batch index {idx[j]} out of range "
+                                 f"[0, {self.num_batches})")
+        cdef Py_buffer view
+        cdef int kind = _acquire_out(out, &view, k * self.tokens_per_batch, "gather")
+        cdef int status = ZB_OK
+        cdef Py_ssize_t itemsize = view.itemsize
+        cdef char *dst = <char *>view.buf
+        try:
+            with nogil:
+                for j in range(k):
+                    if self.verify and not self._check_sum(idx[j]):
+                        status = ZB_E_CHECKSUM
+                        bad = idx[j]
+                        break
+                    status = zb_convert_tokens(self._slot(idx[j]), self.tokens_per_batch,
+                                               dst + j * self.tokens_per_batch * itemsize, kind)
+                    if status != ZB_OK:
+                        bad = idx[j]
+                        break
+        finally:
+            PyBuffer_Release(&view)
+        if status == ZB_E_CHECKSUM:
+            self._raise_checksum(bad)
+        if status == ZB_E_RANGE:
+            raise ConfigError(f"batch {bad} holds a token id of 2**31 or more, which does not "
+                              f"fit in int32; read it as int64", path=self.path, field="dtype")
+        return out
+
+    def verify_range(self, start, stop):
+        """Check batches ``[start, stop)`` against their checksums, GIL released.
+
+        Returns:
+            A list of the indices whose checksum does not match (empty when all match, or
+            when the file has no checksums).
+        """
+        cdef uint64_t a = start, b = stop, i
+        if a > b or b > self.num_batches:
+            raise ConfigError(f"verify_range: [{start}, {stop}) is not inside "
+                              f"[0, {self.num_batches})", field="stop", path=self.path)
+        bad = []
+        if not self.has_checksums:
+            return bad
+        cdef uint64_t expected
+        cdef int64_t first_bad
+        while a < b:
+            first_bad = -1
+            with nogil:
+                i = a
+                while i < b:
+                    expected = zb_load_u64le(self._trailer + i * LLMBATCH_CHECKSUM_SIZE)
+                    if zb_xxh3_64(self._slot(i), self.padded_batch_bytes) != expected:
+                        first_bad = i
+                        break
+                    zb_bit_set(&self._verified[0], i)
+                    i += 1
+            if first_bad < 0:
+                break
+            bad.append(first_bad)
+            a = first_bad + 1
+        return bad
+
+    def padding_is_zero(self, start, stop) -> bool:
+        """Whether the zero padding after each batch in ``[start, stop)`` is all zeros."""
+        cdef uint64_t a = start, b = stop, i, k
+        cdef uint64_t pad = self.padded_batch_bytes - self.raw_batch_bytes
+        cdef const uint8_t *p
+        cdef uint8_t acc = 0
+        if a > b or b > self.num_batches:
+            raise ConfigError(f"padding_is_zero: [{start}, {stop}) is not inside "
+                              f"[0, {self.num_batches})", field="stop", path=self.path)
+        if pad == 0:
+            return True
+        with nogil:
+            for i in range(a, b):
+                p = self._slot(i) + self.raw_batch_bytes
+                for k in range(pad):
+                    acc |= p[k]
+        return acc == 0
+
+    def max_token(self, start, stop) -> int:
+        """Largest token id in batches ``[start, stop)`` (0 for an empty range), GIL released."""
+        cdef uint64_t a = start, b = stop, i
+        cdef uint32_t m = 0, v
+        if a > b or b > self.num_batches:
+            raise ConfigError(f"max_token: [{start}, {stop}) is not inside "
+                              f"[0, {self.num_batches})", field="stop", path=self.path)
+        with nogil:
+            for i in range(a, b):
+                v = zb_max_u32(self._slot(i), self.tokens_per_batch)
+                m = v if v > m else m
+        return m

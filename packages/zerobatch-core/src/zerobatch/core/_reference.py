@@ -1,0 +1,572 @@
+"""Pure-NumPy twins of every compiled kernel: the oracle the tests check the kernels against.
+
+Same functions, same arguments, same results and the same exceptions as the compiled
+modules, written for clarity rather than speed. ``ZEROBATCH_PUREPYTHON=1`` makes
+``zerobatch.core`` export these instead of the compiled kernels (slow; for debugging and for
+platforms without a compiler).
+
+XXH3-64 is ported from xxHash 0.8 (``_vendor/xxhash.h``): the short-input paths in Python
+integers, the long-input path with NumPy ``uint64`` arithmetic (wrapping by definition).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+
+from zerobatch.core._header_common import (
+    FIELD_NAMES,
+    check_uint,
+    geometry_message,
+    header_from_fields,
+    pack_fields,
+    parse_message,
+)
+from zerobatch.core._status import raise_for_status
+from zerobatch.formats import llmbatch as L
+from zerobatch.formats.errors import ConfigError, IntegrityError
+
+__all__ = [
+    "LLMBatchSlots",
+    "block_shuffle_items",
+    "hash_slots",
+    "llmbatch_batch_offsets",
+    "llmbatch_geometry",
+    "max_u32",
+    "pack_llmbatch_header",
+    "parse_llmbatch_header",
+    "widen_u32",
+    "xxh3_64",
+]
+
+# --------------------------------------------------------------------------------------------
+# XXH3-64, seed 0, default secret
+
+_M64 = (1 << 64) - 1
+_P32_1, _P32_2, _P32_3 = 0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D
+_P64_1, _P64_2, _P64_3 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9
+_P64_4, _P64_5 = 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5
+_MX1, _MX2 = 0x165667919E3779F9, 0x9FB21C651E98DF25
+_SECRET = bytes.fromhex(
+    "b8fe6c3923a44bbe7c01812cf721ad1cded46de9839097db7240a4a4b7b3671f"
+    "cb79e64eccc0e578825ad07dccff7221b8084674f743248ee03590e6813a264c"
+    "3c2852bb91c300cb88d0658b1b532ea371644897a20df94e3819ef46a9deacd8"
+    "a8fa763fe39c343ff9dcbbc7c70b4f1d8a51e04bcdb45931c89f7ec9d9787364"
+    "eac5ac8334d3ebc3c581a0fffa1363eb170ddd51b7f0da49d316552629d4689e"
+    "2b16be587d47a1fc8ff8b8d17ad031ce45cb3a8f95160428afd7fbcabb4b407e"
+)
+_STRIPE = 64
+_STRIPES_PER_BLOCK = (len(_SECRET) - _STRIPE) // 8  # 16
+_BLOCK = _STRIPE * _STRIPES_PER_BLOCK  # 1024
+
+
+def _r64(b: bytes | memoryview, i: int) -> int:
+    return int.from_bytes(b[i:i + 8], "little")
+
+
+def _r32(b: bytes | memoryview, i: int) -> int:
+    return int.from_bytes(b[i:i + 4], "little")
+
+
+def _mul_fold(a: int, b: int) -> int:
+    p = a * b
+    return (p & _M64) ^ (p >> 64)
+
+
+def _avalanche(h: int) -> int:
+    h ^= h >> 37
+    h = (h * _MX1) & _M64
+    return h ^ (h >> 32)
+
+
+def _xxh64_avalanche(h: int) -> int:
+    h ^= h >> 33
+    h = (h * _P64_2) & _M64
+    h ^= h >> 29
+    h = (h * _P64_3) & _M64
+    return h ^ (h >> 32)
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (64 - r))) & _M64
+
+
+def _rrmxmx(h: int, n: int) -> int:
+    h ^= _rotl(h, 49) ^ _rotl(h, 24)
+    h = (h * _MX2) & _M64
+    h ^= ((h >> 35) + n) & _M64
+    h = (h * _MX2) & _M64
+    return h ^ (h >> 28)
+
+
+def _mix16(b: bytes, i: int, s: int) -> int:
+    return _mul_fold(_r64(b, i) ^ _r64(_SECRET, s), _r64(b, i + 8) ^ _r64(_SECRET, s + 8))
+
+
+def _xxh3_short(b: bytes) -> int:
+    n = len(b)
+    s = _SECRET
+    if n == 0:
+        return _xxh64_avalanche(_r64(s, 56) ^ _r64(s, 64))
+    if n <= 3:
+        combined = (b[0] << 16) | (b[n >> 1] << 24) | b[n - 1] | (n << 8)
+        return _xxh64_avalanche(combined ^ (_r32(s, 0) ^ _r32(s, 4)))
+    if n <= 8:
+        in64 = _r32(b, n - 4) + (_r32(b, 0) << 32)
+        return _rrmxmx(in64 ^ (_r64(s, 8) ^ _r64(s, 16)), n)
+    if n <= 16:
+        lo = _r64(b, 0) ^ (_r64(s, 24) ^ _r64(s, 32))
+        hi = _r64(b, n - 8) ^ (_r64(s, 40) ^ _r64(s, 48))
+        swapped = int.from_bytes(lo.to_bytes(8, "little"), "big")
+        return _avalanche((n + swapped + hi + _mul_fold(lo, hi)) & _M64)
+    acc = (n * _P64_1) & _M64
+    if n <= 128:
+        if n > 32:
+            if n > 64:
+                if n > 96:
+                    acc += _mix16(b, 48, 96) + _mix16(b, n - 64, 112)
+                acc += _mix16(b, 32, 64) + _mix16(b, n - 48, 80)
+            acc += _mix16(b, 16, 32) + _mix16(b, n - 32, 48)
+        acc += _mix16(b, 0, 0) + _mix16(b, n - 16, 16)
+        return _avalanche(acc & _M64)
+    # 129..240
+    for i in range(8):
+        acc += _mix16(b, 16 * i, 16 * i)
+    acc = _avalanche(acc & _M64)
+    for i in range(8, n // 16):
+        acc += _mix16(b, 16 * i, 16 * (i - 8) + 3)
+    acc += _mix16(b, n - 16, 136 - 17)
+    return _avalanche(acc & _M64)
+
+
+_SECRET_WORDS = np.frombuffer(_SECRET, dtype="<u8", count=(len(_SECRET) - 7) // 8)
+
+
+def _secret_lanes(offset: int) -> np.ndarray:
+    return np.frombuffer(_SECRET[offset:offset + 64], dtype="<u8").astype(np.uint64)
+
+
+# Secret words for stripe k of a block: secret[8k : 8k + 64].
+_STRIPE_KEYS = np.stack([_secret_lanes(8 * k) for k in range(_STRIPES_PER_BLOCK)])
+_SCRAMBLE_KEY = _secret_lanes(len(_SECRET) - _STRIPE)
+_LAST_KEY = _secret_lanes(len(_SECRET) - _STRIPE - 7)
+_LANE_SWAP = np.array([1, 0, 3, 2, 5, 4, 7, 6])
+_LOW32 = np.uint64(0xFFFFFFFF)
+
+
+def _accumulate(acc: np.ndarray, stripes: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """acc += the contributions of `stripes` ([k, 8] u64) keyed by `keys` ([k, 8] u64).
+
+    Every step of accumulate_512 only adds into the accumulators, so a block's stripes can
+    be summed in any order.
+    """
+    if stripes.shape[0] == 0:
+        return acc
+    with np.errstate(over="ignore"):
+        data_key = stripes ^ keys
+        product = (data_key & _LOW32) * (data_key >> np.uint64(32))
+        acc = acc + product.sum(axis=0, dtype=np.uint64)
+        acc = acc + stripes.sum(axis=0, dtype=np.uint64)[_LANE_SWAP]
+    return acc
+
+
+def _xxh3_long(b: bytes) -> int:
+    n = len(b)
+    acc = np.array([_P32_3, _P64_1, _P64_2, _P64_3, _P64_4, _P32_2, _P64_5, _P32_1], dtype=np.uint64)
+    nb_blocks = (n - 1) // _BLOCK
+    words = np.frombuffer(b, dtype="<u8", count=n // 8).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        for blk in range(nb_blocks):
+            stripes = words[blk * 128:(blk + 1) * 128].reshape(_STRIPES_PER_BLOCK, 8)
+            acc = _accumulate(acc, stripes, _STRIPE_KEYS)
+            acc = acc ^ (acc >> np.uint64(47))
+            acc = acc ^ _SCRAMBLE_KEY
+            acc = acc * np.uint64(_P32_1)
+        nb_stripes = ((n - 1) - _BLOCK * nb_blocks) // _STRIPE
+        start = nb_blocks * 128
+        stripes = words[start:start + nb_stripes * 8].reshape(nb_stripes, 8)
+        acc = _accumulate(acc, stripes, _STRIPE_KEYS[:nb_stripes])
+        last = np.frombuffer(b[n - _STRIPE:], dtype="<u8").astype(np.uint64).reshape(1, 8)
+        acc = _accumulate(acc, last, _LAST_KEY.reshape(1, 8))
+    a = [int(x) for x in acc]
+    result = (n * _P64_1) & _M64
+    for i in range(4):
+        result += _mul_fold(a[2 * i] ^ _r64(_SECRET, 11 + 16 * i), a[2 * i + 1] ^ _r64(_SECRET, 11 + 16 * i + 8))
+    return _avalanche(result & _M64)
+
+
+def _bytes_of(data: Any) -> bytes:
+    mv = memoryview(data)
+    if not mv.c_contiguous:
+        raise ConfigError("expected a C-contiguous buffer", field="data")
+    return mv.cast("B").tobytes() if mv.ndim != 1 or mv.format != "B" else bytes(mv)
+
+
+def xxh3_64(data: Any) -> int:
+    """XXH3-64 (seed 0) of a buffer."""
+    b = _bytes_of(data)
+    return _xxh3_short(b) if len(b) <= 240 else _xxh3_long(b)
+
+
+def hash_slots(data: Any, offset: int, slot_size: int, count: int, out: np.ndarray | None = None) -> np.ndarray:
+    """XXH3-64 of ``count`` consecutive slots of ``slot_size`` bytes from ``offset``."""
+    b = _bytes_of(data)
+    if offset < 0 or slot_size < 1 or count < 0:
+        raise ConfigError(
+            f"hash_slots needs offset >= 0, slot_size >= 1 and count >= 0, "
+            f"got offset={offset}, slot_size={slot_size}, count={count}", field="slot_size")
+    if offset > len(b) or slot_size * count > len(b) - offset:
+        raise ConfigError(
+            f"hash_slots: {count} slots of {slot_size} bytes from offset {offset} do not fit "
+            f"in a buffer of {len(b)} bytes", field="count")
+    if out is None:
+        out = np.empty(count, dtype=np.uint64)
+    if out.shape != (count,):
+        raise ConfigError(f"hash_slots: out holds {out.size} digests, expected {count}", field="out")
+    for i in range(count):
+        out[i] = xxh3_64(b[offset + i * slot_size:offset + (i + 1) * slot_size])
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# LLMBATCH header
+
+
+def _parse_fields(b: bytes, file_size: int) -> tuple[int, dict[str, Any]]:
+    f: dict[str, Any] = {k: 0 for k in (
+        "version", "batch_size", "seq_len", "num_batches", "dtype", "seed", "total_records",
+        "has_ext", "ext_version", "ext_flags", "hash_algo", "max_token", "trailer_offset",
+        "trailer_size", "trailer_hash", "header_hash", "computed_header_hash",
+        "raw_batch_bytes", "padded_batch_bytes", "data_end", "expected_file_size", "bad_field")}
+    f["build_id"] = bytes(16)
+    f["file_size"] = file_size
+    idx = FIELD_NAMES.index
+
+    def fail(status: int, field: str) -> tuple[int, dict[str, Any]]:
+        f["bad_field"] = idx(field)
+        return status, f
+
+    if len(b) < L.HEADER_SIZE or file_size < L.HEADER_SIZE:
+        return fail(1, "header")
+    if b[:8] != L.MAGIC:
+        return fail(2, "magic")
+    (_, f["version"], f["batch_size"], f["seq_len"], f["num_batches"], f["dtype"], f["seed"],
+     f["total_records"]) = struct.unpack_from(L.HEADER_STRUCT, b, 0)
+    if f["version"] != L.VERSION:
+        return fail(3, "version")
+    if f["dtype"] != L.DTYPE_UINT32:
+        return fail(4, "dtype")
+    if b[40:48] == L.EXT_MAGIC:
+        f["has_ext"] = True
+        f["header_hash"] = _r64(b, L.HEADER_HASH_OFFSET)
+        f["computed_header_hash"] = xxh3_64(b[:L.HEADER_HASH_OFFSET])
+        f["ext_version"], f["ext_flags"], f["hash_algo"], f["max_token"] = struct.unpack_from("<IIII", b, 48)
+        f["trailer_offset"], f["trailer_size"], f["trailer_hash"] = struct.unpack_from("<QQQ", b, 64)
+        f["build_id"] = b[88:104]
+        if f["header_hash"] != f["computed_header_hash"]:
+            return fail(11, "header_hash")
+        if f["ext_version"] != L.EXT_VERSION:
+            return fail(3, "ext_version")
+        if f["ext_flags"] & ~L.EXT_FLAGS_KNOWN:
+            return fail(5, "ext_flags")
+        if f["hash_algo"] != L.HASH_ALGO_XXH3_64:
+            return fail(3, "hash_algo")
+        if any(b[L.EXT_RESERVED_START:L.HEADER_HASH_OFFSET]):
+            return fail(10, "reserved")
+        if not f["ext_flags"] & L.EXT_FLAG_MAX_TOKEN and f["max_token"] != 0:
+            return fail(6, "max_token")
+    elif any(b[40:L.HEADER_SIZE]):
+        return fail(10, "reserved")
+    bs, sl = f["batch_size"], f["seq_len"]
+    if bs == 0:
+        return fail(6, "batch_size")
+    if sl == 0:
+        return fail(6, "seq_len")
+    if bs > L.MAX_BATCH_SIZE:
+        return fail(7, "batch_size")
+    if sl > L.MAX_SEQ_LEN:
+        return fail(7, "seq_len")
+    raw = bs * sl * L.TOKEN_ITEMSIZE
+    if raw > L.MAX_BATCH_BYTES:
+        return fail(7, "batch_bytes")
+    padded = -(-raw // L.BATCH_ALIGNMENT) * L.BATCH_ALIGNMENT
+    f["raw_batch_bytes"], f["padded_batch_bytes"] = raw, padded
+    checksum_bytes = L.CHECKSUM_SIZE if f["ext_flags"] & L.EXT_FLAG_BATCH_CHECKSUMS else 0
+    nb = f["num_batches"]
+    if nb > (file_size - L.HEADER_SIZE) // (padded + checksum_bytes):
+        return fail(1, "num_batches")
+    f["data_end"] = L.HEADER_SIZE + nb * padded
+    f["expected_file_size"] = f["data_end"] + nb * checksum_bytes
+    if f["has_ext"]:
+        if f["trailer_offset"] != f["data_end"]:
+            return fail(6, "trailer_offset")
+        if f["trailer_size"] != nb * checksum_bytes:
+            return fail(6, "trailer_size")
+        if checksum_bytes == 0 and f["trailer_hash"] != 0:
+            return fail(6, "trailer_hash")
+    if file_size != f["expected_file_size"]:
+        return fail(9, "file_size")
+    return 0, f
+
+
+def parse_llmbatch_header(buf: Any, file_size: int, *, path: Any = None) -> L.LLMBatchHeader:
+    """Parse and validate an LLMBATCH header against the file's real size."""
+    if isinstance(file_size, bool) or file_size < 0:
+        raise ConfigError(f"file_size must be an integer >= 0, got {file_size!r}", field="file_size")
+    b = _bytes_of(buf)[:L.HEADER_SIZE]
+    status, f = _parse_fields(b, file_size)
+    if status:
+        raise_for_status(status, parse_message(status, f), path=path, field=FIELD_NAMES[f["bad_field"]])
+    return header_from_fields(f)
+
+
+def llmbatch_geometry(batch_size: Any, seq_len: Any) -> tuple[int, int]:
+    """Bytes of one batch and of its page-aligned slot."""
+    bs = check_uint(batch_size, "batch_size", 2**32 - 1)
+    sl = check_uint(seq_len, "seq_len", 2**32 - 1)
+    for name, v, limit in (("batch_size", bs, L.MAX_BATCH_SIZE), ("seq_len", sl, L.MAX_SEQ_LEN)):
+        if v == 0:
+            raise ConfigError(geometry_message(6, name, bs, sl), field=name)
+    for name, v, limit in (("batch_size", bs, L.MAX_BATCH_SIZE), ("seq_len", sl, L.MAX_SEQ_LEN)):
+        if v > limit:
+            raise_for_status(7, geometry_message(7, name, bs, sl), field=name)
+    raw = bs * sl * L.TOKEN_ITEMSIZE
+    if raw > L.MAX_BATCH_BYTES:
+        raise_for_status(7, geometry_message(7, "batch_bytes", bs, sl), field="batch_bytes")
+    return raw, -(-raw // L.BATCH_ALIGNMENT) * L.BATCH_ALIGNMENT
+
+
+def pack_llmbatch_header(
+    *,
+    batch_size: Any,
+    seq_len: Any,
+    num_batches: Any,
+    seed: Any,
+    total_records: Any,
+    extension: bool = True,
+    checksums: bool = True,
+    max_token: Any = None,
+    trailer_hash: Any = 0,
+    build_id: Any = None,
+) -> bytes:
+    """Pack a 4096-byte LLMBATCH header."""
+    f = pack_fields(batch_size=batch_size, seq_len=seq_len, num_batches=num_batches, seed=seed,
+                    total_records=total_records, extension=extension, checksums=checksums,
+                    max_token=max_token, trailer_hash=trailer_hash, build_id=build_id)
+    out = bytearray(L.HEADER_SIZE)
+    struct.pack_into(L.HEADER_STRUCT, out, 0, L.MAGIC, L.VERSION, f["batch_size"], f["seq_len"],
+                     f["num_batches"], L.DTYPE_UINT32, f["seed"], f["total_records"])
+    if f["has_ext"]:
+        out[40:48] = L.EXT_MAGIC
+        struct.pack_into("<IIII", out, 48, L.EXT_VERSION, f["ext_flags"], L.HASH_ALGO_XXH3_64, f["max_token"])
+        struct.pack_into("<QQQ", out, 64, f["trailer_offset"], f["trailer_size"], f["trailer_hash"])
+        out[88:104] = f["build_id"]
+        struct.pack_into("<Q", out, L.HEADER_HASH_OFFSET, xxh3_64(bytes(out[:L.HEADER_HASH_OFFSET])))
+    return bytes(out)
+
+
+# --------------------------------------------------------------------------------------------
+# Gather
+
+
+def _tokens(src: Any) -> np.ndarray:
+    b = memoryview(src).cast("B")
+    if len(b) % 4:
+        raise ConfigError(f"src holds {len(b)} bytes, not a multiple of 4", field="src")
+    return np.frombuffer(b, dtype="<u4")
+
+
+def _out_array(out: Any, elements: int, what: str) -> np.ndarray:
+    arr = np.asarray(out)
+    if not arr.flags.c_contiguous or not arr.flags.writeable:
+        raise ConfigError(f"{what}: out must be a writable C-contiguous buffer", field="out")
+    if arr.dtype not in (np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.uint32)):
+        raise ConfigError(f"{what}: out must hold int64, int32 or uint32 elements, got {arr.dtype}", field="out")
+    if arr.size != elements:
+        raise ConfigError(f"{what}: out holds {arr.size} elements, expected {elements}", field="out")
+    return arr.reshape(-1)
+
+
+def _convert(tokens: np.ndarray, flat: np.ndarray) -> bool:
+    """flat[:] = tokens; False when flat is int32 and a token is 2**31 or more."""
+    if flat.dtype == np.int32 and tokens.size and int(tokens.max()) >= 2**31:
+        return False
+    flat[...] = tokens.astype(flat.dtype, copy=False) if flat.dtype != np.int32 else tokens.view(np.int32)
+    return True
+
+
+def widen_u32(src: Any, out: Any) -> Any:
+    """Convert little-endian ``uint32`` tokens into a preallocated output."""
+    t = _tokens(src)
+    flat = _out_array(out, t.size, "widen_u32")
+    if not _convert(t, flat):
+        raise ConfigError("widen_u32: a token is 2**31 or more and does not fit in int32", field="out")
+    return out
+
+
+def max_u32(src: Any) -> int:
+    """Largest little-endian ``uint32`` in a buffer (0 for an empty one)."""
+    t = _tokens(src)
+    return int(t.max()) if t.size else 0
+
+
+class LLMBatchSlots:
+    """Twin of the compiled ``LLMBatchSlots``: access to the batch slots of a mapped file."""
+
+    def __init__(self, buffer: Any, header: L.LLMBatchHeader, *, verify: bool = True, path: Any = None) -> None:
+        self._data = np.frombuffer(memoryview(buffer).cast("B"), dtype=np.uint8)
+        if self._data.size != header.file_size:
+            raise ConfigError(f"LLMBatchSlots: buffer holds {self._data.size} bytes, header "
+                              f"describes {header.file_size}", field="buffer", path=path)
+        self.path = path
+        self.num_batches = header.num_batches
+        self.batch_size = header.batch_size
+        self.seq_len = header.seq_len
+        self.tokens_per_batch = header.batch_size * header.seq_len
+        self.raw_batch_bytes = header.raw_batch_bytes
+        self.padded_batch_bytes = header.padded_batch_bytes
+        self.has_checksums = header.has_checksums
+        self.verify = bool(verify and header.has_checksums)
+        self.int32_safe = header.max_token is not None and header.max_token < 2**31
+        self._trailer = header.trailer_offset
+        self._verified = np.zeros(self.num_batches, dtype=bool)
+        self._int32_ok = np.zeros(self.num_batches, dtype=bool)
+
+    def _index(self, i: Any) -> int:
+        j = i.__index__() if not isinstance(i, int) else i
+        if j < 0 or j >= self.num_batches:
+            raise IndexError(f"{self.path}: batch index {j} out of range [0, {self.num_batches})")
+        return int(j)
+
+    def _slot(self, i: int) -> np.ndarray:
+        start = L.HEADER_SIZE + i * self.padded_batch_bytes
+        return self._data[start:start + self.padded_batch_bytes]
+
+    def _expected(self, i: int) -> int:
+        return _r64(self._data[self._trailer + 8 * i:self._trailer + 8 * i + 8].tobytes(), 0)
+
+    def _verify(self, i: int) -> None:
+        if not self.verify or self._verified[i]:
+            return
+        got = xxh3_64(self._slot(i))
+        if got != self._expected(i):
+            raise IntegrityError(
+                f"batch_checksum: batch {i} does not match its checksum (stored "
+                f"0x{self._expected(i):016x}, computed 0x{got:016x})",
+                path=self.path, field="batch_checksum")
+        self._verified[i] = True
+
+    def check(self, i: Any) -> int:
+        idx = self._index(i)
+        self._verify(idx)
+        return idx
+
+    def is_verified(self, i: Any) -> bool:
+        return bool(self._verified[self._index(i)])
+
+    def check_int32(self, i: Any) -> int:
+        idx = self.check(i)
+        if self.int32_safe or self._int32_ok[idx]:
+            return idx
+        m = max_u32(self._slot(idx)[:self.raw_batch_bytes])
+        if m >= 2**31:
+            raise ConfigError(f"batch {idx} holds token id {m}, which does not fit in int32; "
+                              f"read it as int64", path=self.path, field="dtype")
+        self._int32_ok[idx] = True
+        return idx
+
+    def _copy(self, idx: int, flat: np.ndarray) -> None:
+        if not _convert(_tokens(self._slot(idx)[:self.raw_batch_bytes]), flat):
+            raise ConfigError(f"batch {idx} holds a token id of 2**31 or more, which does not "
+                              f"fit in int32; read it as int64", path=self.path, field="dtype")
+
+    def read_into(self, i: Any, out: Any) -> Any:
+        idx = self._index(i)
+        flat = _out_array(out, self.tokens_per_batch, "read_into")
+        self._verify(idx)
+        self._copy(idx, flat)
+        return out
+
+    def gather(self, indices: Any, out: Any) -> Any:
+        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        for j in idx:
+            if j < 0 or j >= self.num_batches:
+                raise IndexError(f"{self.path}: batch index {j} out of range [0, {self.num_batches})")
+        flat = _out_array(out, idx.size * self.tokens_per_batch, "gather")
+        t = self.tokens_per_batch
+        for k, j in enumerate(idx):
+            self._verify(int(j))
+            self._copy(int(j), flat[k * t:(k + 1) * t])
+        return out
+
+    def _check_range(self, start: int, stop: int, what: str) -> None:
+        if start < 0 or start > stop or stop > self.num_batches:
+            raise ConfigError(f"{what}: [{start}, {stop}) is not inside [0, {self.num_batches})",
+                              field="stop", path=self.path)
+
+    def verify_range(self, start: int, stop: int) -> list[int]:
+        self._check_range(start, stop, "verify_range")
+        bad = []
+        if not self.has_checksums:
+            return bad
+        for i in range(start, stop):
+            if xxh3_64(self._slot(i)) != self._expected(i):
+                bad.append(i)
+            else:
+                self._verified[i] = True
+        return bad
+
+    def padding_is_zero(self, start: int, stop: int) -> bool:
+        self._check_range(start, stop, "padding_is_zero")
+        return not any(self._slot(i)[self.raw_batch_bytes:].any() for i in range(start, stop))
+
+    def max_token(self, start: int, stop: int) -> int:
+        self._check_range(start, stop, "max_token")
+        return max((max_u32(self._slot(i)[:self.raw_batch_bytes]) for i in range(start, stop)), default=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Offsets and orders
+
+
+def llmbatch_batch_offsets(indices: Any, padded_batch_bytes: int, num_batches: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Byte offsets of LLMBATCH batches: ``4096 + i * padded_batch_bytes``."""
+    if padded_batch_bytes < 1 or num_batches < 0 or L.HEADER_SIZE + num_batches * padded_batch_bytes > 2**63 - 1:
+        raise ConfigError(f"padded_batch_bytes {padded_batch_bytes} x num_batches {num_batches} "
+                          f"is not a valid geometry", field="num_batches")
+    idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+    if out is None:
+        out = np.empty(idx.size, dtype=np.int64)
+    if out.shape != idx.shape:
+        raise ConfigError(f"out holds {out.size} offsets, expected {idx.size}", field="out")
+    if idx.size and (idx.min() < 0 or idx.max() >= num_batches):
+        raise IndexError(f"a batch index is outside [0, {num_batches})")
+    out[...] = L.HEADER_SIZE + idx * padded_batch_bytes
+    return out
+
+
+def block_shuffle_items(block_perm: Any, block_size: int, n: int, positions: Any, out: np.ndarray | None = None) -> np.ndarray:
+    """Items at the given epoch positions of a block-shuffle order (see the compiled twin)."""
+    if block_size < 1 or n < 0:
+        raise ConfigError(f"block_size must be >= 1 and n >= 0, got block_size={block_size}, n={n}",
+                          field="block_size")
+    nblocks = -(-n // block_size)
+    perm = np.ascontiguousarray(block_perm, dtype=np.int64).reshape(-1)
+    if perm.size != nblocks:
+        raise ConfigError(f"block_perm holds {perm.size} blocks, expected {nblocks}", field="block_perm")
+    if perm.size and (perm.min() < 0 or perm.max() >= nblocks):
+        raise ConfigError(f"block_perm names a block outside [0, {nblocks})", field="block_perm")
+    pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
+    if out is None:
+        out = np.empty(pos.size, dtype=np.int64)
+    if out.shape != pos.shape:
+        raise ConfigError(f"out holds {out.size} items, expected {pos.size}", field="out")
+    if pos.size and (pos.min() < 0 or pos.max() >= n):
+        raise IndexError(f"an epoch position is outside [0, {n})")
+    # The whole order, spelled out: concatenate the blocks in permuted order.
+    order = np.concatenate([np.arange(b * block_size, min((b + 1) * block_size, n)) for b in perm]) \
+        if nblocks else np.empty(0, dtype=np.int64)
+    out[...] = order[pos]
+    return out

@@ -1,0 +1,395 @@
+"""File I/O helpers shared by every zerobatch writer and reader.
+
+:class:`AtomicFile` is the only way zerobatch writes a file: data goes to a temporary file in
+the destination folder, which is flushed, ``fsync``-ed and renamed over the final name, and
+then the folder is ``fsync``-ed. A crash at any point leaves either the previous file or the
+complete new one under the final name, never a mix; a failed call raises
+:class:`~zerobatch.formats.errors.WriteError` with the ``errno`` of that call, removes the
+temporary file and is never retried (a failed ``fsync`` cannot be retried safely).
+
+Every system call a writer makes goes through :func:`_io`, one small layer that tests can
+tell to ``SIGKILL`` the process, or fail with an ``errno``, after its k-th call
+(``ZEROBATCH_FAULT_KILL_AFTER=k``, ``ZEROBATCH_FAULT_ERRNO_AFTER=k:ERRNO``). That is how the
+suite proves the crash and disk-full guarantees at every step of every write.
+
+:func:`open_regular_file` opens a file for reading without ever hanging on a FIFO and refuses
+anything but a regular file with a typed error.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+import secrets
+import signal
+import stat
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from zerobatch.formats.errors import (
+    ConfigError,
+    FormatError,
+    NotFoundError,
+    ReadError,
+    TruncatedError,
+    WriteError,
+)
+
+__all__ = [
+    "AtomicFile",
+    "cleanup_orphans",
+    "open_regular_file",
+    "pread_exact",
+    "temp_prefix",
+]
+
+T = TypeVar("T")
+
+_TMP_MARK = ".zbtmp."
+
+
+# --------------------------------------------------------------------------------------------
+# Fault injection: one counter over every system call writers make.
+
+
+class _FaultPlan:
+    """Kill the process or fail with an errno at the k-th I/O call (tests only)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.kill_after = _env_int("ZEROBATCH_FAULT_KILL_AFTER")
+        self.errno_after: int | None = None
+        self.errno_value = 0
+        spec = os.environ.get("ZEROBATCH_FAULT_ERRNO_AFTER")
+        if spec:
+            k, _, name = spec.partition(":")
+            self.errno_after = int(k)
+            self.errno_value = int(name) if name.isdigit() else getattr(_errno, name)
+        self.active = self.kill_after is not None or self.errno_after is not None
+
+    def before(self, name: str) -> None:
+        self.calls += 1
+        if self.errno_after is not None and self.calls == self.errno_after:
+            raise OSError(self.errno_value, f"injected {os.strerror(self.errno_value)} at {name}")
+
+    def after(self) -> None:
+        if self.kill_after is not None and self.calls >= self.kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
+
+
+_FAULTS = _FaultPlan()
+
+
+def _io(name: str, func: Callable[..., T], *args: Any) -> T:
+    """Run one system call, through the fault-injection counter when it is active."""
+    if not _FAULTS.active:
+        return func(*args)
+    _FAULTS.before(name)
+    result = func(*args)
+    _FAULTS.after()
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+
+
+def open_regular_file(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+    """Open ``path`` read-only and make sure it is a regular file.
+
+    ``O_NONBLOCK`` keeps ``open()`` from waiting for a writer on a FIFO; the flag is cleared
+    once the file is known to be regular.
+
+    Returns:
+        ``(fd, stat_result)``; the caller owns the descriptor.
+
+    Raises:
+        NotFoundError: the file or a symlink's target does not exist.
+        ReadError: the operating system refused (permissions, a symlink loop, a socket...).
+        FormatError: the path is a directory, FIFO, device or socket rather than a file.
+    """
+    p = os.fspath(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError as exc:
+        raise NotFoundError("file: no such file (or a dangling symlink)", path=p, field="file") from exc
+    except OSError as exc:
+        if exc.errno == _errno.ENXIO:
+            raise FormatError("file: not a regular file (a socket or device)", path=p, field="file") from exc
+        raise ReadError(f"file: cannot open: {exc.strerror}", errno=exc.errno, path=p, field="file") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = (
+                "a directory" if stat.S_ISDIR(st.st_mode)
+                else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "a device"
+            )
+            raise FormatError(f"file: not a regular file ({kind})", path=p, field="file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def pread_exact(fd: int, size: int, offset: int, *, path: Any = None, field: str = "file") -> bytes:
+    """Read exactly ``size`` bytes at ``offset`` (looping over short reads).
+
+    Raises:
+        ReadError: the read failed.
+        TruncatedError: the file ended first.
+    """
+    chunks = []
+    got = 0
+    while got < size:
+        try:
+            chunk = os.pread(fd, size - got, offset + got)
+        except OSError as exc:
+            raise ReadError(f"{field}: read failed: {exc.strerror}", errno=exc.errno, path=path, field=field) from exc
+        if not chunk:
+            raise TruncatedError(
+                f"{field}: needed {size} bytes at offset {offset}, the file ended after {got}",
+                path=path, field=field,
+            )
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+
+
+def temp_prefix(final_path: str) -> str:
+    """The prefix of every temporary file written for ``final_path``."""
+    folder, name = os.path.split(final_path)
+    return os.path.join(folder, f".{name}{_TMP_MARK}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cleanup_orphans(final_path: str | os.PathLike[str]) -> list[str]:
+    """Remove temporary files left for ``final_path`` by writers that no longer run.
+
+    Temporary names carry the writer's pid; a file whose pid is alive is left alone (it may
+    be another writer at work).
+
+    Returns:
+        The paths removed.
+    """
+    final = os.path.abspath(os.fspath(final_path))
+    folder, name = os.path.split(final)
+    prefix = f".{name}{_TMP_MARK}"
+    removed = []
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.startswith(prefix):
+            continue
+        pid_text = entry[len(prefix):].split(".", 1)[0]
+        if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+            continue
+        try:
+            os.unlink(os.path.join(folder, entry))
+            removed.append(os.path.join(folder, entry))
+        except OSError:
+            pass
+    return removed
+
+
+class AtomicFile:
+    """A file written under a temporary name and renamed into place on :meth:`commit`.
+
+    Use as a context manager: leaving the block normally commits, an exception aborts (the
+    temporary file is removed and the final name keeps its previous content, if any)::
+
+        with AtomicFile("data.batch") as f:
+            f.write(header)
+            f.pwrite(block, offset)
+
+    Args:
+        path: the final file name.
+        mode: permission bits of the new file (before the umask).
+
+    Raises:
+        WriteError: creating the temporary file failed (``errno`` kept).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, mode: int = 0o644) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        folder = os.path.dirname(self.path)
+        if os.path.isdir(self.path):
+            raise ConfigError("output_path: is a directory", path=self.path, field="output_path")
+        cleanup_orphans(self.path)
+        self.tmp_path = f"{temp_prefix(self.path)}{os.getpid()}.{secrets.token_hex(4)}"
+        self._fd: int | None = None
+        self._done = False
+        self.size = 0
+        try:
+            self._fd = _io(
+                "open", os.open, self.tmp_path,
+                os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode,
+            )
+        except OSError as exc:
+            if not os.path.isdir(folder):
+                raise WriteError(
+                    "output_path: the destination folder does not exist",
+                    errno=exc.errno, path=self.path, field="output_path", operation="open",
+                ) from exc
+            raise WriteError(
+                f"output_path: cannot create the temporary file: {exc.strerror}",
+                errno=exc.errno, path=self.path, field="output_path", operation="open",
+            ) from exc
+
+    @property
+    def fd(self) -> int:
+        """The temporary file's descriptor."""
+        if self._fd is None:
+            raise ConfigError("the file is closed", path=self.path, field="fd")
+        return self._fd
+
+    def _fail(self, operation: str, exc: OSError) -> WriteError:
+        self.abort()
+        return WriteError(
+            f"{operation} failed: {exc.strerror or exc}", errno=exc.errno, path=self.path,
+            field="file", operation=operation,
+        )
+
+    def write(self, data: Any) -> None:
+        """Append ``data`` (any buffer) at the current end, looping over short writes.
+
+        A short write followed by an error (``EFBIG``, ``ENOSPC``) raises with that error's
+        ``errno``; a write that makes no progress raises ``ENOSPC``.
+        """
+        self.pwrite(data, self.size)
+
+    def pwrite(self, data: Any, offset: int) -> None:
+        """Write ``data`` (any buffer) at ``offset``, looping over short writes."""
+        view = memoryview(data).cast("B")
+        done = 0
+        total = len(view)
+        fd = self.fd
+        try:
+            while done < total:
+                n = _io("pwrite", os.pwrite, fd, view[done:], offset + done)
+                if n <= 0:
+                    raise OSError(_errno.ENOSPC, os.strerror(_errno.ENOSPC))
+                done += n
+        except OSError as exc:
+            raise self._fail("write", exc) from exc
+        self.size = max(self.size, offset + total)
+
+    def pread_into(self, buf: Any, offset: int) -> None:
+        """Read back ``len(buf)`` bytes written at ``offset`` into ``buf`` (a writable buffer).
+
+        Raises:
+            WriteError: the read failed or the file is shorter (the file is discarded).
+        """
+        view = memoryview(buf).cast("B")
+        done = 0
+        try:
+            while done < len(view):
+                n = _io("preadv", os.preadv, self.fd, [view[done:]], offset + done)
+                if n <= 0:
+                    raise OSError(_errno.EIO, "the file ended before the bytes written")
+                done += n
+        except OSError as exc:
+            raise self._fail("read", exc) from exc
+
+    def truncate(self, size: int) -> None:
+        """Set the temporary file's size (sparse extension, for writers that fill in place)."""
+        try:
+            _io("ftruncate", os.ftruncate, self.fd, size)
+        except OSError as exc:
+            raise self._fail("ftruncate", exc) from exc
+        self.size = size
+
+    def commit(self) -> None:
+        """``fsync`` the file, rename it over the final name, ``fsync`` the folder.
+
+        Raises:
+            WriteError: any of these calls failed; the temporary file is removed, the final
+                name keeps its previous content, and nothing is retried.
+        """
+        if self._done:
+            return
+        fd = self.fd
+        try:
+            _io("fsync", os.fsync, fd)
+        except OSError as exc:
+            raise self._fail("fsync", exc) from exc
+        try:
+            _io("close", os.close, fd)
+        except OSError as exc:
+            self._fd = None
+            raise self._fail("close", exc) from exc
+        self._fd = None
+        try:
+            _io("rename", os.replace, self.tmp_path, self.path)
+        except OSError as exc:
+            raise self._fail("rename", exc) from exc
+        self._done = True
+        folder = os.path.dirname(self.path)
+        try:
+            dfd = _io("open", os.open, folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError as exc:
+            raise WriteError(
+                f"fsync of the folder failed: {exc.strerror}", errno=exc.errno, path=self.path,
+                field="file", operation="fsync_dir",
+            ) from exc
+        try:
+            _io("fsync", os.fsync, dfd)
+        except OSError as exc:
+            # The rename happened; the folder entry may not be durable. Report, never retry.
+            raise WriteError(
+                f"fsync of the folder failed: {exc.strerror}", errno=exc.errno, path=self.path,
+                field="file", operation="fsync_dir",
+            ) from exc
+        finally:
+            os.close(dfd)
+
+    def abort(self) -> None:
+        """Close and remove the temporary file; the final name is untouched."""
+        if self._done:
+            return
+        self._done = True
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+        try:
+            os.unlink(self.tmp_path)
+        except OSError:
+            pass
+
+    def __enter__(self) -> AtomicFile:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_done", True):
+            self.abort()

@@ -1,0 +1,40 @@
+"""zerobatch.formats: the specification of every zerobatch file format, in pure Python.
+
+One module per format (constants, header and manifest types, layout limits) and the
+exception hierarchy in :mod:`zerobatch.formats.errors`. Nothing here reads or writes files.
+"""
+
+from zerobatch.formats import errors, llmbatch
+from zerobatch.formats._version import __version__
+from zerobatch.formats.errors import (
+    ConfigError,
+    CorruptError,
+    FormatError,
+    IntegrityError,
+    LimitExceededError,
+    NotFoundError,
+    ReadError,
+    StateError,
+    TruncatedError,
+    UnsupportedVersionError,
+    WriteError,
+    ZerobatchError,
+)
+
+__all__ = [
+    "ConfigError",
+    "CorruptError",
+    "FormatError",
+    "IntegrityError",
+    "LimitExceededError",
+    "NotFoundError",
+    "ReadError",
+    "StateError",
+    "TruncatedError",
+    "UnsupportedVersionError",
+    "WriteError",
+    "ZerobatchError",
+    "__version__",
+    "errors",
+    "llmbatch",
+]

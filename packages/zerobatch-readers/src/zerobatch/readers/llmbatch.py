@@ -1,0 +1,436 @@
+"""Read LLMBATCH (ZeroBatch v2) files: memory-mapped, validated on open, zero-copy.
+
+:class:`BatchFileReader` maps the whole file and checks, before it returns a single token,
+that the header is well formed (magic, version, dtype, geometry with checked 64-bit
+arithmetic) and that the file holds exactly what the header describes. Files written by
+zerobatch also carry checksums: the header and the trailer are checked on open, and each
+batch the first time it is read (``verify=True``, the default).
+
+The file is mapped copy-on-write (``MAP_PRIVATE``, with ``MAP_NORESERVE`` so a mapping larger
+than memory needs no commit charge): views and ``int32`` tensors share the page cache with
+no copy, a tensor written to in place changes this process's private copy of the page and
+never the file. Should the system refuse such a mapping, the reader falls back to a
+read-only shared one.
+
+Limits (documented in ``docs/formats/llmbatch.md``): a file must not be truncated or rewritten
+in place while mapped (the kernel then raises SIGBUS in the reader); zerobatch writers only
+ever replace files by renaming.
+
+This module never imports torch at import time; ``read_batch_torch`` imports it on first use
+(install ``zerobatch-readers[torch]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno as _errno
+import importlib
+import mmap
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from zerobatch.core import LLMBatchSlots, parse_llmbatch_header, xxh3_64
+from zerobatch.core.io import open_regular_file, pread_exact
+from zerobatch.formats import llmbatch as L
+from zerobatch.formats.errors import ConfigError, IntegrityError, ReadError
+
+__all__ = ["BatchFileReader", "VerifyReport"]
+
+_INT64 = np.dtype(np.int64)
+_INT32 = np.dtype(np.int32)
+_UINT32 = np.dtype(np.uint32)
+_torch_module: Any = None
+
+
+def _torch() -> Any:
+    """The torch module, imported on first use only."""
+    global _torch_module
+    if _torch_module is None:
+        try:
+            _torch_module = importlib.import_module("torch")
+        except ImportError as exc:
+            raise ConfigError(
+                "read_batch_torch needs PyTorch: pip install 'zerobatch-readers[torch]'",
+                field="torch") from exc
+    return _torch_module
+
+
+def _numpy_dtype(dtype: Any) -> np.dtype:
+    """int64 / int32 / uint32 from a NumPy dtype, a torch dtype or a name."""
+    if dtype is None:
+        return _INT64
+    name = str(dtype).replace("torch.", "")
+    aliases = {"long": "int64", "int": "int32"}
+    name = aliases.get(name, name)
+    if name in ("int64", "int32", "uint32"):
+        return np.dtype(name)
+    raise ConfigError(f"dtype must be int64, int32 or uint32, got {dtype!r}", field="dtype")
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyReport:
+    """The result of :meth:`BatchFileReader.verify`.
+
+    Attributes:
+        path: the file checked.
+        num_batches: batches checked.
+        has_checksums: the file carries per-batch checksums (files from the seed's writer
+            do not; only their structure can be checked).
+        bad_batches: indices of batches whose checksum does not match (at most 100 listed).
+        num_bad_batches: how many batches do not match.
+        padding_ok: all page padding is zero.
+        max_token: the largest token id found.
+        max_token_ok: it equals the header's ``max_token`` (``True`` when the header has none).
+    """
+
+    path: str
+    num_batches: int
+    has_checksums: bool
+    bad_batches: tuple[int, ...]
+    num_bad_batches: int
+    padding_ok: bool
+    max_token: int
+    max_token_ok: bool
+
+    @property
+    def ok(self) -> bool:
+        """No fault found."""
+        return self.num_bad_batches == 0 and self.padding_ok and self.max_token_ok
+
+
+class BatchFileReader:
+    """Zero-copy, validated access to the batches of an LLMBATCH file.
+
+    Args:
+        path: the ``.batch`` file.
+        verify: check each batch against its checksum the first time it is read (files with
+            checksums only). The header and the trailer are always checked on open.
+
+    Raises:
+        NotFoundError: the file does not exist.
+        FormatError: not a regular file, or any fault in the header or layout (its
+            subclasses ``TruncatedError``, ``CorruptError``, ``IntegrityError``,
+            ``UnsupportedVersionError`` and ``LimitExceededError`` say which).
+        ReadError: the operating system refused to open or map the file.
+
+    Example::
+
+        reader = BatchFileReader("dataset.batch")
+        arr = reader.read_batch(0)           # (batch_size, seq_len) uint32, read-only, no copy
+        t64 = reader.read_batch_torch(0)     # int64 tensor (one conversion)
+        t32 = reader.read_batch_torch(0, dtype=torch.int32)   # shares the file's pages
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
+        self.path = os.fspath(path)
+        self.verify_batches = bool(verify)
+        self._expected_fingerprint: str | None = None
+        self._open()
+
+    # ---------------------------------------------------------------------------------------
+    # opening
+
+    def _open(self) -> None:
+        fd, st = open_regular_file(self.path)
+        try:
+            size = st.st_size
+            head = pread_exact(fd, min(size, L.HEADER_SIZE), 0, path=self.path, field="header")
+            header = parse_llmbatch_header(head, size, path=self.path)
+            mm, writable = self._map(fd, size)
+        finally:
+            os.close(fd)
+        self.header = header
+        self._mm = mm
+        self.writable_mapping = writable
+        if header.has_checksums:
+            trailer = memoryview(mm)[header.trailer_offset:header.trailer_offset + header.trailer_size]
+            got = xxh3_64(trailer)
+            trailer.release()
+            if got != header.trailer_hash:
+                raise IntegrityError(
+                    f"trailer_hash: the checksum trailer does not match its hash (stored "
+                    f"0x{header.trailer_hash:016x}, computed 0x{got:016x})",
+                    path=self.path, field="trailer_hash")
+        self.fingerprint = (header.build_id.hex() if header.build_id is not None
+                            else f"legacy:{size}:{xxh3_64(head):016x}")
+        if self._expected_fingerprint is not None and self.fingerprint != self._expected_fingerprint:
+            raise IntegrityError(
+                f"fingerprint: the file changed since this reader was pickled (was "
+                f"{self._expected_fingerprint}, now {self.fingerprint})",
+                path=self.path, field="fingerprint")
+        self._slots = LLMBatchSlots(mm, header, verify=self.verify_batches, path=self.path)
+        nb, bs, sl = header.num_batches, header.batch_size, header.seq_len
+        self._shape = (bs, sl)
+        strides = (header.padded_batch_bytes, sl * 4, 4)
+        if nb:
+            self._u32 = np.ndarray((nb, bs, sl), dtype="<u4", buffer=mm, offset=L.HEADER_SIZE, strides=strides)
+            self._i32 = np.ndarray((nb, bs, sl), dtype="<i4", buffer=mm, offset=L.HEADER_SIZE, strides=strides)
+        else:
+            self._u32 = np.zeros((0, bs, sl), dtype="<u4")
+            self._i32 = np.zeros((0, bs, sl), dtype="<i4")
+        self._u32.flags.writeable = False
+        self._check = self._slots.check
+        self._check_int32 = self._slots.check_int32
+        self._read_into = self._slots.read_into
+        self._from_numpy: Callable[[np.ndarray], Any] | None = None
+
+    def _map(self, fd: int, size: int) -> tuple[mmap.mmap, bool]:
+        try:
+            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_NORESERVE", 0)
+            return mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE), True
+        except OSError as exc:
+            if exc.errno not in (_errno.ENOMEM, _errno.EPERM, _errno.EACCES):
+                raise ReadError(f"file: cannot map: {exc.strerror}", errno=exc.errno,
+                                path=self.path, field="file") from exc
+        try:
+            return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ), False
+        except OSError as exc:
+            raise ReadError(f"file: cannot map: {exc.strerror}", errno=exc.errno,
+                            path=self.path, field="file") from exc
+
+    # ---------------------------------------------------------------------------------------
+    # header fields
+
+    @property
+    def num_batches(self) -> int:
+        """Batches in the file."""
+        return self.header.num_batches
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch."""
+        return self.header.batch_size
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per sample."""
+        return self.header.seq_len
+
+    @property
+    def seed(self) -> int:
+        """The writer's shuffle seed."""
+        return self.header.seed
+
+    @property
+    def total_records(self) -> int:
+        """Source records before batching."""
+        return self.header.total_records
+
+    @property
+    def max_token(self) -> int | None:
+        """Largest token id in the file, when the file records it."""
+        return self.header.max_token
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the file."""
+        return self.header.num_tokens
+
+    def __len__(self) -> int:
+        return self.header.num_batches
+
+    # ---------------------------------------------------------------------------------------
+    # reading
+
+    def read_batch(self, batch_index: int) -> np.ndarray:
+        """Batch ``batch_index`` as a read-only ``uint32`` view ``[batch_size, seq_len]``, no copy.
+
+        Raises:
+            IndexError: ``batch_index`` outside ``[0, num_batches)`` (negative included).
+            IntegrityError: the batch does not match its checksum.
+        """
+        return self._u32[self._check(batch_index)]
+
+    __getitem__ = read_batch
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for i in range(self.header.num_batches):
+            yield self.read_batch(i)
+
+    def read_batch_numpy(self, batch_index: int, dtype: Any = np.int64, out: np.ndarray | None = None) -> np.ndarray:
+        """Batch ``batch_index`` as a NumPy array.
+
+        Args:
+            batch_index: in ``[0, num_batches)``.
+            dtype: ``int64`` (a new array, one conversion), ``int32`` (a writable view of the
+                mapped file, no copy; refused if a token id is 2**31 or more) or ``uint32``
+                (the read-only view of :meth:`read_batch`).
+            out: a writable C-contiguous ``int64``/``int32``/``uint32`` array of
+                ``batch_size * seq_len`` elements to fill instead (``dtype`` is then ``out``'s).
+
+        Raises:
+            IndexError, IntegrityError: as :meth:`read_batch`.
+            ConfigError: a bad ``dtype`` or ``out``, or ``int32`` and a token id of 2**31 or more.
+        """
+        if out is not None:
+            return self._read_into(batch_index, out)
+        dt = _numpy_dtype(dtype)
+        if dt == _INT64:
+            return self._read_into(batch_index, np.empty(self._shape, _INT64))
+        if dt == _INT32:
+            return self._i32[self._check_int32(batch_index)]
+        return self.read_batch(batch_index)
+
+    def read_batch_torch(self, batch_index: int, dtype: Any = None, out: Any = None) -> Any:
+        """Batch ``batch_index`` as a torch tensor ``[batch_size, seq_len]``.
+
+        Args:
+            batch_index: in ``[0, num_batches)``.
+            dtype: ``torch.int64`` (default; a new tensor, one conversion) or ``torch.int32``
+                (shares the mapped file's pages, no copy at all; refused when a token id is
+                2**31 or more, which the reader knows from the header's ``max_token``, or for
+                files without it by scanning the batch once). In-place writes to an ``int32``
+                tensor change this process's private copy of the page (never the file), and
+                later reads of that batch in this process see them: clone before writing.
+            out: a CPU, contiguous ``int64`` or ``int32`` tensor of ``batch_size * seq_len``
+                elements to fill instead; returned.
+
+        Raises:
+            IndexError, IntegrityError: as :meth:`read_batch`.
+            ConfigError: a bad ``dtype`` or ``out``, ``int32`` and a token id of 2**31 or
+                more, or torch is not installed.
+        """
+        from_numpy = self._from_numpy
+        if from_numpy is None:
+            from_numpy = self._from_numpy = _torch().from_numpy
+        if out is None:
+            if dtype is None:
+                arr = np.empty(self._shape, _INT64)
+                self._read_into(batch_index, arr)
+                return from_numpy(arr)
+            dt = _numpy_dtype(dtype)
+            if dt == _INT32:
+                return from_numpy(self._i32[self._check_int32(batch_index)])
+            if dt == _INT64:
+                return from_numpy(self._read_into(batch_index, np.empty(self._shape, _INT64)))
+            raise ConfigError(f"read_batch_torch: dtype must be int64 or int32, got {dtype!r}", field="dtype")
+        torch = _torch()
+        if not isinstance(out, torch.Tensor):
+            raise ConfigError(f"read_batch_torch: out must be a torch.Tensor, got {type(out).__name__}", field="out")
+        if out.device.type != "cpu" or not out.is_contiguous() or out.requires_grad:
+            raise ConfigError("read_batch_torch: out must be a contiguous CPU tensor that does not require grad",
+                              field="out")
+        if out.dtype not in (torch.int64, torch.int32):
+            raise ConfigError(f"read_batch_torch: out must be int64 or int32, got {out.dtype}", field="out")
+        self._read_into(batch_index, out.numpy())
+        return out
+
+    def read_batches(self, indices: Any, dtype: Any = np.int64, out: np.ndarray | None = None) -> np.ndarray:
+        """Gather several batches into one ``[k, batch_size, seq_len]`` array, GIL released.
+
+        Args:
+            indices: batch indices (any order, repeats allowed).
+            dtype: ``int64``, ``int32`` or ``uint32`` (copies; see :meth:`read_batch_numpy`).
+            out: optional writable C-contiguous array of ``k * batch_size * seq_len`` elements.
+
+        Raises:
+            IndexError, IntegrityError, ConfigError: as :meth:`read_batch_numpy`.
+        """
+        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        if out is None:
+            out = np.empty((idx.size, *self._shape), _numpy_dtype(dtype))
+        return self._slots.gather(idx, out)
+
+    def advise(self, start: int, stop: int, advice: str = "willneed") -> None:
+        """Hint the kernel about batches ``[start, stop)``: ``"willneed"`` reads them ahead
+        in the background, ``"sequential"`` / ``"random"`` set the read-ahead policy,
+        ``"dontneed"`` drops them from this process's working set."""
+        nb = self.header.num_batches
+        start, stop = max(0, min(start, nb)), max(0, min(stop, nb))
+        if stop <= start or self._mm is None:
+            return
+        flag = {"willneed": mmap.MADV_WILLNEED, "sequential": mmap.MADV_SEQUENTIAL,
+                "random": mmap.MADV_RANDOM, "dontneed": mmap.MADV_DONTNEED}.get(advice)
+        if flag is None:
+            raise ConfigError(f"advice must be willneed, sequential, random or dontneed, got {advice!r}",
+                              field="advice")
+        page = mmap.PAGESIZE
+        begin = L.HEADER_SIZE + start * self.header.padded_batch_bytes
+        end = L.HEADER_SIZE + stop * self.header.padded_batch_bytes
+        begin -= begin % page
+        try:
+            self._mm.madvise(flag, begin, end - begin)
+        except (OSError, ValueError):
+            pass  # advice only: never fail a read because a hint was refused
+
+    def is_verified(self, batch_index: int) -> bool:
+        """Whether this reader has checked batch ``batch_index`` against its checksum."""
+        return self._slots.is_verified(batch_index)
+
+    def verify(self, progress: Callable[[int, int], None] | None = None, *, chunk: int = 1024) -> VerifyReport:
+        """Check the whole file: every batch checksum, zero padding, the header's ``max_token``.
+
+        Args:
+            progress: called as ``progress(done, total)`` after each chunk of batches.
+            chunk: batches per step (the GIL is released within a step).
+
+        Returns:
+            A :class:`VerifyReport`; this method does not raise on a bad batch.
+        """
+        nb = self.header.num_batches
+        bad: list[int] = []
+        num_bad = 0
+        padding_ok = True
+        max_tok = 0
+        for start in range(0, nb, chunk):
+            stop = min(nb, start + chunk)
+            found = self._slots.verify_range(start, stop)
+            num_bad += len(found)
+            bad.extend(found[:max(0, 100 - len(bad))])
+            padding_ok = padding_ok and self._slots.padding_is_zero(start, stop)
+            max_tok = max(max_tok, self._slots.max_token(start, stop))
+            if progress is not None:
+                progress(stop, nb)
+        max_ok = self.header.max_token is None or self.header.max_token == max_tok
+        return VerifyReport(self.path, nb, self.header.has_checksums, tuple(bad), num_bad,
+                            padding_ok, max_tok, max_ok)
+
+    # ---------------------------------------------------------------------------------------
+    # lifetime
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._mm is None
+
+    def close(self) -> None:
+        """Release the mapping. Views handed out keep their pages valid until they are freed."""
+        if self._mm is None:
+            return
+        mm = self._mm
+        self._mm = None
+        self._u32 = self._i32 = np.zeros((0, *self._shape), dtype="<u4")
+        self._slots = None  # type: ignore[assignment]
+        self._check = self._check_int32 = self._read_into = _closed  # type: ignore[assignment]
+        try:
+            mm.close()
+        except BufferError:
+            pass  # live views still export the buffer; the mapping goes with the last of them
+
+    def __enter__(self) -> BatchFileReader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickle as the path: each process maps the file itself (spawn / forkserver workers).
+        return {"path": self.path, "verify": self.verify_batches, "fingerprint": self.fingerprint}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path = state["path"]
+        self.verify_batches = state["verify"]
+        self._expected_fingerprint = state["fingerprint"]
+        self._open()
+
+    def __repr__(self) -> str:
+        h = self.header
+        return (f"BatchFileReader({self.path!r}, num_batches={h.num_batches}, batch_size={h.batch_size}, "
+                f"seq_len={h.seq_len})")
+
+
+def _closed(*args: Any, **kwargs: Any) -> Any:
+    raise ConfigError("the reader is closed", field="reader")
