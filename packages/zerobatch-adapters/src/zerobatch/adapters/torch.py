@@ -9,15 +9,17 @@ ahead.
 
 from __future__ import annotations
 
+import collections
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
 from zerobatch.adapters._dist import resolve_rank
-from zerobatch.adapters._prefetch import OrderedPrefetcher
+from zerobatch.adapters._buffers import BufferPool
+from zerobatch.core.pool import shared_pool
 from zerobatch.formats.errors import ConfigError, StateError
 from zerobatch.readers.llmbatch import BatchFileReader
 from zerobatch.samplers import BlockShuffleOrder, OrderState, RankShard, check_count, check_seed
@@ -55,8 +57,11 @@ class BatchNativeLoader:
         drop_last: drop the tail of fewer than ``world_size`` batches (else pad it).
         dtype: ``torch.int64`` (default, as the seed) or ``torch.int32`` (views of the mapped
             file: no copy, no threads; refused when a token id is 2**31 or more).
-        num_threads: read-ahead threads converting batches (0: convert on the calling thread).
-        prefetch: batches converted ahead of the training loop.
+        num_threads: read-ahead worker threads (default: one fewer than the CPUs, at least 1;
+            0 converts on the calling thread). The training thread helps with queued reads
+            whenever it would otherwise wait, so ``cpus - 1`` workers keep every core busy.
+        prefetch: batches queued ahead of the training loop (default 64: 8 MiB of int64
+            for 32 x 512 batches).
         verify: check each batch's checksum the first time it is read.
 
     Example::
@@ -72,7 +77,7 @@ class BatchNativeLoader:
     def __init__(self, path: str | os.PathLike[str] | BatchFileReader, block_size: int = 256,
                  shuffle: bool = True, seed: int = 42, epoch: int = 0, *, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = True, dtype: Any = torch.int64,
-                 num_threads: int = 2, prefetch: int = 16, verify: bool = True) -> None:
+                 num_threads: int | None = None, prefetch: int = 64, verify: bool = True) -> None:
         self.reader = path if isinstance(path, BatchFileReader) else BatchFileReader(path, verify=verify)
         self.order = BlockShuffleOrder(self.reader.num_batches, block_size, seed=seed, shuffle=shuffle)
         self.rank, self.world_size = resolve_rank(rank, world_size)
@@ -80,6 +85,8 @@ class BatchNativeLoader:
         if dtype not in (torch.int64, torch.int32):
             raise ConfigError(f"dtype must be torch.int64 or torch.int32, got {dtype!r}", field="dtype")
         self.dtype = dtype
+        if num_threads is None:
+            num_threads = max(1, (os.cpu_count() or 2) - 1)
         self.num_threads = check_count(num_threads, "num_threads", maximum=256)
         self.prefetch = check_count(prefetch, "prefetch", minimum=1, maximum=1 << 20)
         self.epoch = check_count(epoch, "epoch")
@@ -128,7 +135,7 @@ class BatchNativeLoader:
             self._completed = False
         it = _LoaderIterator(self)
         self._active = it
-        return it
+        return it.batches()
 
     def _close_active(self) -> None:
         if self._active is not None:
@@ -187,108 +194,124 @@ class BatchNativeLoader:
 
 
 class _LoaderIterator:
-    """One pass over the rest of the current epoch."""
+    """One pass over the rest of the current epoch.
+
+    With read-ahead threads, up to ``prefetch`` batches are queued on a shared
+    :class:`~zerobatch.core.pool.TaskPool` as gathers of a few batches each; the workers
+    verify and convert them with the GIL released from start to finish, and this thread
+    only waits for the oldest one, wraps it as tensors and queues the next.
+    """
 
     def __init__(self, loader: BatchNativeLoader) -> None:
         self.loader = loader
         self.shard = loader._shard(loader._consumed)
         self.steps = self.shard.num_steps
-        self.step = 0
         self.epoch = loader.epoch
+        self.closed = False
         reader = loader.reader
         self._shape = (reader.batch_size, reader.seq_len)
-        self._prefetcher: OrderedPrefetcher | None = None
-        self._ready: list[torch.Tensor] = []
-        self._ready_pos = 0
-        if loader.dtype == torch.int32:
-            self._next_batch = self._next_int32
-        elif loader.num_threads == 0:
-            self._jobs = self._plan()
-            self._next_batch = self._next_inline
-        else:
-            chunk = self._chunk_steps()
-            depth = max(1, -(-loader.prefetch // chunk))
-            self._prefetcher = OrderedPrefetcher(self._plan(), depth=depth, num_threads=loader.num_threads,
-                                                 name="zerobatch-llmbatch")
-            self._next_batch = self._next_prefetched
+        self._tickets: collections.deque[Any] = collections.deque()
+        self._chunk = self._chunk_steps()
+        self._plan = self._plan_chunks()
+        self._advised: set[int] = set()
+        self._pool = None
+        self._depth = max(2, -(-loader.prefetch // self._chunk))
+        self._buffers = BufferPool((self._chunk, *self._shape), np.int64, max_buffers=self._depth + 4)
+        if loader.dtype != torch.int32 and loader.num_threads:
+            self._pool = shared_pool(loader.num_threads)
+            self._fill()
 
     def _chunk_steps(self) -> int:
         per_batch = self._shape[0] * self._shape[1] * 8
         return max(1, min(self.loader.prefetch, CHUNK_BYTES // per_batch))
 
-    def _plan(self) -> Iterator[Callable[[], list[torch.Tensor]]]:
-        """Read jobs of up to ``chunk`` steps each, in order, with block read-ahead hints."""
-        loader, reader, order = self.loader, self.loader.reader, self.loader.order
-        chunk = self._chunk_steps()
-        gather = reader._slots.gather
-        shape = self._shape
-        advised: set[int] = set()
-        for first in range(0, self.steps, chunk):
-            count = min(chunk, self.steps - first)
-            items = order.items(self.epoch, self.shard.positions(first, count))
-            self._advise(items, advised)
+    def _plan_chunks(self) -> Iterator[np.ndarray]:
+        """Batch indices of each read, in order: up to ``chunk`` steps per read (the hand-off
+        between threads is paid once per read), the first reads smaller (1, 2, 4... steps) so
+        the first batch is ready as soon as possible. Indices are computed a page of steps
+        at a time (one compiled call), reads are slices of a page."""
+        order, shard = self.loader.order, self.shard
+        page_steps = max(self._chunk, 1024)
+        size = 1
+        for page_first in range(0, self.steps, page_steps):
+            page_count = min(page_steps, self.steps - page_first)
+            page = order.items(self.epoch, shard.positions(page_first, page_count))
+            at = 0
+            while at < page_count:
+                count = min(size, self._chunk, page_count - at)
+                items = page[at:at + count]
+                self._advise(items)
+                yield items
+                at += count
+                size *= 2
 
-            def job(items: np.ndarray = items, count: int = count) -> list[torch.Tensor]:
-                out = torch.empty((count, *shape), dtype=torch.int64)
-                gather(items, out.numpy())
-                return list(out.unbind(0))
-
-            yield job
-
-    def _advise(self, items: np.ndarray, advised: set[int]) -> None:
-        """``madvise(WILLNEED)`` each block the first time the plan reaches it, and the next
-        block of the file order too, so the kernel reads ahead of the converter threads."""
+    def _advise(self, items: np.ndarray) -> None:
+        """``madvise(WILLNEED)`` each block of the file the first time a read reaches it, so
+        the kernel reads the whole block ahead of the converters."""
         bs = self.loader.order.block_size
-        for block in np.unique(items // bs):
-            b = int(block)
-            if b not in advised:
-                advised.add(b)
+        first, last = int(items[0]) // bs, int(items[-1]) // bs
+        blocks = (first,) if first == last else np.unique(items // bs).tolist()
+        for b in blocks:
+            if b not in self._advised:
+                self._advised.add(b)
                 self.loader.reader.advise(b * bs, (b + 1) * bs)
 
-    def _next_prefetched(self) -> torch.Tensor:
-        if self._ready_pos == len(self._ready):
-            self._ready = next(self._prefetcher)  # type: ignore[arg-type]
-            self._ready_pos = 0
-        batch = self._ready[self._ready_pos]
-        self._ready[self._ready_pos] = None  # type: ignore[call-overload]
-        self._ready_pos += 1
-        return batch
+    def _fill(self) -> None:
+        gather_async = self.loader.reader._slots.gather_async
+        while len(self._tickets) < self._depth:
+            items = next(self._plan, None)
+            if items is None:
+                return
+            out = self._buffers.acquire()[:len(items)]
+            self._tickets.append((gather_async(self._pool, items, out), out))
 
-    def _next_inline(self) -> torch.Tensor:
-        if self._ready_pos == len(self._ready):
-            self._ready = list(next(self._jobs)())
-            self._ready_pos = 0
-        batch = self._ready[self._ready_pos]
-        self._ready_pos += 1
-        return batch
+    def _chunks(self) -> Iterator[Any]:
+        """Each read's batches, as a sequence of tensors, in order."""
+        reader = self.loader.reader
+        if self.loader.dtype == torch.int32:
+            read = reader.read_batch_torch
+            for items in self._plan:
+                yield [read(int(i), dtype=torch.int32) for i in items]
+        elif self._pool is None:
+            gather = reader._slots.gather
+            for items in self._plan:
+                yield torch.from_numpy(gather(items, self._buffers.acquire()[:len(items)])).unbind(0)
+        else:
+            tickets = self._tickets
+            while tickets:
+                ticket, out = tickets.popleft()
+                ticket.wait()
+                self._fill()
+                yield torch.from_numpy(out).unbind(0)
 
-    def _next_int32(self) -> torch.Tensor:
-        item = int(self.loader.order.items(self.epoch, self.shard.positions(self.step, 1))[0])
-        if self.step % self.loader.order.block_size == 0:
-            self._advise(np.array([item]), set())
-        return self.loader.reader.read_batch_torch(item, dtype=torch.int32)
-
-    def __iter__(self) -> _LoaderIterator:
-        return self
-
-    def __next__(self) -> torch.Tensor:
+    def batches(self) -> Iterator[torch.Tensor]:
+        """The generator ``iter(loader)`` returns."""
         loader = self.loader
-        if loader._active is not self or self.step >= self.steps or loader.epoch != self.epoch:
-            if self.step >= self.steps and loader._active is self:
+        start, world = self.shard.start, self.shard.world_size
+        step = 0
+        try:
+            for chunk in self._chunks():
+                for batch in chunk:
+                    if self.closed:
+                        return
+                    step += 1
+                    # Counted as delivered now: a state saved while the loop works on this
+                    # batch resumes after it.
+                    loader._consumed = start + step * world
+                    yield batch
+                del chunk
+            if not self.closed:
                 loader._completed = True
                 loader._active = None
+        finally:
             self.close()
-            raise StopIteration
-        batch = self._next_batch()
-        self.step += 1
-        # Counted as delivered now: a state saved while the loop works on this batch resumes
-        # after it.
-        loader._consumed = self.shard.consumed_after(self.step)
-        return batch
 
     def close(self) -> None:
-        if self._prefetcher is not None:
-            self._prefetcher.close()
-            self._prefetcher = None
-        self._ready = []
-        self._ready_pos = 0
+        """Stop: drop queued reads (waiting for any a worker has started). Idempotent."""
+        self.closed = True
+        while self._tickets:
+            ticket, _ = self._tickets.popleft()
+            try:
+                ticket.wait()
+            except Exception:
+                pass  # a fault in a batch nobody will read

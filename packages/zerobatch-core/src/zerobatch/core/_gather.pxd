@@ -90,3 +90,22 @@ cdef extern from *:
 # Convert n tokens at src into dst of the given kind. ZB_OK, or ZB_E_RANGE for an int32
 # output and a token >= 2**31 (dst then unspecified).
 cdef int zb_convert_tokens(const uint8_t *src, int64_t n, void *dst, int kind) noexcept nogil
+
+# Everything a gather of LLMBATCH batches needs, as plain C data: the kernel runs on a
+# TaskPool worker with no Python object in reach.
+cdef struct zb_llmbatch_gather:
+    const uint8_t *base          # the mapped file
+    uint64_t padded              # slot size
+    uint64_t tokens              # tokens per batch
+    const uint8_t *trailer       # checksum trailer, NULL without checksums
+    uint8_t *verified            # bitmap of verified batches (shared, atomic updates)
+    bint verify
+    const int64_t *items         # batch indices, validated by the submitter
+    int64_t count
+    char *out                    # count * tokens elements of `kind`
+    int kind
+    int64_t itemsize
+    int64_t bad                  # set on failure: the batch at fault
+
+# Run a gather; returns ZB_OK, ZB_E_CHECKSUM or ZB_E_RANGE (with g.bad set).
+cdef int zb_llmbatch_gather_run(void *g) noexcept nogil

@@ -22,6 +22,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from zerobatch.core._endian cimport zb_load_u64le
 from zerobatch.core._hash cimport zb_xxh3_64
 from zerobatch.core._layout cimport LLMBATCH_CHECKSUM_SIZE, LLMBATCH_HEADER_SIZE
+from zerobatch.core._pool cimport TaskPool, zb_task
 from zerobatch.core._status cimport ZB_E_CHECKSUM, ZB_E_RANGE, ZB_OK
 
 import numpy as np
@@ -38,6 +39,37 @@ cdef int zb_convert_tokens(const uint8_t *src, int64_t n, void *dst, int kind) n
             return ZB_E_RANGE
         return ZB_OK
     zb_copy_u32(src, n, <uint32_t *>dst)
+    return ZB_OK
+
+
+cdef inline const uint8_t *_slot(const zb_llmbatch_gather *g, uint64_t i) noexcept nogil:
+    return g.base + LLMBATCH_HEADER_SIZE + i * g.padded
+
+
+cdef inline bint _check_sum(const zb_llmbatch_gather *g, uint64_t i) noexcept nogil:
+    """True when batch i is already verified or matches its checksum (then marked)."""
+    if zb_bit_get(g.verified, i):
+        return True
+    cdef uint64_t expected = zb_load_u64le(g.trailer + i * LLMBATCH_CHECKSUM_SIZE)
+    if zb_xxh3_64(_slot(g, i), g.padded) != expected:
+        return False
+    zb_bit_set(g.verified, i)
+    return True
+
+
+cdef int zb_llmbatch_gather_run(void *arg) noexcept nogil:
+    cdef zb_llmbatch_gather *g = <zb_llmbatch_gather *>arg
+    cdef int64_t j
+    cdef int status
+    for j in range(g.count):
+        if g.verify and not _check_sum(g, g.items[j]):
+            g.bad = g.items[j]
+            return ZB_E_CHECKSUM
+        status = zb_convert_tokens(_slot(g, g.items[j]), g.tokens,
+                                   g.out + j * g.tokens * g.itemsize, g.kind)
+        if status != ZB_OK:
+            g.bad = g.items[j]
+            return status
     return ZB_OK
 
 
@@ -143,10 +175,9 @@ cdef class LLMBatchSlots:
     """
 
     cdef const uint8_t[::1] _data
-    cdef const uint8_t *_base
-    cdef const uint8_t *_trailer
     cdef uint8_t[::1] _verified
     cdef uint8_t[::1] _int32_ok
+    cdef zb_llmbatch_gather _g      # the gather template: geometry, trailer, bitmaps
     cdef readonly uint64_t num_batches
     cdef readonly uint64_t batch_size
     cdef readonly uint64_t seq_len
@@ -164,7 +195,6 @@ cdef class LLMBatchSlots:
             raise ConfigError(f"LLMBatchSlots: buffer holds {data.shape[0]} bytes, header "
                               f"describes {header.file_size}", field="buffer", path=path)
         self._data = data
-        self._base = &data[0]
         self.path = path
         self.num_batches = header.num_batches
         self.batch_size = header.batch_size
@@ -174,14 +204,23 @@ cdef class LLMBatchSlots:
         self.padded_batch_bytes = header.padded_batch_bytes
         self.has_checksums = header.has_checksums
         self.verify = verify and header.has_checksums
-        cdef uint64_t trailer_offset = header.trailer_offset
-        self._trailer = NULL
-        if header.has_checksums:
-            self._trailer = self._base + trailer_offset
         nbytes = (header.num_batches + 7) // 8
         self._verified = np.zeros(max(nbytes, 1), dtype=np.uint8)
         self._int32_ok = np.zeros(max(nbytes, 1), dtype=np.uint8)
         self.int32_safe = header.max_token is not None and header.max_token < 2**31
+        cdef uint64_t trailer_offset = header.trailer_offset
+        self._g.base = &data[0]
+        self._g.padded = self.padded_batch_bytes
+        self._g.tokens = self.tokens_per_batch
+        self._g.trailer = self._g.base + trailer_offset if header.has_checksums else NULL
+        self._g.verified = &self._verified[0]
+        self._g.verify = self.verify
+        self._g.items = NULL
+        self._g.count = 0
+        self._g.out = NULL
+        self._g.kind = 0
+        self._g.itemsize = 0
+        self._g.bad = -1
 
     cdef inline uint64_t _index(self, object i) except? 0xFFFFFFFFFFFFFFFF:
         cdef object j = i if type(i) is int else PyNumber_Index(i)
@@ -189,25 +228,18 @@ cdef class LLMBatchSlots:
             raise IndexError(f"{self.path}: batch index {j} out of range [0, {self.num_batches})")
         return <uint64_t>j
 
-    cdef inline const uint8_t *_slot(self, uint64_t i) noexcept nogil:
-        return self._base + LLMBATCH_HEADER_SIZE + i * self.padded_batch_bytes
-
-    cdef inline bint _check_sum(self, uint64_t i) noexcept nogil:
-        """True when batch i is verified or matches its checksum (then marked verified)."""
-        if zb_bit_get(&self._verified[0], i):
-            return True
-        cdef uint64_t expected = zb_load_u64le(self._trailer + i * LLMBATCH_CHECKSUM_SIZE)
-        if zb_xxh3_64(self._slot(i), self.padded_batch_bytes) != expected:
-            return False
-        zb_bit_set(&self._verified[0], i)
-        return True
-
-    cdef int _raise_checksum(self, uint64_t i) except -1:
-        cdef uint64_t expected = zb_load_u64le(self._trailer + i * LLMBATCH_CHECKSUM_SIZE)
-        cdef uint64_t got = zb_xxh3_64(self._slot(i), self.padded_batch_bytes)
-        raise IntegrityError(f"batch_checksum: batch {i} does not match its checksum (stored "
-                             f"0x{expected:016x}, computed 0x{got:016x})",
-                             path=self.path, field="batch_checksum")
+    cdef int _raise(self, int status, int64_t bad) except -1:
+        cdef uint64_t expected, got
+        if status == ZB_E_CHECKSUM:
+            expected = zb_load_u64le(self._g.trailer + bad * LLMBATCH_CHECKSUM_SIZE)
+            got = zb_xxh3_64(_slot(&self._g, bad), self._g.padded)
+            raise IntegrityError(f"batch_checksum: batch {bad} does not match its checksum "
+                                 f"(stored 0x{expected:016x}, computed 0x{got:016x})",
+                                 path=self.path, field="batch_checksum")
+        if status == ZB_E_RANGE:
+            raise ConfigError(f"batch {bad} holds a token id of 2**31 or more, which does not "
+                              f"fit in int32; read it as int64", path=self.path, field="dtype")
+        return 0
 
     cpdef uint64_t check(self, object i) except? 0xFFFFFFFFFFFFFFFF:
         """Validate index ``i`` (an integer in ``[0, num_batches)``), verify that batch's
@@ -219,18 +251,16 @@ cdef class LLMBatchSlots:
         """
         cdef uint64_t idx = self._index(i)
         cdef bint ok
-        if self.verify:
-            if zb_bit_get(&self._verified[0], idx):
-                return idx
+        if self.verify and not zb_bit_get(self._g.verified, idx):
             with nogil:
-                ok = self._check_sum(idx)
+                ok = _check_sum(&self._g, idx)
             if not ok:
-                self._raise_checksum(idx)
+                self._raise(ZB_E_CHECKSUM, idx)
         return idx
 
     def is_verified(self, i) -> bool:
         """Whether batch ``i`` has been checked against its checksum by this reader."""
-        return bool(zb_bit_get(&self._verified[0], self._index(i)))
+        return bool(zb_bit_get(self._g.verified, self._index(i)))
 
     cpdef uint64_t check_int32(self, object i) except? 0xFFFFFFFFFFFFFFFF:
         """:meth:`check`, then make sure every token of batch ``i`` fits in ``int32``.
@@ -246,7 +276,7 @@ cdef class LLMBatchSlots:
         if self.int32_safe or zb_bit_get(&self._int32_ok[0], idx):
             return idx
         with nogil:
-            m = zb_max_u32(self._slot(idx), self.tokens_per_batch)
+            m = zb_max_u32(_slot(&self._g, idx), self.tokens_per_batch)
         if m >= 2**31:
             raise ConfigError(f"batch {idx} holds token id {m}, which does not fit in int32; "
                               f"read it as int64", path=self.path, field="dtype")
@@ -269,25 +299,36 @@ cdef class LLMBatchSlots:
             IntegrityError: the batch does not match its checksum.
             ConfigError: ``out`` does not fit, or is ``int32`` and a token is 2**31 or more.
         """
-        cdef uint64_t idx = self._index(i)
+        cdef int64_t idx = self._index(i)
         cdef Py_buffer view
-        cdef int kind = _acquire_out(out, &view, self.tokens_per_batch, "read_into")
-        cdef int status = ZB_OK
-        try:
-            with nogil:
-                if self.verify and not self._check_sum(idx):
-                    status = ZB_E_CHECKSUM
-                else:
-                    status = zb_convert_tokens(self._slot(idx), self.tokens_per_batch,
-                                               view.buf, kind)
-        finally:
-            PyBuffer_Release(&view)
-        if status == ZB_E_CHECKSUM:
-            self._raise_checksum(idx)
-        if status == ZB_E_RANGE:
-            raise ConfigError(f"batch {idx} holds a token id of 2**31 or more, which does not "
-                              f"fit in int32; read it as int64", path=self.path, field="dtype")
+        cdef zb_llmbatch_gather g = self._g
+        g.kind = _acquire_out(out, &view, self.tokens_per_batch, "read_into")
+        g.itemsize = view.itemsize
+        g.out = <char *>view.buf
+        g.items = &idx
+        g.count = 1
+        cdef int status
+        with nogil:
+            status = zb_llmbatch_gather_run(&g)
+        PyBuffer_Release(&view)
+        if status != ZB_OK:
+            self._raise(status, g.bad)
         return out
+
+    cdef int _prepare(self, zb_llmbatch_gather *g, const int64_t[::1] idx, object out,
+                      Py_buffer *view) except -1:
+        cdef Py_ssize_t k = idx.shape[0], j
+        for j in range(k):
+            if idx[j] < 0 or <uint64_t>idx[j] >= self.num_batches:
+                raise IndexError(f"{self.path}: batch index {idx[j]} out of range "
+                                 f"[0, {self.num_batches})")
+        g[0] = self._g
+        g.kind = _acquire_out(out, view, k * self.tokens_per_batch, "gather")
+        g.itemsize = view.itemsize
+        g.out = <char *>view.buf
+        g.items = &idx[0] if k else NULL
+        g.count = k
+        return 0
 
     def gather(self, indices, out):
         """Copy the batches at ``indices`` into ``out[k]``, in order, GIL released.
@@ -307,37 +348,35 @@ cdef class LLMBatchSlots:
             ConfigError: ``out`` does not fit, or is ``int32`` and a token is 2**31 or more.
         """
         cdef const int64_t[::1] idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
-        cdef Py_ssize_t k = idx.shape[0], j
-        cdef int64_t bad = -1
-        for j in range(k):
-            if idx[j] < 0 or <uint64_t>idx[j] >= self.num_batches:
-                raise IndexError(f"{self.path}: batch index {idx[j]} out of range "
-                                 f"[0, {self.num_batches})")
+        cdef zb_llmbatch_gather g
         cdef Py_buffer view
-        cdef int kind = _acquire_out(out, &view, k * self.tokens_per_batch, "gather")
-        cdef int status = ZB_OK
-        cdef Py_ssize_t itemsize = view.itemsize
-        cdef char *dst = <char *>view.buf
-        try:
-            with nogil:
-                for j in range(k):
-                    if self.verify and not self._check_sum(idx[j]):
-                        status = ZB_E_CHECKSUM
-                        bad = idx[j]
-                        break
-                    status = zb_convert_tokens(self._slot(idx[j]), self.tokens_per_batch,
-                                               dst + j * self.tokens_per_batch * itemsize, kind)
-                    if status != ZB_OK:
-                        bad = idx[j]
-                        break
-        finally:
-            PyBuffer_Release(&view)
-        if status == ZB_E_CHECKSUM:
-            self._raise_checksum(bad)
-        if status == ZB_E_RANGE:
-            raise ConfigError(f"batch {bad} holds a token id of 2**31 or more, which does not "
-                              f"fit in int32; read it as int64", path=self.path, field="dtype")
+        self._prepare(&g, idx, out, &view)
+        cdef int status
+        with nogil:
+            status = zb_llmbatch_gather_run(&g)
+        PyBuffer_Release(&view)
+        if status != ZB_OK:
+            self._raise(status, g.bad)
         return out
+
+    def gather_async(self, TaskPool pool, indices, out):
+        """Queue a :meth:`gather` on ``pool``'s worker threads; returns a :class:`GatherTicket`.
+
+        Indices and ``out`` are validated now (``IndexError`` / ``ConfigError`` are raised
+        here); checksum and int32 range errors are raised by :meth:`GatherTicket.wait`.
+        """
+        cdef GatherTicket t = GatherTicket.__new__(GatherTicket)
+        t.idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        self._prepare(&t.g, t.idx, out, &t.view)
+        t.has_view = True
+        t.slots = self
+        t.out = out
+        t.pool = pool
+        t.task.fn = zb_llmbatch_gather_run
+        t.task.arg = &t.g
+        pool.submit(&t.task)
+        t.submitted = True
+        return t
 
     def verify_range(self, start, stop):
         """Check batches ``[start, stop)`` against their checksums, GIL released.
@@ -353,18 +392,17 @@ cdef class LLMBatchSlots:
         bad = []
         if not self.has_checksums:
             return bad
-        cdef uint64_t expected
         cdef int64_t first_bad
         while a < b:
             first_bad = -1
             with nogil:
                 i = a
                 while i < b:
-                    expected = zb_load_u64le(self._trailer + i * LLMBATCH_CHECKSUM_SIZE)
-                    if zb_xxh3_64(self._slot(i), self.padded_batch_bytes) != expected:
+                    if zb_xxh3_64(_slot(&self._g, i), self._g.padded) != \
+                            zb_load_u64le(self._g.trailer + i * LLMBATCH_CHECKSUM_SIZE):
                         first_bad = i
                         break
-                    zb_bit_set(&self._verified[0], i)
+                    zb_bit_set(self._g.verified, i)
                     i += 1
             if first_bad < 0:
                 break
@@ -385,7 +423,7 @@ cdef class LLMBatchSlots:
             return True
         with nogil:
             for i in range(a, b):
-                p = self._slot(i) + self.raw_batch_bytes
+                p = _slot(&self._g, i) + self.raw_batch_bytes
                 for k in range(pad):
                     acc |= p[k]
         return acc == 0
@@ -399,6 +437,48 @@ cdef class LLMBatchSlots:
                               f"[0, {self.num_batches})", field="stop", path=self.path)
         with nogil:
             for i in range(a, b):
-                v = zb_max_u32(self._slot(i), self.tokens_per_batch)
+                v = zb_max_u32(_slot(&self._g, i), self.tokens_per_batch)
                 m = v if v > m else m
         return m
+
+
+cdef class GatherTicket:
+    """A gather queued on a :class:`TaskPool`; :meth:`wait` returns its output.
+
+    Holds the slots, the indices and the output alive until the gather has run.
+    """
+
+    cdef zb_task task
+    cdef zb_llmbatch_gather g
+    cdef Py_buffer view
+    cdef bint has_view
+    cdef bint submitted
+    cdef bint finished
+    cdef const int64_t[::1] idx
+    cdef LLMBatchSlots slots
+    cdef TaskPool pool
+    cdef object out
+
+    def wait(self):
+        """Block (GIL released) until the gather has run; return ``out``.
+
+        Raises:
+            IntegrityError: a batch does not match its checksum.
+            ConfigError: an ``int32`` output and a token of 2**31 or more.
+        """
+        if not self.finished:
+            self.pool.wait(&self.task)
+            self.finished = True
+            if self.has_view:
+                PyBuffer_Release(&self.view)
+                self.has_view = False
+        if self.task.status != ZB_OK:
+            self.slots._raise(self.task.status, self.g.bad)
+        return self.out
+
+    def __dealloc__(self):
+        # The task points into this object: never free it while a worker may run it.
+        if self.submitted and not self.finished:
+            self.pool.wait(&self.task)
+        if self.has_view:
+            PyBuffer_Release(&self.view)
