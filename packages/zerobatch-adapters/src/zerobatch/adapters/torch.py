@@ -307,11 +307,8 @@ class _LoaderIterator:
             self.close()
 
     def close(self) -> None:
-        """Stop: drop queued reads (waiting for any a worker has started). Idempotent."""
+        """Stop: drop queued reads (waiting only for those a worker has started). Idempotent."""
         self.closed = True
         while self._tickets:
             ticket, _ = self._tickets.popleft()
-            try:
-                ticket.wait()
-            except Exception:
-                pass  # a fault in a batch nobody will read
+            ticket.cancel()

@@ -8,7 +8,9 @@ Everything here is imported from this module, never from ``zerobatch.core._<kern
 - gathers: :class:`LLMBatchSlots` (verified batch reads into int64 / int32 / uint32 buffers),
   :func:`widen_u32`, :func:`max_u32`;
 - checksums: :func:`xxh3_64`, :func:`hash_slots`;
-- :mod:`zerobatch.core.io`: atomic writes, safe opens.
+- :mod:`zerobatch.core.io`: atomic writes, safe opens;
+- :mod:`zerobatch.core.pool`: :class:`TaskPool`, worker threads that run gathers with the
+  GIL released from start to finish, stopped around ``fork`` and at exit.
 
 The kernels release the GIL in their inner loops. If the compiled extensions are missing
 this import fails with the command that rebuilds them; ``ZEROBATCH_PUREPYTHON=1`` selects the
@@ -48,11 +50,13 @@ else:
             "kernels)"
         ) from _exc
 
-from zerobatch.core import io
+from zerobatch.core import io, pool
+from zerobatch.core.pool import TaskPool, shared_pool
 
 __all__ = [
     "LLMBatchSlots",
     "PURE_PYTHON",
+    "TaskPool",
     "__version__",
     "block_shuffle_items",
     "hash_slots",
@@ -62,6 +66,8 @@ __all__ = [
     "max_u32",
     "pack_llmbatch_header",
     "parse_llmbatch_header",
+    "pool",
+    "shared_pool",
     "widen_u32",
     "xxh3_64",
 ]

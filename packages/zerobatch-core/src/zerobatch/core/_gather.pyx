@@ -73,27 +73,27 @@ cdef int zb_llmbatch_gather_run(void *arg) noexcept nogil:
     return ZB_OK
 
 
-cdef int _buffer_kind(const Py_buffer *view):
+cdef int _buffer_kind(const Py_buffer *view) noexcept:
     """The zb_out_kind of an acquired buffer, or 0 when it is not int64/int32/uint32."""
-    cdef bytes fmt = view.format if view.format != NULL else b"B"
-    if fmt[:1] in (b"@", b"=", b"<", b"!", b">"):
-        if fmt[:1] in (b"!", b">"):
-            return 0
-        fmt = fmt[1:]
-    if len(fmt) != 1:
+    cdef const char *f = view.format
+    if f == NULL:
         return 0
-    if fmt in b"bhilqn":
+    if f[0] == b'@' or f[0] == b'=' or f[0] == b'<':
+        f += 1
+    elif f[0] == b'>' or f[0] == b'!':
+        return 0
+    if f[0] == 0 or f[1] != 0:
+        return 0
+    cdef char c = f[0]
+    if c == b'b' or c == b'h' or c == b'i' or c == b'l' or c == b'q' or c == b'n':
         if view.itemsize == 8:
             return ZB_OUT_INT64
         if view.itemsize == 4:
             return ZB_OUT_INT32
-    elif fmt in b"BHILQN":
+    elif c == b'B' or c == b'H' or c == b'I' or c == b'L' or c == b'Q' or c == b'N':
         if view.itemsize == 4:
             return ZB_OUT_UINT32
     return 0
-
-
-_KIND_NAMES = {ZB_OUT_INT64: "int64", ZB_OUT_INT32: "int32", ZB_OUT_UINT32: "uint32"}
 
 
 cdef int _acquire_out(object out, Py_buffer *view, int64_t elements, str what) except -1:
@@ -188,6 +188,11 @@ cdef class LLMBatchSlots:
     cdef readonly bint has_checksums
     cdef readonly bint int32_safe
     cdef readonly object path
+    cdef object _u32_views       # [num_batches, batch_size, seq_len] read-only uint32 view
+    cdef object _i32_views       # the same pages as writable int32 (zero-copy int32 reads)
+    cdef object _empty           # numpy.empty
+    cdef object _batch_shape     # (batch_size, seq_len)
+    cdef object _int64
 
     def __cinit__(self, buffer, header, *, bint verify=True, path=None):
         cdef const uint8_t[::1] data = memoryview(buffer).cast("B")
@@ -221,6 +226,33 @@ cdef class LLMBatchSlots:
         self._g.kind = 0
         self._g.itemsize = 0
         self._g.bad = -1
+        self._empty = np.empty
+        self._int64 = np.dtype(np.int64)
+        self._batch_shape = (header.batch_size, header.seq_len)
+        strides = (header.padded_batch_bytes, header.seq_len * 4, 4)
+        shape = (header.num_batches, header.batch_size, header.seq_len)
+        if header.num_batches:
+            self._u32_views = np.ndarray(shape, dtype="<u4", buffer=buffer, offset=LLMBATCH_HEADER_SIZE,
+                                         strides=strides)
+            self._i32_views = np.ndarray(shape, dtype="<i4", buffer=buffer, offset=LLMBATCH_HEADER_SIZE,
+                                         strides=strides)
+        else:
+            self._u32_views = np.zeros(shape, dtype="<u4")
+            self._i32_views = np.zeros(shape, dtype="<i4")
+        self._u32_views.flags.writeable = False
+
+    def view_uint32(self, i):
+        """Batch ``i`` as a read-only ``uint32`` view of the mapped file (checked, verified)."""
+        return self._u32_views[self.check(i)]
+
+    def view_int32(self, i):
+        """Batch ``i`` as an ``int32`` view of the mapped file, no copy (checked, verified,
+        every token below 2**31); writable when the mapping is (copy-on-write pages)."""
+        return self._i32_views[self.check_int32(i)]
+
+    def new_int64(self, i):
+        """Batch ``i`` converted into a new ``int64`` array ``[batch_size, seq_len]``."""
+        return self._read_into(i, self._empty(self._batch_shape, self._int64))
 
     cdef inline uint64_t _index(self, object i) except? 0xFFFFFFFFFFFFFFFF:
         cdef object j = i if type(i) is int else PyNumber_Index(i)
@@ -283,6 +315,23 @@ cdef class LLMBatchSlots:
         zb_bit_set(&self._int32_ok[0], idx)
         return idx
 
+    cdef object _read_into(self, object i, object out):
+        cdef int64_t idx = self._index(i)
+        cdef Py_buffer view
+        cdef zb_llmbatch_gather g = self._g
+        g.kind = _acquire_out(out, &view, self.tokens_per_batch, "read_into")
+        g.itemsize = view.itemsize
+        g.out = <char *>view.buf
+        g.items = &idx
+        g.count = 1
+        cdef int status
+        with nogil:
+            status = zb_llmbatch_gather_run(&g)
+        PyBuffer_Release(&view)
+        if status != ZB_OK:
+            self._raise(status, g.bad)
+        return out
+
     def read_into(self, i, out):
         """Copy batch ``i`` into ``out``, converting tokens to ``out``'s element type.
 
@@ -299,21 +348,7 @@ cdef class LLMBatchSlots:
             IntegrityError: the batch does not match its checksum.
             ConfigError: ``out`` does not fit, or is ``int32`` and a token is 2**31 or more.
         """
-        cdef int64_t idx = self._index(i)
-        cdef Py_buffer view
-        cdef zb_llmbatch_gather g = self._g
-        g.kind = _acquire_out(out, &view, self.tokens_per_batch, "read_into")
-        g.itemsize = view.itemsize
-        g.out = <char *>view.buf
-        g.items = &idx
-        g.count = 1
-        cdef int status
-        with nogil:
-            status = zb_llmbatch_gather_run(&g)
-        PyBuffer_Release(&view)
-        if status != ZB_OK:
-            self._raise(status, g.bad)
-        return out
+        return self._read_into(i, out)
 
     cdef int _prepare(self, zb_llmbatch_gather *g, const int64_t[::1] idx, object out,
                       Py_buffer *view) except -1:
@@ -454,6 +489,7 @@ cdef class GatherTicket:
     cdef bint has_view
     cdef bint submitted
     cdef bint finished
+    cdef bint cancelled
     cdef const int64_t[::1] idx
     cdef LLMBatchSlots slots
     cdef TaskPool pool
@@ -466,6 +502,8 @@ cdef class GatherTicket:
             IntegrityError: a batch does not match its checksum.
             ConfigError: an ``int32`` output and a token of 2**31 or more.
         """
+        if self.cancelled:
+            raise ConfigError("wait: this gather was cancelled", field="ticket")
         if not self.finished:
             self.pool.wait(&self.task)
             self.finished = True
@@ -475,6 +513,22 @@ cdef class GatherTicket:
         if self.task.status != ZB_OK:
             self.slots._raise(self.task.status, self.g.bad)
         return self.out
+
+    def cancel(self):
+        """Drop the gather if no worker has started it; else wait for it. Never raises.
+
+        Returns:
+            ``True`` when it was dropped (``out`` was not written).
+        """
+        cdef bint dropped = False
+        if not self.finished:
+            dropped = self.pool.cancel(&self.task)
+            self.finished = True
+            self.cancelled = dropped
+            if self.has_view:
+                PyBuffer_Release(&self.view)
+                self.has_view = False
+        return dropped
 
     def __dealloc__(self):
         # The task points into this object: never free it while a worker may run it.

@@ -54,3 +54,4 @@ cdef class TaskPool:
     cdef zb_task *_claim_locked(self, zb_task *want) noexcept nogil
     cdef int submit(self, zb_task *task) except -1
     cdef int wait(self, zb_task *task) except -1
+    cdef bint cancel(self, zb_task *task) except -1

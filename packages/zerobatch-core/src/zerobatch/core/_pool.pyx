@@ -9,6 +9,8 @@
 #           yet, the caller runs it itself; while a worker runs it, the caller runs other
 #           queued tasks rather than sleep. task->status holds the task's zb_status code.
 #           Never raises for a task's failure: the caller maps it.
+#   cancel(task)  (GIL held by the caller)
+#     post: a task no one has started is dropped (True); a running one is waited for (False).
 #   Workers take tasks in submission order, skipping tasks a waiter already claimed; with
 #   several workers tasks finish in any order.
 #
@@ -141,6 +143,19 @@ cdef class TaskPool:
                 pthread_cond_broadcast(&self._done_cond)
             pthread_mutex_unlock(&self._mutex)
         return 0
+
+    cdef bint cancel(self, zb_task *task) except -1:
+        """Drop `task` if no one has started it (True); else wait for it (False)."""
+        cdef bint dropped = False
+        with nogil:
+            pthread_mutex_lock(&self._mutex)
+            if task.state == ZB_TASK_QUEUED and self._claim_locked(task) != NULL:
+                task.state = ZB_TASK_DONE
+                dropped = True
+            while task.state != ZB_TASK_DONE:
+                pthread_cond_wait(&self._done_cond, &self._mutex)
+            pthread_mutex_unlock(&self._mutex)
+        return dropped
 
     def stop(self):
         """Let the workers finish the queued tasks, then join them. Idempotent."""

@@ -30,6 +30,7 @@ from zerobatch.formats.errors import ConfigError, IntegrityError
 
 __all__ = [
     "LLMBatchSlots",
+    "TaskPool",
     "block_shuffle_items",
     "hash_slots",
     "llmbatch_batch_offsets",
@@ -412,6 +413,40 @@ def max_u32(src: Any) -> int:
     return int(t.max()) if t.size else 0
 
 
+class TaskPool:
+    """Twin of the compiled ``TaskPool``: no threads, gathers run when queued."""
+
+    def __init__(self, num_threads: int = 2, capacity: int = 256) -> None:
+        if not 1 <= num_threads <= 256:
+            raise ConfigError(f"num_threads must be between 1 and 256, got {num_threads}", field="num_threads")
+        self.num_threads = num_threads
+        self.threads: list[Any] = []
+        self.pending = 0
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def reinit_after_fork(self) -> None:
+        pass
+
+
+class _Ticket:
+    def __init__(self, out: Any, error: BaseException | None) -> None:
+        self.out = out
+        self.error = error
+
+    def wait(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.out
+
+    def cancel(self) -> bool:
+        return False
+
+
 class LLMBatchSlots:
     """Twin of the compiled ``LLMBatchSlots``: access to the batch slots of a mapped file."""
 
@@ -433,6 +468,36 @@ class LLMBatchSlots:
         self._trailer = header.trailer_offset
         self._verified = np.zeros(self.num_batches, dtype=bool)
         self._int32_ok = np.zeros(self.num_batches, dtype=bool)
+        shape = (header.num_batches, header.batch_size, header.seq_len)
+        strides = (header.padded_batch_bytes, header.seq_len * 4, 4)
+        if header.num_batches:
+            self._u32_views = np.ndarray(shape, "<u4", buffer=buffer, offset=L.HEADER_SIZE, strides=strides)
+            self._i32_views = np.ndarray(shape, "<i4", buffer=buffer, offset=L.HEADER_SIZE, strides=strides)
+        else:
+            self._u32_views = np.zeros(shape, "<u4")
+            self._i32_views = np.zeros(shape, "<i4")
+        self._u32_views.flags.writeable = False
+
+    def view_uint32(self, i: Any) -> np.ndarray:
+        return self._u32_views[self.check(i)]
+
+    def view_int32(self, i: Any) -> np.ndarray:
+        return self._i32_views[self.check_int32(i)]
+
+    def new_int64(self, i: Any) -> np.ndarray:
+        return self.read_into(i, np.empty((self.batch_size, self.seq_len), np.int64))
+
+    def gather_async(self, pool: Any, indices: Any, out: Any) -> _Ticket:
+        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        for j in idx:
+            if j < 0 or j >= self.num_batches:
+                raise IndexError(f"{self.path}: batch index {j} out of range [0, {self.num_batches})")
+        _out_array(out, idx.size * self.tokens_per_batch, "gather")
+        try:
+            self.gather(idx, out)
+        except Exception as exc:  # raised by wait(), as the compiled pool does
+            return _Ticket(out, exc)
+        return _Ticket(out, None)
 
     def _index(self, i: Any) -> int:
         j = i.__index__() if not isinstance(i, int) else i

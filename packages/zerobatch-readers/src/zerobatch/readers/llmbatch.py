@@ -43,6 +43,8 @@ _INT64 = np.dtype(np.int64)
 _INT32 = np.dtype(np.int32)
 _UINT32 = np.dtype(np.uint32)
 _torch_module: Any = None
+# torch dtype (or None) -> 1 for int64, 2 for int32; filled on first use.
+_TORCH_KINDS: dict[Any, int] = {}
 
 
 def _torch() -> Any:
@@ -58,16 +60,55 @@ def _torch() -> Any:
     return _torch_module
 
 
+def _from_numpy(arr: np.ndarray) -> Any:
+    """``torch.from_numpy``, bound on first use (then this name is the torch function)."""
+    global _from_numpy
+    _from_numpy = _torch().from_numpy
+    return _from_numpy(arr)
+
+
+def _torch_kind(dtype: Any) -> int:
+    """1 (int64) or 2 (int32) for a ``read_batch_torch`` dtype; caches the answer."""
+    torch = _torch()
+    if dtype is None or dtype == torch.int64:
+        kind = 1
+    elif dtype == torch.int32:
+        kind = 2
+    else:
+        raise ConfigError(f"read_batch_torch: dtype must be torch.int64 or torch.int32, got {dtype!r}",
+                          field="dtype")
+    _TORCH_KINDS[dtype] = kind
+    return kind
+
+
+_NUMPY_DTYPES: dict[Any, np.dtype] = {}
+
+
 def _numpy_dtype(dtype: Any) -> np.dtype:
-    """int64 / int32 / uint32 from a NumPy dtype, a torch dtype or a name."""
+    """int64 / int32 / uint32 from a NumPy dtype or type, a torch dtype or a name (cached)."""
+    try:
+        return _NUMPY_DTYPES[dtype]
+    except (KeyError, TypeError):
+        pass
     if dtype is None:
-        return _INT64
-    name = str(dtype).replace("torch.", "")
-    aliases = {"long": "int64", "int": "int32"}
-    name = aliases.get(name, name)
-    if name in ("int64", "int32", "uint32"):
-        return np.dtype(name)
-    raise ConfigError(f"dtype must be int64, int32 or uint32, got {dtype!r}", field="dtype")
+        dt = _INT64
+    else:
+        name = str(dtype)
+        if name.startswith("torch."):
+            name = {"long": "int64", "int": "int32"}.get(name[6:], name[6:])
+        else:
+            try:
+                name = np.dtype(dtype).name
+            except TypeError:
+                name = ""
+        if name not in ("int64", "int32", "uint32"):
+            raise ConfigError(f"dtype must be int64, int32 or uint32, got {dtype!r}", field="dtype")
+        dt = np.dtype(name)
+    try:
+        _NUMPY_DTYPES[dtype] = dt
+    except TypeError:
+        pass
+    return dt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,20 +203,12 @@ class BatchFileReader:
                 f"{self._expected_fingerprint}, now {self.fingerprint})",
                 path=self.path, field="fingerprint")
         self._slots = LLMBatchSlots(mm, header, verify=self.verify_batches, path=self.path)
-        nb, bs, sl = header.num_batches, header.batch_size, header.seq_len
-        self._shape = (bs, sl)
-        strides = (header.padded_batch_bytes, sl * 4, 4)
-        if nb:
-            self._u32 = np.ndarray((nb, bs, sl), dtype="<u4", buffer=mm, offset=L.HEADER_SIZE, strides=strides)
-            self._i32 = np.ndarray((nb, bs, sl), dtype="<i4", buffer=mm, offset=L.HEADER_SIZE, strides=strides)
-        else:
-            self._u32 = np.zeros((0, bs, sl), dtype="<u4")
-            self._i32 = np.zeros((0, bs, sl), dtype="<i4")
-        self._u32.flags.writeable = False
-        self._check = self._slots.check
-        self._check_int32 = self._slots.check_int32
+        self._shape = (header.batch_size, header.seq_len)
+        # Bound methods of the compiled slots: the hot paths are one Python call deep.
+        self._view_u32 = self._slots.view_uint32
+        self._view_i32 = self._slots.view_int32
+        self._new_i64 = self._slots.new_int64
         self._read_into = self._slots.read_into
-        self._from_numpy: Callable[[np.ndarray], Any] | None = None
 
     def _map(self, fd: int, size: int) -> tuple[mmap.mmap, bool]:
         try:
@@ -242,7 +275,7 @@ class BatchFileReader:
             IndexError: ``batch_index`` outside ``[0, num_batches)`` (negative included).
             IntegrityError: the batch does not match its checksum.
         """
-        return self._u32[self._check(batch_index)]
+        return self._view_u32(batch_index)
 
     __getitem__ = read_batch
 
@@ -269,10 +302,10 @@ class BatchFileReader:
             return self._read_into(batch_index, out)
         dt = _numpy_dtype(dtype)
         if dt == _INT64:
-            return self._read_into(batch_index, np.empty(self._shape, _INT64))
+            return self._new_i64(batch_index)
         if dt == _INT32:
-            return self._i32[self._check_int32(batch_index)]
-        return self.read_batch(batch_index)
+            return self._view_i32(batch_index)
+        return self._view_u32(batch_index)
 
     def read_batch_torch(self, batch_index: int, dtype: Any = None, out: Any = None) -> Any:
         """Batch ``batch_index`` as a torch tensor ``[batch_size, seq_len]``.
@@ -293,20 +326,11 @@ class BatchFileReader:
             ConfigError: a bad ``dtype`` or ``out``, ``int32`` and a token id of 2**31 or
                 more, or torch is not installed.
         """
-        from_numpy = self._from_numpy
-        if from_numpy is None:
-            from_numpy = self._from_numpy = _torch().from_numpy
         if out is None:
-            if dtype is None:
-                arr = np.empty(self._shape, _INT64)
-                self._read_into(batch_index, arr)
-                return from_numpy(arr)
-            dt = _numpy_dtype(dtype)
-            if dt == _INT32:
-                return from_numpy(self._i32[self._check_int32(batch_index)])
-            if dt == _INT64:
-                return from_numpy(self._read_into(batch_index, np.empty(self._shape, _INT64)))
-            raise ConfigError(f"read_batch_torch: dtype must be int64 or int32, got {dtype!r}", field="dtype")
+            kind = _TORCH_KINDS.get(dtype) or _torch_kind(dtype)
+            if kind == 1:
+                return _from_numpy(self._new_i64(batch_index))
+            return _from_numpy(self._view_i32(batch_index))
         torch = _torch()
         if not isinstance(out, torch.Tensor):
             raise ConfigError(f"read_batch_torch: out must be a torch.Tensor, got {type(out).__name__}", field="out")
@@ -402,9 +426,8 @@ class BatchFileReader:
             return
         mm = self._mm
         self._mm = None
-        self._u32 = self._i32 = np.zeros((0, *self._shape), dtype="<u4")
         self._slots = None  # type: ignore[assignment]
-        self._check = self._check_int32 = self._read_into = _closed  # type: ignore[assignment]
+        self._view_u32 = self._view_i32 = self._new_i64 = self._read_into = _closed  # type: ignore[assignment]
         try:
             mm.close()
         except BufferError:
