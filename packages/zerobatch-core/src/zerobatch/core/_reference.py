@@ -11,6 +11,7 @@ integers, the long-input path with NumPy ``uint64`` arithmetic (wrapping by defi
 
 from __future__ import annotations
 
+import operator
 import struct
 from typing import Any
 
@@ -500,7 +501,7 @@ class LLMBatchSlots:
         return _Ticket(out, None)
 
     def _index(self, i: Any) -> int:
-        j = i.__index__() if not isinstance(i, int) else i
+        j = operator.index(i)
         if j < 0 or j >= self.num_batches:
             raise IndexError(f"{self.path}: batch index {j} out of range [0, {self.num_batches})")
         return int(j)
