@@ -421,17 +421,14 @@ class BatchFileReader:
         return self._mm is None
 
     def close(self) -> None:
-        """Release the mapping. Views handed out keep their pages valid until they are freed."""
+        """Drop this reader's references to the mapping. The pages stay mapped as long as a
+        view or tensor handed out still refers to them (unmapping under a live view would
+        crash its next access), and are unmapped with the last of them."""
         if self._mm is None:
             return
-        mm = self._mm
         self._mm = None
         self._slots = None  # type: ignore[assignment]
         self._view_u32 = self._view_i32 = self._new_i64 = self._read_into = _closed  # type: ignore[assignment]
-        try:
-            mm.close()
-        except BufferError:
-            pass  # live views still export the buffer; the mapping goes with the last of them
 
     def __enter__(self) -> BatchFileReader:
         return self
