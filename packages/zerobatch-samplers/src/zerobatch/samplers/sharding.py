@@ -82,7 +82,8 @@ class RankShard:
     def positions(self, first_step: int, count: int) -> np.ndarray:
         """Epoch positions this rank reads at steps ``first_step .. first_step + count - 1``.
 
-        Positions past the end of the epoch (padding) wrap to its beginning.
+        Positions past the end of the epoch (padding) wrap to its beginning (modulo the
+        epoch's length, so even an epoch shorter than ``world_size`` fills every step).
         """
         first_step = check_count(first_step, "first_step")
         count = check_count(count, "count")
@@ -91,5 +92,5 @@ class RankShard:
                              f"{self.num_steps} steps")
         pos = self.start + (first_step + np.arange(count, dtype=np.int64)) * self.world_size + self.rank
         if not self.drop_last and self.num_positions:
-            pos = np.where(pos >= self.num_positions, pos - self.num_positions, pos)
+            pos %= self.num_positions
         return pos
