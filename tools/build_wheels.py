@@ -11,6 +11,11 @@ by name and exact version. The folder then installs without any index::
 Usage::
 
     python tools/build_wheels.py [--out dist] [--no-build-isolation] [--only NAME ...]
+    python tools/build_wheels.py --install-from dist    # reinstall every wheel there, no index
+
+The second form is asv's install command (``asv_bench/asv.conf.json``): it force-reinstalls
+every wheel of the folder without touching their dependencies, which the benchmark
+environment already holds.
 """
 
 from __future__ import annotations
@@ -57,7 +62,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="build with the current environment's setuptools and Cython")
     ap.add_argument("--only", nargs="*", help="build only these distributions (e.g. zerobatch-core)")
     ap.add_argument("--no-umbrella", action="store_true", help="skip the zerobatch umbrella wheel")
+    ap.add_argument("--install-from", metavar="DIR",
+                    help="instead of building, force-reinstall every wheel in DIR (no index, no dependencies)")
     args = ap.parse_args(argv)
+    if args.install_from:
+        found = sorted(str(w) for w in pathlib.Path(args.install_from).glob("*.whl"))
+        if not found:
+            raise SystemExit(f"no wheels in {args.install_from}")
+        cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--force-reinstall", *found]
+        print("+", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+        return 0
     out = pathlib.Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     for pkg in packages():
