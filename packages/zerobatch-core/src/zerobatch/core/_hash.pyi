@@ -1,0 +1,6 @@
+from typing import Any
+
+import numpy as np
+
+def xxh3_64(data: Any) -> int: ...
+def hash_slots(data: Any, offset: int, slot_size: int, count: int, out: np.ndarray | None = ...) -> np.ndarray: ...
