@@ -324,13 +324,18 @@ cdef class LLMBatchSlots:
         g.out = <char *>view.buf
         g.items = &idx
         g.count = 1
+        self._run(&g, &view)
+        return out
+
+    cdef int _run(self, zb_llmbatch_gather *g, Py_buffer *view) except -1:
+        """Run a prepared gather with the GIL released, release `view`, map the status."""
         cdef int status
         with nogil:
-            status = zb_llmbatch_gather_run(&g)
-        PyBuffer_Release(&view)
+            status = zb_llmbatch_gather_run(g)
+        PyBuffer_Release(view)
         if status != ZB_OK:
             self._raise(status, g.bad)
-        return out
+        return 0
 
     def read_into(self, i, out):
         """Copy batch ``i`` into ``out``, converting tokens to ``out``'s element type.
@@ -386,12 +391,7 @@ cdef class LLMBatchSlots:
         cdef zb_llmbatch_gather g
         cdef Py_buffer view
         self._prepare(&g, idx, out, &view)
-        cdef int status
-        with nogil:
-            status = zb_llmbatch_gather_run(&g)
-        PyBuffer_Release(&view)
-        if status != ZB_OK:
-            self._raise(status, g.bad)
+        self._run(&g, &view)
         return out
 
     def gather_async(self, TaskPool pool, indices, out):
