@@ -175,7 +175,6 @@ def test_mismatched_states_are_refused(path50, tmp_path):
     good = BatchNativeLoader(path50, block_size=4, seed=5)
     run_steps(good, 3)
     state = good.state_dict()
-    other_file = make_file(tmp_path / "other.batch", 50)
     cases = [
         (BatchNativeLoader(path50, block_size=4, seed=6), state, "seed"),
         (BatchNativeLoader(path50, block_size=8, seed=5), state, "block_size"),
@@ -199,7 +198,6 @@ def test_mismatched_states_are_refused(path50, tmp_path):
     write_batch_file(changed, t, BS, SL, seed=0)
     with pytest.raises(StateError, match="num_items|fingerprint"):
         BatchNativeLoader(changed, block_size=4, seed=5).load_state_dict(state)
-    del other_file
 
 
 def test_arguments_and_environment(path50, monkeypatch):

@@ -169,7 +169,7 @@ def test_gather_async_on_pool_matches_sync():
     for threads in (1, 2, 3):
         pool = TaskPool(threads, 4)  # capacity smaller than the queue: submit must block, not fail
         tickets = []
-        for k in range(40):
+        for _ in range(40):
             idx = rng.integers(0, 64, size=int(rng.integers(1, 6)))
             out = np.empty((idx.size, 4, 32), np.int64)
             tickets.append((idx, out, s.gather_async(pool, idx, out)))

@@ -10,7 +10,6 @@ import xxhash
 
 from zerobatch.core import _reference as R
 from zerobatch.core import llmbatch_geometry, pack_llmbatch_header, parse_llmbatch_header
-from zerobatch.formats import llmbatch as L
 from zerobatch.formats.errors import (
     ConfigError,
     CorruptError,

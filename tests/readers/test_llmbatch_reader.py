@@ -6,7 +6,6 @@ import hashlib
 import os
 import pickle
 import struct
-import sys
 import threading
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import xxhash
-from zbtest import SeedSpecReader, records, run_python, seed_layout_bytes
+from zbtest import records, run_python, seed_layout_bytes
 
 from zerobatch.formats.errors import (
     ConfigError,

@@ -22,7 +22,7 @@ from zerobatch.adapters._buffers import BufferPool
 from zerobatch.core.pool import shared_pool
 from zerobatch.formats.errors import ConfigError, StateError
 from zerobatch.readers.llmbatch import BatchFileReader
-from zerobatch.samplers import BlockShuffleOrder, OrderState, RankShard, check_count, check_seed
+from zerobatch.samplers import BlockShuffleOrder, OrderState, RankShard, check_count
 
 __all__ = ["BatchNativeLoader"]
 

@@ -328,7 +328,7 @@ def llmbatch_geometry(batch_size: Any, seq_len: Any) -> tuple[int, int]:
     """Bytes of one batch and of its page-aligned slot."""
     bs = check_uint(batch_size, "batch_size", 2**32 - 1)
     sl = check_uint(seq_len, "seq_len", 2**32 - 1)
-    for name, v, limit in (("batch_size", bs, L.MAX_BATCH_SIZE), ("seq_len", sl, L.MAX_SEQ_LEN)):
+    for name, v in (("batch_size", bs), ("seq_len", sl)):
         if v == 0:
             raise ConfigError(geometry_message(6, name, bs, sl), field=name)
     for name, v, limit in (("batch_size", bs, L.MAX_BATCH_SIZE), ("seq_len", sl, L.MAX_SEQ_LEN)):
