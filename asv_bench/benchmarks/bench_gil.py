@@ -15,6 +15,7 @@ from zerobatch.readers.llmbatch import BatchFileReader
 from zerobatch.writers.llmbatch import write_batch_file
 
 BS, SL, NB = 32, 512, 256
+_STATE: dict = {}
 
 
 class GatherThreads:
@@ -27,22 +28,25 @@ class GatherThreads:
         write_batch_file(path, tokens, BS, SL, seed=0)
         return path
 
-    def setup(self, path, threads):
-        self.reader = BatchFileReader(path)
-        self.reader.read_batches(np.arange(NB))  # verified once
-        self.work = [np.arange(NB, dtype=np.int64)[k::threads] for k in range(threads)]
-        self.outs = [np.empty((len(w), BS, SL), np.int64) for w in self.work]
-
-    def teardown(self, path, threads):
-        self.reader.close()
+    def _state(self, path, threads):
+        # Built on first use, not in setup(): asv re-runs setup() before every timed call.
+        st = _STATE.get((path, threads))
+        if st is None:
+            reader = BatchFileReader(path)
+            reader.read_batches(np.arange(NB))  # verified once
+            work = [np.arange(NB, dtype=np.int64)[k::threads] for k in range(threads)]
+            st = _STATE[(path, threads)] = (reader, work, [np.empty((len(w), BS, SL), np.int64) for w in work])
+        return st
 
     def time_one_loop(self, path, threads):
-        for w, o in zip(self.work, self.outs):
-            self.reader.read_batches(w, out=o)
+        reader, work, outs = self._state(path, threads)
+        for w, o in zip(work, outs):
+            reader.read_batches(w, out=o)
 
     def time_threads(self, path, threads):
-        ts = [threading.Thread(target=self.reader.read_batches, args=(w,), kwargs={"out": o})
-              for w, o in zip(self.work, self.outs)]
+        reader, work, outs = self._state(path, threads)
+        ts = [threading.Thread(target=reader.read_batches, args=(w,), kwargs={"out": o})
+              for w, o in zip(work, outs)]
         for t in ts:
             t.start()
         for t in ts:
