@@ -41,7 +41,6 @@ __all__ = ["BatchFileReader", "VerifyReport"]
 
 _INT64 = np.dtype(np.int64)
 _INT32 = np.dtype(np.int32)
-_UINT32 = np.dtype(np.uint32)
 _torch_module: Any = None
 # torch dtype (or None) -> 1 for int64, 2 for int32; filled on first use.
 _TORCH_KINDS: dict[Any, int] = {}
