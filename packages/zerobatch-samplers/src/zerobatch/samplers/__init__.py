@@ -9,7 +9,7 @@
 Backed by GIL-free kernels in ``zerobatch.core``; NumPy only, never torch.
 """
 
-from zerobatch.samplers._checks import check_count, check_rank, check_seed
+from zerobatch.core._checks import check_count, check_rank, check_seed
 from zerobatch.samplers._version import __version__
 from zerobatch.samplers.block_shuffle import BlockShuffleOrder
 from zerobatch.samplers.sharding import RankShard

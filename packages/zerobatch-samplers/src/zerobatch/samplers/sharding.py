@@ -20,7 +20,7 @@ import dataclasses
 
 import numpy as np
 
-from zerobatch.samplers._checks import check_count, check_rank
+from zerobatch.core._checks import check_count, check_rank
 
 __all__ = ["RankShard"]
 

@@ -1,4 +1,4 @@
-"""Argument checks shared by every sampler: seeds, epochs, ranks, sizes.
+"""Argument checks shared by the kernels and every sampler: seeds, epochs, ranks, sizes, index arrays.
 
 Each check refuses ``bool`` (an ``int`` in Python, never a count or a seed here), floats
 (``1.5``, ``NaN``, ``inf``), negative values and values past the stated bound, with a
@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from zerobatch.formats.errors import ConfigError
 
-__all__ = ["check_count", "check_rank", "check_seed"]
+__all__ = ["as_positions", "check_count", "check_out", "check_rank", "check_seed"]
 
 
 def check_count(value: Any, name: str, *, minimum: int = 0, maximum: int = 2**63 - 1) -> int:
@@ -51,3 +53,38 @@ def check_rank(rank: Any, world_size: Any) -> tuple[int, int]:
     if not 0 <= r < w:
         raise ConfigError(f"rank must be between 0 and world_size-1 = {w - 1}, got {r}", field="rank")
     return r, w
+
+
+def as_positions(positions: Any, name: str = "positions") -> np.ndarray:
+    """``positions`` as a flat C-contiguous ``int64`` array, refusing non-integer dtypes.
+
+    A float array (``1.5``, ``NaN``) is a caller's bug, never silently truncated; ``uint64``
+    values past ``2**63 - 1`` cannot be positions in any range zerobatch permutes.
+
+    Raises:
+        ConfigError: a non-integer dtype.
+        IndexError: an unsigned value above ``2**63 - 1``.
+    """
+    arr = np.asarray(positions)
+    if arr.dtype.kind not in "iu":
+        if arr.size == 0:
+            return np.empty(0, dtype=np.int64)
+        raise ConfigError(f"{name} must be integers, got dtype {arr.dtype}", field=name)
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.size and int(arr.max()) > 2**63 - 1:
+        raise IndexError(f"{name}: {int(arr.max())} is out of range")
+    return np.ascontiguousarray(arr, dtype=np.int64).reshape(-1)
+
+
+def check_out(out: Any, count: int, name: str = "out") -> np.ndarray:
+    """A caller's output buffer: writable C-contiguous ``int64`` with ``count`` elements.
+
+    Raises:
+        ConfigError: wrong type, dtype, layout, size, or read-only.
+    """
+    if not isinstance(out, np.ndarray) or out.dtype != np.int64 or not out.flags.c_contiguous:
+        raise ConfigError(f"{name} must be a C-contiguous int64 numpy array", field=name)
+    if not out.flags.writeable:
+        raise ConfigError(f"{name} is read-only", field=name)
+    if out.size != count:
+        raise ConfigError(f"{name} holds {out.size} elements, expected {count}", field=name)
+    return out

@@ -1,0 +1,513 @@
+/* Generalized Feistel cipher over [0, n): a keyed pseudorandom permutation in O(1) memory.
+ *
+ * The construction of gfc (github.com/maxmouchet/gfc, MIT, Maxime Mouchet), i.e. Black and
+ * Rogaway, "Ciphers with Arbitrary Finite Domains" (CT-RSA 2002), Fig. 3 generalized Feistel
+ * with cycle walking, with Speck64/128 as the round function:
+ *
+ *   a = b = ceil(sqrt(n))                                       (exact integer square root)
+ *   K_j   = Speck64/128 key schedule of the 128-bit key {seed, j} (little-endian u64 pair)
+ *   F_j(R)= Speck64/128 encryption of the 64-bit block R under K_j
+ *   fe(m): L = m mod a, R = m div a; for j = 1..r: (L, R) = (R, (L + F_j(R)) mod a)
+ *          -> a*L + R when r is odd, a*R + L when r is even
+ *   encrypt(m) = fe(m), re-applied while the value is >= n   (cycle walking)
+ *
+ * fe is a bijection of [0, a*a) for any round function, so encrypt is a bijection of [0, n).
+ * Two places where gfc's C code departs from that mathematics, and this file does not:
+ *   - gfc computes a with a double-precision sqrt. From n = 2**52 + ... on the rounding can
+ *     give a*a < n, and gfc then maps positions outside its Feistel domain: not a
+ *     bijection. Here a is the exact integer ceil(sqrt(n)).
+ *   - gfc adds L + F_j(R) in uint64_t, which wraps when F_j(R) >= 2**64 - L (probability
+ *     about a / 2**64 per round): the round is then not invertible unless a divides 2**64.
+ *     Here the sum is taken modulo a exactly ((F mod a) + L, reduced once).
+ * Everywhere else the outputs are gfc's, bit for bit (tests compare with pygfc).
+ *
+ * Contract
+ *   zb_feistel_setup(f, n, rounds, seed)
+ *     pre:  n <= 2**63 - 1; f->keys has room for rounds * ZB_SPECK_ROUNDS u32.
+ *     post: f ready; the round keys are expanded once here, never per call; f->simd says
+ *           whether the bulk calls take the AVX-512 path (the CPU has it).
+ *   zb_feistel_encrypt(f, m) / zb_feistel_decrypt(f, c)
+ *     pre:  m, c < n.  post: the permutation's value and its inverse; never fail.
+ *   zb_feistel_fill_range(f, start, count, out, inverse)
+ *     pre:  start + count <= n.  post: out[i] = P(start + i) (P^-1 with inverse).
+ *   zb_feistel_map(f, positions, count, out, inverse)
+ *     post: ZB_FEISTEL_OK and out[i] = P(positions[i]) for every i, or ZB_FEISTEL_E_INDEX
+ *           when a position is outside [0, n) (out unspecified). out may alias positions.
+ *   All are thread-safe (f is read-only after setup) and never touch Python.
+ *
+ * The bulk calls run ZB_FEISTEL_LANES positions side by side. On CPUs with AVX-512 (checked
+ * once at run time) the Speck rounds run in zmm registers and F mod a is computed exactly in
+ * vector doubles (see the bulk path below); elsewhere a portable path vectorizes Speck at
+ * the baseline ISA and reduces with a scalar reciprocal. Both give identical results (the
+ * tests run both). Cython cannot attach target attributes, hence this header.
+ */
+#ifndef ZB_FEISTEL_H
+#define ZB_FEISTEL_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#ifdef __FAST_MATH__
+#error "_feistel.h relies on exact IEEE double rounding: do not build it with -ffast-math"
+#endif
+
+#define ZB_SPECK_ROUNDS 27
+#define ZB_FEISTEL_LANES 32 /* positions per bulk block */
+#define ZB_PORTABLE_LANES 16
+#define ZB_FEISTEL_OK 0
+#define ZB_FEISTEL_E_INDEX 13 /* = ZB_E_INDEX in _status.pxd */
+
+typedef struct {
+    uint64_t n;        /* size of the permuted range */
+    uint64_t a;        /* ceil(sqrt(n)), at least 1 */
+    uint64_t rounds;   /* Feistel rounds r */
+    uint64_t barrett;  /* floor((2**64 - 1) / a), for division by a without DIV */
+    uint32_t *keys;    /* rounds * ZB_SPECK_ROUNDS expanded Speck round keys */
+    int simd;          /* use the AVX-512 bulk path (set by zb_feistel_setup when available) */
+} zb_feistel;
+
+/* The lane loops must be inlined into each target clone to be compiled for its ISA. */
+#define ZB_FEISTEL_INLINE static inline __attribute__((always_inline))
+
+#define ZB_ROR32(x, r) (((x) >> (r)) | ((x) << (32 - (r))))
+#define ZB_ROL32(x, r) (((x) << (r)) | ((x) >> (32 - (r))))
+
+/* Speck64/128 key schedule of the key {lo, hi} (as gfc's speck_expand). */
+static inline void zb_speck_expand(uint64_t lo, uint64_t hi, uint32_t *s) {
+    uint32_t k[4] = {(uint32_t)lo, (uint32_t)(lo >> 32), (uint32_t)hi, (uint32_t)(hi >> 32)};
+    uint32_t b = k[0];
+    uint32_t a[3] = {k[1], k[2], k[3]};
+    s[0] = b;
+    for (uint32_t i = 0; i < ZB_SPECK_ROUNDS - 1; i++) {
+        uint32_t *x = &a[i % 3];
+        *x = ZB_ROR32(*x, 8);
+        *x += b;
+        *x ^= i;
+        b = ZB_ROL32(b, 3);
+        b ^= *x;
+        s[i + 1] = b;
+    }
+}
+
+/* Speck64/128 encryption of one 64-bit block (low word first, as gfc reads a uint64_t). */
+static inline uint64_t zb_speck_encrypt(const uint32_t *k, uint64_t block) {
+    uint32_t y = (uint32_t)block, x = (uint32_t)(block >> 32);
+    for (int i = 0; i < ZB_SPECK_ROUNDS; i++) {
+        x = ZB_ROR32(x, 8);
+        x += y;
+        x ^= k[i];
+        y = ZB_ROL32(y, 3);
+        y ^= x;
+    }
+    return (uint64_t)y | ((uint64_t)x << 32);
+}
+
+/* x div a and x mod a by a precomputed reciprocal: q is floor(x / a) minus 0, 1 or 2, fixed
+ * by two branchless corrections (the corrections are data-dependent coin flips; branches
+ * would mispredict half the time). */
+static inline uint64_t zb_divmod(const zb_feistel *f, uint64_t x, uint64_t *rem) {
+    uint64_t q = (uint64_t)(((unsigned __int128)x * f->barrett) >> 64);
+    uint64_t r = x - q * f->a;
+    uint64_t c = r >= f->a;
+    r -= c ? f->a : 0;
+    q += c;
+    c = r >= f->a;
+    r -= c ? f->a : 0;
+    q += c;
+    *rem = r;
+    return q;
+}
+
+static inline uint64_t zb_mod(const zb_feistel *f, uint64_t x) {
+    uint64_t q = (uint64_t)(((unsigned __int128)x * f->barrett) >> 64);
+    uint64_t r = x - q * f->a;
+    r = r >= f->a ? r - f->a : r;
+    return r >= f->a ? r - f->a : r;
+}
+
+/* (l + v) mod a for l < a, any v: exact, never wraps. */
+static inline uint64_t zb_addmod(const zb_feistel *f, uint64_t l, uint64_t v) {
+    uint64_t s = l + zb_mod(f, v); /* < 2a <= 2**33 */
+    return s >= f->a ? s - f->a : s;
+}
+
+/* (r - v) mod a for r < a, any v. */
+static inline uint64_t zb_submod(const zb_feistel *f, uint64_t r, uint64_t v) {
+    uint64_t m = zb_mod(f, v);
+    return r >= m ? r - m : r + f->a - m;
+}
+
+static inline uint64_t zb_isqrt_ceil(uint64_t n) {
+    uint64_t r = 0;
+    /* bit-by-bit integer square root: exact for every 64-bit n */
+    uint64_t rem = n, bit = (uint64_t)1 << 62;
+    while (bit > rem) bit >>= 2;
+    while (bit) {
+        if (rem >= r + bit) {
+            rem -= r + bit;
+            r = (r >> 1) + bit;
+        } else {
+            r >>= 1;
+        }
+        bit >>= 2;
+    }
+    return r * r == n ? r : r + 1;
+}
+
+static int zb_feistel_simd_available(void);
+
+static inline void zb_feistel_setup(zb_feistel *f, uint64_t n, uint64_t rounds, uint64_t seed) {
+    uint64_t a = zb_isqrt_ceil(n);
+    f->simd = zb_feistel_simd_available();
+    f->n = n;
+    f->a = a ? a : 1;
+    f->rounds = rounds;
+    f->barrett = UINT64_MAX / f->a;
+    for (uint64_t j = 0; j < rounds; j++)
+        zb_speck_expand(seed, j, f->keys + j * ZB_SPECK_ROUNDS);
+}
+
+/* One pass of the Feistel network over [0, a*a). */
+static inline uint64_t zb_fe(const zb_feistel *f, uint64_t m) {
+    uint64_t l, r = zb_divmod(f, m, &l), t;
+    for (uint64_t j = 0; j < f->rounds; j++) {
+        t = zb_addmod(f, l, zb_speck_encrypt(f->keys + j * ZB_SPECK_ROUNDS, r));
+        l = r;
+        r = t;
+    }
+    return (f->rounds & 1) ? f->a * l + r : f->a * r + l;
+}
+
+static inline uint64_t zb_fe_inv(const zb_feistel *f, uint64_t c) {
+    uint64_t l, r, t;
+    if (f->rounds & 1)
+        l = zb_divmod(f, c, &r);
+    else
+        r = zb_divmod(f, c, &l);
+    for (uint64_t j = f->rounds; j >= 1; j--) {
+        t = zb_submod(f, r, zb_speck_encrypt(f->keys + (j - 1) * ZB_SPECK_ROUNDS, l));
+        r = l;
+        l = t;
+    }
+    return f->a * r + l;
+}
+
+static inline uint64_t zb_feistel_encrypt(const zb_feistel *f, uint64_t m) {
+    uint64_t c = zb_fe(f, m);
+    while (c >= f->n) c = zb_fe(f, c);
+    return c;
+}
+
+static inline uint64_t zb_feistel_decrypt(const zb_feistel *f, uint64_t c) {
+    uint64_t m = zb_fe_inv(f, c);
+    while (m >= f->n) m = zb_fe_inv(f, m);
+    return m;
+}
+
+/* Portable bulk path: ZB_PORTABLE_LANES positions side by side, Speck on u32 lane arrays the
+ * compiler vectorizes at the baseline ISA, F mod a by the scalar reciprocal. */
+ZB_FEISTEL_INLINE void zb_speck_portable(const uint32_t *k, const uint64_t *in, uint64_t *out) {
+    uint32_t x[ZB_PORTABLE_LANES], y[ZB_PORTABLE_LANES];
+    for (int l = 0; l < ZB_PORTABLE_LANES; l++) {
+        y[l] = (uint32_t)in[l];
+        x[l] = (uint32_t)(in[l] >> 32);
+    }
+    for (int i = 0; i < ZB_SPECK_ROUNDS; i++) {
+        const uint32_t ki = k[i];
+        for (int l = 0; l < ZB_PORTABLE_LANES; l++) {
+            uint32_t xl = ZB_ROR32(x[l], 8) + y[l];
+            xl ^= ki;
+            y[l] = ZB_ROL32(y[l], 3) ^ xl;
+            x[l] = xl;
+        }
+    }
+    for (int l = 0; l < ZB_PORTABLE_LANES; l++)
+        out[l] = (uint64_t)y[l] | ((uint64_t)x[l] << 32);
+}
+
+/* v[0..LANES) <- P(v) (or P^-1) in place; every v[i] < n on entry. */
+ZB_FEISTEL_INLINE void zb_portable_lanes(const zb_feistel *f, uint64_t *v, int inverse) {
+    uint64_t L[ZB_PORTABLE_LANES], R[ZB_PORTABLE_LANES], F[ZB_PORTABLE_LANES];
+    const uint64_t a = f->a;
+    int l;
+    if (!inverse) {
+        for (l = 0; l < ZB_PORTABLE_LANES; l++) R[l] = zb_divmod(f, v[l], &L[l]);
+        for (uint64_t j = 0; j < f->rounds; j++) {
+            zb_speck_portable(f->keys + j * ZB_SPECK_ROUNDS, R, F);
+            for (l = 0; l < ZB_PORTABLE_LANES; l++) {
+                uint64_t t = zb_addmod(f, L[l], F[l]);
+                L[l] = R[l];
+                R[l] = t;
+            }
+        }
+        if (f->rounds & 1)
+            for (l = 0; l < ZB_PORTABLE_LANES; l++) v[l] = a * L[l] + R[l];
+        else
+            for (l = 0; l < ZB_PORTABLE_LANES; l++) v[l] = a * R[l] + L[l];
+        for (l = 0; l < ZB_PORTABLE_LANES; l++)
+            while (v[l] >= f->n) v[l] = zb_fe(f, v[l]);
+    } else {
+        if (f->rounds & 1)
+            for (l = 0; l < ZB_PORTABLE_LANES; l++) L[l] = zb_divmod(f, v[l], &R[l]);
+        else
+            for (l = 0; l < ZB_PORTABLE_LANES; l++) R[l] = zb_divmod(f, v[l], &L[l]);
+        for (uint64_t j = f->rounds; j >= 1; j--) {
+            zb_speck_portable(f->keys + (j - 1) * ZB_SPECK_ROUNDS, L, F);
+            for (l = 0; l < ZB_PORTABLE_LANES; l++) {
+                uint64_t t = zb_submod(f, R[l], F[l]);
+                R[l] = L[l];
+                L[l] = t;
+            }
+        }
+        for (l = 0; l < ZB_PORTABLE_LANES; l++) v[l] = a * R[l] + L[l];
+        for (l = 0; l < ZB_PORTABLE_LANES; l++)
+            while (v[l] >= f->n) v[l] = zb_fe_inv(f, v[l]);
+    }
+}
+
+
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#define ZB_HAVE_AVX512_PATH 1
+#define ZB_AVX512_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,fma")))
+#define ZB_AVX512_INLINE static inline __attribute__((always_inline)) ZB_AVX512_TARGET
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+/* Bulk path. Every Feistel half (L, R) and round sum is below a < 2**32, so the lanes hold
+ * u32 halves and the Speck block of a round is (R, 0); its output words are the high and low
+ * halves of F. F mod a needs no 64-bit division: h = Fh mod a, then r = (h * 2**32 + Fl) mod
+ * a, each quotient estimated in double precision (within 2**-19 of the truth, so rounding
+ * to nearest gives floor or floor + 1) and the remainder computed exactly with one fused
+ * multiply-add (its true value is below 2**34, so the FMA's single rounding is exact).
+ * Written with GCC vector extensions sized for AVX-512 (one zmm per vector); compiled only
+ * for CPUs with AVX-512 F/DQ/BW/VL, chosen at run time. On narrower ISAs the emulated
+ * 512-bit vectors are slower than the portable path, which is used there instead. */
+typedef uint32_t zb_u32x16 __attribute__((vector_size(64)));
+typedef uint32_t zb_u32x8 __attribute__((vector_size(32)));
+typedef int64_t zb_i64x8 __attribute__((vector_size(64)));
+typedef uint64_t zb_u64x8 __attribute__((vector_size(64)));
+typedef double zb_f64x8 __attribute__((vector_size(64)));
+
+/* u32 <-> double by the 2**52 bias trick: exact for integers below 2**32, and only integer
+ * and add instructions (AVX2 has no unsigned or 64-bit conversions). */
+#define ZB_TWO52 4503599627370496.0
+ZB_AVX512_INLINE zb_f64x8 zb_u32_to_f64(zb_u32x8 x) {
+    const zb_u64x8 bias = {0x4330000000000000ULL, 0x4330000000000000ULL, 0x4330000000000000ULL,
+                           0x4330000000000000ULL, 0x4330000000000000ULL, 0x4330000000000000ULL,
+                           0x4330000000000000ULL, 0x4330000000000000ULL};
+    const zb_f64x8 two52 = {ZB_TWO52, ZB_TWO52, ZB_TWO52, ZB_TWO52,
+                            ZB_TWO52, ZB_TWO52, ZB_TWO52, ZB_TWO52};
+    zb_u64x8 w = __builtin_convertvector(x, zb_u64x8) | bias;
+    return (zb_f64x8)w - two52;
+}
+ZB_AVX512_INLINE zb_u32x8 zb_f64_to_u32(zb_f64x8 d) {
+    const zb_f64x8 two52 = {ZB_TWO52, ZB_TWO52, ZB_TWO52, ZB_TWO52,
+                            ZB_TWO52, ZB_TWO52, ZB_TWO52, ZB_TWO52};
+    return __builtin_convertvector((zb_u64x8)(d + two52), zb_u32x8);
+}
+
+#define ZB_ROUND_MAGIC 6755399441055744.0 /* 1.5 * 2**52: x + M - M rounds x to nearest */
+
+ZB_AVX512_INLINE zb_f64x8 zb_round8(zb_f64x8 x) {
+    const double m = ZB_ROUND_MAGIC; /* keep the compiler from folding x + M - M */
+    zb_f64x8 mv = {m, m, m, m, m, m, m, m};
+    return (x + mv) - mv;
+}
+
+/* d mod a for lanes holding exact integers in (-a, 2a): d - a * k, k = floor(d / a) in
+ * {-1, 0, 1}, found by rounding d/a - 1/2 + 1/(2a) to nearest (the margin 1/(2a) >= 2**-33
+ * dwarfs the 2**-50 rounding error). Arithmetic only: no compares, so no lane is ever
+ * scalarized on targets without vector masks. */
+ZB_AVX512_INLINE zb_f64x8 zb_reduce8(zb_f64x8 d, zb_f64x8 av, zb_f64x8 inv, zb_f64x8 bias) {
+    return d - av * zb_round8(d * inv + bias);
+}
+
+/* (base +/- ((fh << 32 | fl) mod a)) mod a for 8 lanes, base < a. */
+ZB_AVX512_INLINE zb_u32x8 zb_mod8(zb_u32x8 base, zb_u32x8 fh, zb_u32x8 fl, zb_f64x8 av,
+                                   zb_f64x8 ahi, zb_f64x8 alo, zb_f64x8 inv,
+                                   zb_f64x8 bias, int subtract) {
+    const zb_f64x8 two32 = {4294967296.0, 4294967296.0, 4294967296.0, 4294967296.0,
+                            4294967296.0, 4294967296.0, 4294967296.0, 4294967296.0};
+    zb_f64x8 hi = zb_u32_to_f64(fh);
+    zb_f64x8 lo = zb_u32_to_f64(fl);
+    zb_f64x8 q = zb_round8(hi * inv);
+    zb_f64x8 h = zb_reduce8(hi - q * av, av, inv, bias);    /* exact: q * a < 2**33 */
+    zb_f64x8 hs = h * two32;                     /* exact: 32 significant bits */
+    q = zb_round8((hs + lo) * inv);
+    /* hs - q*a exactly, FMA or not: a = ahi + alo with ahi holding a's top 16 bits, so
+     * q*ahi (48 significant bits) and q*alo (< 2**48) are exact products, hs - q*ahi is a
+     * difference of multiples of 2**16 below 2**49 in size, exact too. */
+    zb_f64x8 r = (hs - q * ahi) - q * alo;
+    r = zb_reduce8(r + lo, av, inv, bias);
+    zb_f64x8 b = zb_u32_to_f64(base);
+    r = zb_reduce8(subtract ? b - r : b + r, av, inv, bias);
+    return zb_f64_to_u32(r);
+}
+
+/* One Feistel round function F_j on 16 lanes: Speck64/128 of the blocks (r, 0). */
+ZB_AVX512_INLINE void zb_speck16(const uint32_t *k, zb_u32x16 r, zb_u32x16 *fh, zb_u32x16 *fl) {
+    zb_u32x16 y = r, x = {0};
+    for (int i = 0; i < ZB_SPECK_ROUNDS; i++) {
+        x = ((x >> 8) | (x << 24)) + y;
+        x ^= k[i];
+        y = ((y << 3) | (y >> 29)) ^ x;
+    }
+    *fh = x;
+    *fl = y;
+}
+
+ZB_AVX512_INLINE zb_u32x8 zb_lo8(zb_u32x16 v) {
+    return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+ZB_AVX512_INLINE zb_u32x8 zb_hi8(zb_u32x16 v) {
+    return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+ZB_AVX512_INLINE zb_u32x16 zb_cat16(zb_u32x8 lo, zb_u32x8 hi) {
+    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+/* v[0..LANES) <- P(v) (or P^-1) in place; every v[i] < n on entry. Two independent
+ * 16-lane Speck chains are interleaved to hide the rounds' latency. */
+ZB_AVX512_INLINE void zb_avx512_lanes(const zb_feistel *f, uint64_t *v, int inverse) {
+    uint32_t Lw[32], Rw[32];
+    const uint64_t a = f->a;
+    const double ad = (double)a, invd = 1.0 / (double)a;
+    const zb_f64x8 av = {ad, ad, ad, ad, ad, ad, ad, ad};
+    const zb_f64x8 inv = {invd, invd, invd, invd, invd, invd, invd, invd};
+    const double ahd = (double)(a & ~(uint64_t)0xffff), ald = (double)(a & 0xffff);
+    const zb_f64x8 ahi = {ahd, ahd, ahd, ahd, ahd, ahd, ahd, ahd};
+    const zb_f64x8 alo = {ald, ald, ald, ald, ald, ald, ald, ald};
+    const double bd = -0.5 + 0.5 / (double)a;
+    const zb_f64x8 bias = {bd, bd, bd, bd, bd, bd, bd, bd};
+    uint64_t rem;
+    int l;
+    for (l = 0; l < 32; l++) {
+        uint64_t q = zb_divmod(f, v[l], &rem);
+        if (inverse && (f->rounds & 1)) {
+            Lw[l] = (uint32_t)q;
+            Rw[l] = (uint32_t)rem;
+        } else {
+            Rw[l] = (uint32_t)q;
+            Lw[l] = (uint32_t)rem;
+        }
+    }
+    zb_u32x16 L0, L1, R0, R1, H0, H1, W0, W1;
+    __builtin_memcpy(&L0, Lw, 64);
+    __builtin_memcpy(&L1, Lw + 16, 64);
+    __builtin_memcpy(&R0, Rw, 64);
+    __builtin_memcpy(&R1, Rw + 16, 64);
+    for (uint64_t s = 0; s < f->rounds; s++) {
+        if (!inverse) {
+            const uint32_t *k = f->keys + s * ZB_SPECK_ROUNDS;
+            zb_speck16(k, R0, &H0, &W0);
+            zb_speck16(k, R1, &H1, &W1);
+            zb_u32x16 T0 = zb_cat16(zb_mod8(zb_lo8(L0), zb_lo8(H0), zb_lo8(W0), av, ahi, alo, inv, bias, 0),
+                                    zb_mod8(zb_hi8(L0), zb_hi8(H0), zb_hi8(W0), av, ahi, alo, inv, bias, 0));
+            zb_u32x16 T1 = zb_cat16(zb_mod8(zb_lo8(L1), zb_lo8(H1), zb_lo8(W1), av, ahi, alo, inv, bias, 0),
+                                    zb_mod8(zb_hi8(L1), zb_hi8(H1), zb_hi8(W1), av, ahi, alo, inv, bias, 0));
+            L0 = R0;
+            L1 = R1;
+            R0 = T0;
+            R1 = T1;
+        } else {
+            const uint32_t *k = f->keys + (f->rounds - 1 - s) * ZB_SPECK_ROUNDS;
+            zb_speck16(k, L0, &H0, &W0);
+            zb_speck16(k, L1, &H1, &W1);
+            zb_u32x16 T0 = zb_cat16(zb_mod8(zb_lo8(R0), zb_lo8(H0), zb_lo8(W0), av, ahi, alo, inv, bias, 1),
+                                    zb_mod8(zb_hi8(R0), zb_hi8(H0), zb_hi8(W0), av, ahi, alo, inv, bias, 1));
+            zb_u32x16 T1 = zb_cat16(zb_mod8(zb_lo8(R1), zb_lo8(H1), zb_lo8(W1), av, ahi, alo, inv, bias, 1),
+                                    zb_mod8(zb_hi8(R1), zb_hi8(H1), zb_hi8(W1), av, ahi, alo, inv, bias, 1));
+            R0 = L0;
+            R1 = L1;
+            L0 = T0;
+            L1 = T1;
+        }
+    }
+    __builtin_memcpy(Lw, &L0, 64);
+    __builtin_memcpy(Lw + 16, &L1, 64);
+    __builtin_memcpy(Rw, &R0, 64);
+    __builtin_memcpy(Rw + 16, &R1, 64);
+    if (!inverse && (f->rounds & 1))
+        for (l = 0; l < 32; l++) v[l] = a * Lw[l] + Rw[l];
+    else
+        for (l = 0; l < 32; l++) v[l] = a * Rw[l] + Lw[l];
+    for (l = 0; l < 32; l++)
+        while (v[l] >= f->n) v[l] = inverse ? zb_fe_inv(f, v[l]) : zb_fe(f, v[l]);
+}
+
+
+ZB_AVX512_TARGET
+static void zb_feistel_block_avx512(const zb_feistel *f, uint64_t *v, int inverse) {
+    zb_avx512_lanes(f, v, inverse);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+static int zb_feistel_simd_available(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                 __builtin_cpu_supports("fma");
+    }
+    return cached;
+}
+#else
+#define ZB_HAVE_AVX512_PATH 0
+static int zb_feistel_simd_available(void) { return 0; }
+#endif
+
+static void zb_feistel_block_portable(const zb_feistel *f, uint64_t *v, int inverse) {
+    for (int h = 0; h < ZB_FEISTEL_LANES; h += ZB_PORTABLE_LANES)
+        zb_portable_lanes(f, v + h, inverse);
+}
+
+/* ZB_FEISTEL_LANES positions v[] <- P(v) (or P^-1), in place, on the best path. */
+static inline void zb_feistel_block(const zb_feistel *f, uint64_t *v, int inverse) {
+#if ZB_HAVE_AVX512_PATH
+    if (f->simd) {
+        zb_feistel_block_avx512(f, v, inverse);
+        return;
+    }
+#endif
+    zb_feistel_block_portable(f, v, inverse);
+}
+
+static void zb_feistel_fill_range(const zb_feistel *f, uint64_t start, uint64_t count,
+                                  int64_t *out, int inverse) {
+    uint64_t v[ZB_FEISTEL_LANES];
+    uint64_t i = 0;
+    for (; i + ZB_FEISTEL_LANES <= count; i += ZB_FEISTEL_LANES) {
+        for (int l = 0; l < ZB_FEISTEL_LANES; l++) v[l] = start + i + (uint64_t)l;
+        zb_feistel_block(f, v, inverse);
+        for (int l = 0; l < ZB_FEISTEL_LANES; l++) out[i + l] = (int64_t)v[l];
+    }
+    for (; i < count; i++)
+        out[i] = (int64_t)(inverse ? zb_feistel_decrypt(f, start + i) : zb_feistel_encrypt(f, start + i));
+}
+
+static int zb_feistel_map(const zb_feistel *f, const int64_t *positions, uint64_t count,
+                          int64_t *out, int inverse) {
+    uint64_t v[ZB_FEISTEL_LANES];
+    uint64_t i = 0;
+    for (; i + ZB_FEISTEL_LANES <= count; i += ZB_FEISTEL_LANES) {
+        for (int l = 0; l < ZB_FEISTEL_LANES; l++) {
+            int64_t p = positions[i + l];
+            if (p < 0 || (uint64_t)p >= f->n) return ZB_FEISTEL_E_INDEX;
+            v[l] = (uint64_t)p;
+        }
+        zb_feistel_block(f, v, inverse);
+        for (int l = 0; l < ZB_FEISTEL_LANES; l++) out[i + l] = (int64_t)v[l];
+    }
+    for (; i < count; i++) {
+        int64_t p = positions[i];
+        if (p < 0 || (uint64_t)p >= f->n) return ZB_FEISTEL_E_INDEX;
+        out[i] = (int64_t)(inverse ? zb_feistel_decrypt(f, (uint64_t)p) : zb_feistel_encrypt(f, (uint64_t)p));
+    }
+    return ZB_FEISTEL_OK;
+}
+
+#endif /* ZB_FEISTEL_H */
