@@ -4,7 +4,9 @@ Everything here is imported from this module, never from ``zerobatch.core._<kern
 
 - LLMBATCH headers: :func:`parse_llmbatch_header`, :func:`pack_llmbatch_header`,
   :func:`llmbatch_geometry`;
-- offsets and orders: :func:`llmbatch_batch_offsets`, :func:`block_shuffle_items`;
+- offsets and orders: :func:`llmbatch_batch_offsets`, :func:`block_shuffle_items`,
+  :class:`FeistelPermutation` (gfc-compatible pseudorandom permutation of any range),
+  :func:`epoch_seed`, :func:`random_draws` (counter-mode uniform draws);
 - gathers: :class:`LLMBatchSlots` (verified batch reads into int64 / int32 / uint32 buffers),
   :func:`widen_u32`, :func:`max_u32`;
 - checksums: :func:`xxh3_64`, :func:`hash_slots`;
@@ -25,7 +27,10 @@ PURE_PYTHON = _os.environ.get("ZEROBATCH_PUREPYTHON") == "1"
 
 if PURE_PYTHON:
     from zerobatch.core._reference import (
+        FeistelPermutation,
         LLMBatchSlots,
+        epoch_seed,
+        random_draws,
         block_shuffle_items,
         hash_slots,
         llmbatch_batch_offsets,
@@ -38,6 +43,7 @@ if PURE_PYTHON:
     )
 else:
     try:
+        from zerobatch.core._feistel import FeistelPermutation, epoch_seed, random_draws
         from zerobatch.core._gather import LLMBatchSlots, max_u32, widen_u32
         from zerobatch.core._hash import hash_slots, xxh3_64
         from zerobatch.core._header import llmbatch_geometry, pack_llmbatch_header, parse_llmbatch_header
@@ -54,11 +60,14 @@ from zerobatch.core import io, pool
 from zerobatch.core.pool import TaskPool, shared_pool
 
 __all__ = [
+    "FeistelPermutation",
     "LLMBatchSlots",
     "PURE_PYTHON",
     "TaskPool",
     "__version__",
     "block_shuffle_items",
+    "epoch_seed",
+    "random_draws",
     "hash_slots",
     "io",
     "llmbatch_batch_offsets",

@@ -510,4 +510,35 @@ static int zb_feistel_map(const zb_feistel *f, const int64_t *positions, uint64_
     return ZB_FEISTEL_OK;
 }
 
+/* Counter-mode draws and epoch keys, from the same Speck64/128 primitive.
+ *
+ *   zb_random_draws(k0, k1, counters, count, n, out)
+ *     pre:  n >= 1; k0, k1 expanded from (seed, ZB_DOMAIN_DRAW_HI) and (seed, ZB_DOMAIN_DRAW_LO);
+ *           counters[i] >= 0.  out may alias counters.
+ *     post: out[i] = draw number c = counters[i] of the stream: the 128-bit value
+ *           x = E_k0(c) * 2**64 + E_k1(c) scaled to [0, n) as
+ *           floor(x * n / 2**128): uniform to within n / 2**128 <= 2**-65, and any draw is
+ *           computable alone (no state carried from draw to draw).
+ *   zb_epoch_seed(k, epoch) = E_k(epoch), k expanded from (seed, ZB_DOMAIN_EPOCH): a bijection
+ *     of epochs for a fixed seed, so two epochs of one run never share a permutation.
+ * The domain words sit in the key's high half, above any Feistel round number (< 2**11). */
+#define ZB_DOMAIN_EPOCH 0x7a62657063680000ULL   /* "zbepch" */
+#define ZB_DOMAIN_DRAW_HI 0x7a62647261770001ULL /* "zbdraw" 1 */
+#define ZB_DOMAIN_DRAW_LO 0x7a62647261770002ULL /* "zbdraw" 2 */
+
+static void zb_random_draws(const uint32_t *k0, const uint32_t *k1, const int64_t *counters,
+                            uint64_t count, uint64_t n, int64_t *out) {
+    for (uint64_t i = 0; i < count; i++) {
+        uint64_t c = (uint64_t)counters[i];
+        uint64_t hi = zb_speck_encrypt(k0, c), lo = zb_speck_encrypt(k1, c);
+        unsigned __int128 plo = (unsigned __int128)lo * n;
+        unsigned __int128 phi = (unsigned __int128)hi * n + (uint64_t)(plo >> 64);
+        out[i] = (int64_t)(uint64_t)(phi >> 64);
+    }
+}
+
+static inline uint64_t zb_epoch_seed(const uint32_t *k, uint64_t epoch) {
+    return zb_speck_encrypt(k, epoch);
+}
+
 #endif /* ZB_FEISTEL_H */

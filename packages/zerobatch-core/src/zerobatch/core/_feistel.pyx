@@ -8,6 +8,8 @@
 #           O(1) memory: rounds * 108 bytes of round keys, expanded once.
 #   Bulk calls (fill, take, slices) release the GIL for more than _GIL_FREE positions.
 #   Kernel status: ZB_E_INDEX when a position is outside [0, n) -> IndexError.
+#   random_draws(seed, first, n, out) / epoch_seed(seed, epoch): the counter-mode draws and
+#     per-epoch keys of _feistel.h (pure functions of their arguments; never fail once checked).
 
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int64_t, uint32_t, uint64_t
@@ -37,6 +39,13 @@ cdef extern from "_feistel.h" nogil:
                                int64_t *out, int inverse)
     int zb_feistel_map(const zb_feistel *f, const int64_t *positions, uint64_t count,
                        int64_t *out, int inverse)
+    uint64_t ZB_DOMAIN_EPOCH
+    uint64_t ZB_DOMAIN_DRAW_HI
+    uint64_t ZB_DOMAIN_DRAW_LO
+    void zb_speck_expand(uint64_t lo, uint64_t hi, uint32_t *s)
+    void zb_random_draws(const uint32_t *k0, const uint32_t *k1, const int64_t *counters,
+                         uint64_t count, uint64_t n, int64_t *out)
+    uint64_t zb_epoch_seed(const uint32_t *k, uint64_t epoch)
 
 #: Most Feistel rounds accepted (gfc's README uses 6; cryptographic use needs 8 to 16).
 MAX_ROUNDS = 1024
@@ -251,3 +260,61 @@ cdef class FeistelPermutation:
 
     def __repr__(self):
         return f"FeistelPermutation(n={self.n}, rounds={self.rounds}, seed={self.seed})"
+
+
+def epoch_seed(seed, epoch):
+    """The Feistel seed of ``epoch`` in a run seeded ``seed``: Speck64/128 of the epoch under
+    the key ``(seed, "zbepch")``. Distinct epochs of one run always get distinct seeds.
+
+    Raises:
+        ConfigError: ``seed`` not in ``[0, 2**64)`` or ``epoch`` not in ``[0, 2**63)``.
+    """
+    cdef uint64_t s = check_seed(seed)
+    cdef uint64_t e = check_count(epoch, "epoch")
+    cdef uint32_t keys[27]
+    zb_speck_expand(s, ZB_DOMAIN_EPOCH, keys)
+    return zb_epoch_seed(keys, e)
+
+
+def random_draws(seed, counters, n, out=None):
+    """Draws number ``counters[i]`` of the uniform stream on ``[0, n)`` keyed by ``seed``.
+
+    Draw ``c`` depends only on ``(seed, c, n)``: a 128-bit Speck64/128 counter-mode value
+    scaled to ``[0, n)`` (bias below ``2**-65``), so any step of a sampler is computable
+    without the steps before it. The GIL is released for large inputs.
+
+    Args:
+        seed: integer in ``[0, 2**64)``.
+        counters: non-negative integer array-like (its shape is kept).
+        n: size of the range, at least 1.
+        out: optional writable C-contiguous ``int64`` array of the same size (may be
+            ``counters``).
+
+    Raises:
+        ConfigError: ``n < 1``, a bad ``seed``, non-integer counters or an unfit ``out``.
+        IndexError: a negative counter.
+    """
+    cdef uint64_t s = check_seed(seed)
+    cdef uint64_t nn = check_count(n, "n", minimum=1)
+    shape = np.shape(counters)
+    cdef const int64_t[::1] ctr = as_positions(counters, "counters")
+    cdef uint64_t count = ctr.shape[0]
+    if out is None:
+        out = np.empty(shape, dtype=np.int64)
+    else:
+        check_out(out, count)
+    if count == 0:
+        return out
+    if np.min(ctr) < 0:
+        raise IndexError("counters: a draw counter is negative")
+    cdef int64_t[::1] dst = out.reshape(-1)
+    cdef uint32_t k0[27]
+    cdef uint32_t k1[27]
+    zb_speck_expand(s, ZB_DOMAIN_DRAW_HI, k0)
+    zb_speck_expand(s, ZB_DOMAIN_DRAW_LO, k1)
+    if count > _GIL_FREE:
+        with nogil:
+            zb_random_draws(k0, k1, &ctr[0], count, nn, &dst[0])
+    else:
+        zb_random_draws(k0, k1, &ctr[0], count, nn, &dst[0])
+    return out
