@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zerobatch.adapters._dist import resolve_rank
+from zerobatch.samplers._dist import resolve_rank
 from zerobatch.adapters._buffers import BufferPool
 from zerobatch.core.pool import shared_pool
 from zerobatch.formats.errors import ConfigError, StateError
@@ -156,10 +156,12 @@ class BatchNativeLoader:
     # ---------------------------------------------------------------------------------------
     # state
 
-    def _order_state(self, consumed: int) -> OrderState:
+    def _order_state(self, consumed: int, global_batch_size: int | None = None) -> OrderState:
         return OrderState(
             kind=_KIND, seed=self.order.seed, epoch=self.epoch, consumed=consumed,
-            num_items=self.reader.num_batches, fingerprint=self.reader.fingerprint,
+            num_items=self.reader.num_batches,
+            global_batch_size=self.world_size if global_batch_size is None else global_batch_size,
+            fingerprint=self.reader.fingerprint,
             params={"block_size": self.order.block_size, "shuffle": self.order.shuffle,
                     "drop_last": self.drop_last},
         )
@@ -186,7 +188,10 @@ class BatchNativeLoader:
             raise StateError(f"world_size: must be a positive integer, got {saved_world!r}", field="world_size")
         nb = self.reader.num_batches
         max_consumed = nb if self.drop_last else nb + saved_world - 1
-        loaded.check_fits(self._order_state(0), max_consumed=max_consumed)
+        # Every rank reads one whole file batch per step, so the global batch is the world
+        # size: a batch-native run may resume on another world size (elastic restarts),
+        # continuing at the saved position without skipping or repeating a batch.
+        loaded.check_fits(self._order_state(0, loaded.global_batch_size), max_consumed=max_consumed)
         self._close_active()
         self.epoch = loaded.epoch
         self._consumed = loaded.consumed

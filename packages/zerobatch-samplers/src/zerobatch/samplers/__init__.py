@@ -1,28 +1,51 @@
 """zerobatch.samplers: the orders every zerobatch loader reads in.
 
-- :class:`BlockShuffleOrder`: blocks of consecutive items in a per-epoch random order (the
-  LLMBATCH loader's order);
-- :class:`RankShard`: a round-robin slice of a global order per rank, equal step counts on
-  every rank, no communication;
-- :class:`OrderState`: the small JSON-able state for an exact resume.
+Orders (:mod:`zerobatch.samplers.orders`) map global positions to item indices, in O(1) per
+position from ``(seed, epoch, position)``:
+
+- :class:`SequentialOrder`, :class:`GlobalRandomOrder` (a Feistel permutation per epoch),
+  :class:`BlockShuffleOrder` (the LLMBATCH loader's order): every item once per epoch;
+- :class:`SlidingOrder` (a ring) and :class:`RandomOrder` (draws with replacement): endless.
+
+:class:`IndexSampler` cuts an order into global batches, deals them round-robin to ranks with
+no communication, seeks to any step in O(1) and saves / resumes an exact, JSON-able state on
+any world size that splits the global batch. :class:`FeistelPermutation` (gfc-compatible, any
+range up to ``2**63 - 1``) and :class:`RankShard` are the building blocks; :class:`OrderState`
+is the state.
 
 Backed by GIL-free kernels in ``zerobatch.core``; NumPy only, never torch.
 """
 
+from zerobatch.core import FeistelPermutation, epoch_seed, random_draws
 from zerobatch.core._checks import check_count, check_rank, check_seed
+from zerobatch.samplers._dist import resolve_rank
 from zerobatch.samplers._version import __version__
 from zerobatch.samplers.block_shuffle import BlockShuffleOrder
+from zerobatch.samplers.orders import GlobalRandomOrder, IndexOrder, RandomOrder, SequentialOrder, SlidingOrder
+from zerobatch.samplers.sampler import TAILS, IndexSampler
 from zerobatch.samplers.sharding import RankShard
-from zerobatch.samplers.state import OrderState, state_from_json, state_to_json
+from zerobatch.samplers.state import STATE_VERSION, OrderState, state_from_json, state_to_json
 
 __all__ = [
+    "STATE_VERSION",
+    "TAILS",
     "BlockShuffleOrder",
+    "FeistelPermutation",
+    "GlobalRandomOrder",
+    "IndexOrder",
+    "IndexSampler",
     "OrderState",
+    "RandomOrder",
     "RankShard",
+    "SequentialOrder",
+    "SlidingOrder",
     "__version__",
     "check_count",
     "check_rank",
     "check_seed",
+    "epoch_seed",
+    "random_draws",
+    "resolve_rank",
     "state_from_json",
     "state_to_json",
 ]

@@ -19,11 +19,12 @@ import numpy as np
 
 from zerobatch.core import block_shuffle_items
 from zerobatch.core._checks import check_count, check_seed
+from zerobatch.samplers.orders import IndexOrder
 
 __all__ = ["BlockShuffleOrder"]
 
 
-class BlockShuffleOrder:
+class BlockShuffleOrder(IndexOrder):
     """The block-shuffle order of ``num_items`` items, for every epoch.
 
     Args:
@@ -36,6 +37,8 @@ class BlockShuffleOrder:
         ConfigError: an argument out of range.
     """
 
+    kind = "block-shuffle"
+
     def __init__(self, num_items: int, block_size: int = 256, *, seed: int = 42, shuffle: bool = True) -> None:
         self.num_items = check_count(num_items, "num_items")
         self.block_size = check_count(block_size, "block_size", minimum=1)
@@ -43,6 +46,9 @@ class BlockShuffleOrder:
         self.shuffle = bool(shuffle)
         self.num_blocks = -(-self.num_items // self.block_size)
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def params(self) -> dict[str, Any]:
+        return {"block_size": self.block_size, "shuffle": self.shuffle}
 
     def block_permutation(self, epoch: int) -> np.ndarray:
         """The order blocks are visited in during ``epoch`` (``int64``, read-only)."""
@@ -59,18 +65,13 @@ class BlockShuffleOrder:
                 self._cache.popitem(last=False)
         return perm
 
-    def items(self, epoch: int, positions: Any, out: np.ndarray | None = None) -> np.ndarray:
-        """The items at ``positions`` (epoch positions in ``[0, num_items)``) of ``epoch``."""
-        pos = np.asarray(positions, dtype=np.int64)
+    def _items(self, epoch: int, positions: np.ndarray, out: np.ndarray) -> np.ndarray:
         if not self.shuffle:
-            flat = pos.reshape(-1)
-            if flat.size and (flat.min() < 0 or flat.max() >= self.num_items):
-                raise IndexError(f"an epoch position is outside [0, {self.num_items})")
-            if out is None:
-                return flat.copy()
-            out[...] = flat
+            self._check_range(positions)
+            out[...] = positions
             return out
-        return block_shuffle_items(self.block_permutation(epoch), self.block_size, self.num_items, pos, out)
+        return block_shuffle_items(self.block_permutation(epoch), self.block_size, self.num_items,
+                                   positions, out)
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """The whole order of ``epoch`` (``num_items`` int64: allocate only for small sizes)."""
@@ -81,6 +82,3 @@ class BlockShuffleOrder:
         first = (item // self.block_size) * self.block_size
         return first, min(first + self.block_size, self.num_items)
 
-    def __repr__(self) -> str:
-        return (f"BlockShuffleOrder(num_items={self.num_items}, block_size={self.block_size}, "
-                f"seed={self.seed}, shuffle={self.shuffle})")

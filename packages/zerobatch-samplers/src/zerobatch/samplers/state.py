@@ -19,7 +19,7 @@ from zerobatch.formats.errors import StateError
 __all__ = ["STATE_VERSION", "OrderState", "state_from_json", "state_to_json"]
 
 #: Version of the state layout; a state of another version is refused.
-STATE_VERSION = 1
+STATE_VERSION = 2
 #: Largest serialized state accepted (a state is a few hundred bytes).
 MAX_STATE_BYTES = 1 << 16
 
@@ -45,6 +45,8 @@ class OrderState:
         epoch: the current epoch.
         consumed: global positions of the epoch delivered to the training loop (all ranks).
         num_items: size of the index space the order permutes.
+        global_batch_size: positions consumed per step over all ranks (``world_size`` x the
+            per-rank batch). A state resumes on any world size that splits it evenly.
         fingerprint: identity of the data (a file's build id), or ``""``.
         params: other parameters the order depends on (block size, shuffle, drop_last...),
             all of which must match on load.
@@ -57,6 +59,7 @@ class OrderState:
     num_items: int
     fingerprint: str = ""
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    global_batch_size: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dictionary."""
@@ -67,6 +70,7 @@ class OrderState:
             "epoch": self.epoch,
             "consumed": self.consumed,
             "num_items": self.num_items,
+            "global_batch_size": self.global_batch_size,
             "fingerprint": self.fingerprint,
             "params": dict(self.params),
         }
@@ -100,16 +104,18 @@ class OrderState:
             epoch=_int_field(d, "epoch", maximum=2**63 - 1),
             consumed=_int_field(d, "consumed", maximum=2**63 - 1),
             num_items=_int_field(d, "num_items", maximum=2**63 - 1),
+            global_batch_size=_int_field(d, "global_batch_size", minimum=1, maximum=2**63 - 1),
             fingerprint=fingerprint,
             params=params,
         )
 
-    def check_fits(self, expected: OrderState, *, max_consumed: int) -> None:
+    def check_fits(self, expected: OrderState, *, max_consumed: int, world_size: int = 1) -> None:
         """Check this (loaded) state against the loader's own order.
 
         Args:
             expected: the loader's state (its position is ignored).
             max_consumed: largest valid ``consumed`` for this loader.
+            world_size: the loader's world size (to say why a global batch does not fit).
 
         Raises:
             StateError: naming the first field that differs or is out of range.
@@ -129,10 +135,20 @@ class OrderState:
         extra = sorted(set(self.params) - set(expected.params))
         if extra:
             raise StateError(f"{extra[0]}: unknown parameter in the saved state", field=extra[0])
+        if self.global_batch_size != expected.global_batch_size:
+            g = self.global_batch_size
+            if g % world_size:
+                why = f"it cannot be split over {world_size} ranks"
+            else:
+                why = (f"this one has {expected.global_batch_size}; build it with a per-rank batch "
+                       f"of {g // world_size} to continue the same global order")
+            raise StateError(
+                f"global_batch_size: the state was saved with a global batch of {g} positions and "
+                f"{why}", field="global_batch_size")
         if self.consumed > max_consumed:
             raise StateError(
                 f"consumed: the saved state has consumed {self.consumed} positions but the "
-                f"epoch holds {max_consumed}", field="consumed")
+                f"epoch holds {max_consumed}: a step beyond the epoch", field="consumed")
 
 
 def state_to_json(state: dict[str, Any]) -> str:

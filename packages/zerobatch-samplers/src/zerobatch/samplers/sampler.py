@@ -1,0 +1,321 @@
+"""Batches of item indices for one rank: a global order, cut into global batches, dealt to
+ranks with no communication, with an exact resume on any world size.
+
+Global step ``s`` of an epoch consumes the global positions ``[s*G, (s+1)*G)``, where
+``G = world_size * batch_size`` is the global batch. Rank ``r`` takes positions
+``s*G + r, s*G + r + W, s*G + r + 2W, ...`` (round-robin, as in the seed's
+``range(rank, len, ranks)``), and the order (:mod:`zerobatch.samplers.orders`) says which
+item each position is. Because every rank computes its own positions from
+``(seed, epoch, step)``, ranks never talk to each other, and because a saved state is a
+count of global positions, a run saved on ``W`` ranks continues on ``W'`` ranks with the same
+``G`` without skipping or repeating a single position.
+
+The tail of an epoch (fewer than ``G`` positions) is handled as asked:
+
+- ``"keep"``: one last, shorter global batch (with several ranks, some get one index less,
+  possibly none);
+- ``"drop"``: no rank reads it;
+- ``"pad"``: it is filled to a whole global batch with positions wrapped to the start of the
+  epoch (re-read items), counted in :attr:`IndexSampler.padding`.
+
+Endless streams (sliding, random) have no epochs and no tail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from zerobatch.core._checks import check_count, check_out
+from zerobatch.formats.errors import ConfigError, StateError
+from zerobatch.samplers._dist import resolve_rank
+from zerobatch.samplers.orders import IndexOrder
+from zerobatch.samplers.state import OrderState
+
+__all__ = ["TAILS", "IndexSampler"]
+
+#: Ways to end an epoch whose length is not a multiple of the global batch.
+TAILS = ("keep", "drop", "pad")
+
+
+class IndexSampler:
+    """This rank's batches of item indices, step by step, seekable and resumable.
+
+    Args:
+        order: the global order (:class:`SequentialOrder`, :class:`GlobalRandomOrder`,
+            :class:`BlockShuffleOrder`, :class:`SlidingOrder`, :class:`RandomOrder`...).
+        batch_size: indices per batch on this rank. Give this or ``global_batch_size``.
+        global_batch_size: indices per step over all ranks; must be a multiple of
+            ``world_size``.
+        rank, world_size: this process's place in the job (default: ``torch.distributed``
+            if initialized, else ``RANK`` / ``WORLD_SIZE``, else a single process).
+        tail: ``"keep"``, ``"drop"`` or ``"pad"`` (see the module documentation).
+        epoch: the starting epoch.
+        fingerprint: identity of the data (a file's build id) recorded in the state and
+            checked on load.
+
+    Raises:
+        ConfigError: an argument out of range.
+
+    Example::
+
+        sampler = IndexSampler(GlobalRandomOrder(len(dataset), seed=7), batch_size=32)
+        for epoch in range(sampler.epoch, num_epochs):
+            sampler.set_epoch(epoch)
+            for indices in sampler:            # int64 array of 32 item indices
+                ...
+                state = sampler.state_dict()   # JSON-able; resume with load_state_dict
+    """
+
+    def __init__(self, order: IndexOrder, batch_size: int | None = None, *,
+                 global_batch_size: int | None = None, rank: int | None = None,
+                 world_size: int | None = None, tail: str = "keep", epoch: int = 0,
+                 fingerprint: str = "") -> None:
+        if not isinstance(order, IndexOrder):
+            raise ConfigError(f"order must be an IndexOrder, got {type(order).__name__}", field="order")
+        self.order = order
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        if (batch_size is None) == (global_batch_size is None):
+            raise ConfigError("pass exactly one of batch_size and global_batch_size", field="batch_size")
+        if batch_size is not None:
+            self.batch_size = check_count(batch_size, "batch_size", minimum=1, maximum=2**40)
+            self.global_batch_size = self.batch_size * self.world_size
+        else:
+            g = check_count(global_batch_size, "global_batch_size", minimum=1, maximum=2**48)
+            if g % self.world_size:
+                raise ConfigError(f"global_batch_size {g} cannot be split over {self.world_size} ranks",
+                                  field="global_batch_size")
+            self.global_batch_size, self.batch_size = g, g // self.world_size
+        if tail not in TAILS:
+            raise ConfigError(f"tail must be one of {TAILS}, got {tail!r}", field="tail")
+        if not order.has_epochs and tail != "keep":
+            raise ConfigError(f"tail={tail!r} needs an order with epochs; {order.kind} is endless",
+                              field="tail")
+        self.tail = tail
+        if not isinstance(fingerprint, str):
+            raise ConfigError(f"fingerprint must be a string, got {fingerprint!r}", field="fingerprint")
+        self.fingerprint = fingerprint
+        self.epoch = check_count(epoch, "epoch")
+        self._consumed = 0
+        self._completed = False
+
+    @classmethod
+    def from_state(cls, order: IndexOrder, state: dict[str, Any], *, rank: int | None = None,
+                   world_size: int | None = None, fingerprint: str = "") -> IndexSampler:
+        """A sampler on any world size that continues ``state`` exactly: the global batch and
+        tail policy come from the state, the per-rank batch is ``global_batch_size /
+        world_size``.
+
+        Raises:
+            StateError: the state does not fit ``order`` (another dataset, seed or order), its
+                global batch cannot be split over ``world_size`` ranks, or its position is
+                beyond the epoch.
+        """
+        loaded = OrderState.from_dict(state)
+        r, w = resolve_rank(rank, world_size)
+        g = loaded.global_batch_size
+        if g % w:
+            raise StateError(f"global_batch_size: the state was saved with a global batch of {g} "
+                             f"positions and it cannot be split over {w} ranks",
+                             field="global_batch_size")
+        tail = loaded.params.get("tail", "keep")
+        if tail not in TAILS:
+            raise StateError(f"tail: unknown tail policy {tail!r} in the saved state", field="tail")
+        if not order.has_epochs:
+            tail = "keep"
+        sampler = cls(order, global_batch_size=g, rank=r, world_size=w, tail=tail,
+                      fingerprint=fingerprint)
+        sampler.load_state_dict(state)
+        return sampler
+
+    # -----------------------------------------------------------------------------------
+    # geometry
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Steps in a whole epoch (the same on every rank), ``None`` for an endless stream
+        (0 when the index space is empty)."""
+        n, g = self.order.num_items, self.global_batch_size
+        if not self.order.has_epochs:
+            return None if n else 0
+        return n // g if self.tail == "drop" else -(-n // g)
+
+    @property
+    def epoch_positions(self) -> int | None:
+        """Global positions consumed by a whole epoch, padding included (``None``: endless)."""
+        steps = self.steps_per_epoch
+        if steps is None:
+            return None
+        return self.order.num_items if self.tail == "keep" else steps * self.global_batch_size
+
+    @property
+    def padding(self) -> int:
+        """Positions of each epoch that re-read items to fill the last step (``tail="pad"``)."""
+        total = self.epoch_positions
+        return 0 if total is None else max(total - self.order.num_items, 0)
+
+    @property
+    def dropped(self) -> int:
+        """Items of each epoch no rank reads (``tail="drop"``)."""
+        total = self.epoch_positions
+        return 0 if total is None else max(self.order.num_items - total, 0)
+
+    def __len__(self) -> int:
+        """Batches this rank yields in a whole epoch.
+
+        Raises:
+            TypeError: the order is an endless stream.
+        """
+        steps = self.steps_per_epoch
+        if steps is None:
+            raise TypeError(f"a {self.order.kind} order is endless: it has no length")
+        return steps
+
+    def positions(self, step: int) -> np.ndarray:
+        """This rank's global positions at ``step`` of an epoch (``int64``; O(1) to compute).
+
+        Raises:
+            IndexError: ``step`` beyond the epoch.
+        """
+        step = check_count(step, "step")
+        steps = self.steps_per_epoch
+        if steps is not None and step >= steps:
+            raise IndexError(f"step {step} is beyond the epoch's {steps} steps")
+        g, w = self.global_batch_size, self.world_size
+        if step > (2**63 - 1 - g) // g:
+            raise IndexError(f"step {step}: its positions exceed 2**63 - 1")
+        pos = step * g + self.rank + w * np.arange(self.batch_size, dtype=np.int64)
+        n = self.order.num_items
+        if self.order.has_epochs:
+            if self.tail == "keep":
+                pos = pos[pos < n]
+            elif self.tail == "pad":
+                np.remainder(pos, n, out=pos)
+        return pos
+
+    def batch(self, step: int, *, epoch: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """This rank's item indices at ``step`` of ``epoch`` (default: the current epoch).
+
+        A pure function of ``(order, epoch, step, rank, world_size, global batch)``: seeking
+        to any step costs the same as the next one.
+
+        Args:
+            step: step within the epoch (any step of an endless stream).
+            epoch: the epoch (default: :attr:`epoch`).
+            out: a caller's ``int64`` buffer of ``batch_size`` elements; the returned array
+                is a view of its first ``k`` elements (``k < batch_size`` only for a kept tail).
+
+        Raises:
+            IndexError: ``step`` beyond the epoch.
+            ConfigError: an unfit ``out``.
+        """
+        epoch = self.epoch if epoch is None else check_count(epoch, "epoch")
+        pos = self.positions(step)
+        if out is None:
+            return self.order.items(epoch, pos)
+        check_out(out, self.batch_size)
+        view = out[: pos.size]
+        self.order.items(epoch, pos, view)
+        return view
+
+    # -----------------------------------------------------------------------------------
+    # iteration and state
+
+    @property
+    def step(self) -> int:
+        """The next step of the current epoch to be delivered."""
+        return -(-self._consumed // self.global_batch_size)
+
+    @property
+    def consumed(self) -> int:
+        """Global positions of the current epoch delivered so far (all ranks, padding included)."""
+        return self._consumed
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch. A new epoch starts at its beginning; the current one keeps its
+        position, so a resumed loop can call ``set_epoch`` as usual."""
+        epoch = check_count(epoch, "epoch")
+        if not self.order.has_epochs and epoch != 0:
+            raise ConfigError(f"a {self.order.kind} order is endless: its only epoch is 0", field="epoch")
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._consumed = 0
+            self._completed = False
+
+    def batches(self, out: np.ndarray | None = None) -> Iterator[np.ndarray]:
+        """Yield the rest of the current epoch's batches (forever for an endless stream).
+
+        The position advances as each batch is delivered, so :meth:`state_dict` taken
+        inside the loop resumes right after the batch being processed.
+
+        Args:
+            out: a caller's ``int64`` buffer of ``batch_size`` elements, reused for every
+                batch (each yielded array is a view of it, valid until the next one).
+        """
+        if self._completed:
+            self._consumed = 0
+            self._completed = False
+        if out is not None:
+            check_out(out, self.batch_size)
+        epoch, steps = self.epoch, self.steps_per_epoch
+        step = self.step
+        while steps is None or step < steps:
+            if self.epoch != epoch:
+                return
+            batch = self.batch(step, epoch=epoch, out=out)
+            total = self.epoch_positions
+            done = (step + 1) * self.global_batch_size
+            self._consumed = done if total is None else min(done, total)
+            yield batch
+            step += 1
+        self._completed = True
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return self.batches()
+
+    def _order_state(self, consumed: int) -> OrderState:
+        params = dict(self.order.params())
+        params["tail"] = self.tail
+        return OrderState(kind=self.order.kind, seed=self.order.seed, epoch=self.epoch,
+                          consumed=consumed, num_items=self.order.num_items,
+                          global_batch_size=self.global_batch_size,
+                          fingerprint=self.fingerprint, params=params)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last batch delivered: JSON-able, a few hundred bytes.
+
+        Holds the order (kind, seed, size, parameters, fingerprint), the epoch, the global
+        positions consumed and the global batch; ``world_size`` is recorded for information
+        only (any world size that splits the global batch can resume).
+        """
+        d = self._order_state(self._consumed).to_dict()
+        d["world_size"] = self.world_size
+        return d
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where ``state`` stopped.
+
+        Raises:
+            StateError: another order, seed, dataset size, fingerprint or tail policy;
+                another global batch (or one this world size cannot split); a position
+                beyond the epoch or between steps; an unknown state version.
+        """
+        loaded = OrderState.from_dict(state)
+        total = self.epoch_positions
+        max_consumed = 2**63 - 1 if total is None else total
+        loaded.check_fits(self._order_state(0), max_consumed=max_consumed, world_size=self.world_size)
+        if not self.order.has_epochs and loaded.epoch != 0:
+            raise StateError(f"epoch: a {self.order.kind} order is endless, its only epoch is 0, "
+                             f"the state says {loaded.epoch}", field="epoch")
+        if loaded.consumed % self.global_batch_size and loaded.consumed != total:
+            raise StateError(f"consumed: {loaded.consumed} positions is not a whole number of "
+                             f"global batches of {self.global_batch_size}", field="consumed")
+        self.epoch = loaded.epoch
+        self._consumed = loaded.consumed
+        self._completed = False
+
+    def __repr__(self) -> str:
+        return (f"IndexSampler({self.order!r}, batch_size={self.batch_size}, rank={self.rank}, "
+                f"world_size={self.world_size}, tail={self.tail!r}, epoch={self.epoch})")
