@@ -161,9 +161,15 @@ def test_above_2_52_gfc_double_sqrt_breaks_bijectivity_and_ours_does_not(k):
     assert [g2[i] for i in range(0, m, m // 97)] == [p2[i] for i in range(0, m, m // 97)]
 
 
+#: (n, rounds, seed, position) where gfc's first round sum L + F_1(R) wraps past 2**64. Found by
+#: scanning rows R in [0, a) for F_1(R) > 2**64 - a (one Speck call per row, seed 1 hit after
+#: 3e9 rows) and taking L = a - 1, the largest left half.
+WRAP_CASE = (2**63 - 1, 6, 1, 4367441591507668499)
+
+
 def test_gfc_round_sum_wraps_and_ours_does_not():
-    """gfc adds L + F_j(R) in uint64_t; when that wraps the round is not invertible. Found by
-    a search over positions (see docs/samplers.md): the wrap makes pygfc's inverse wrong."""
+    """gfc adds L + F_j(R) in uint64_t; when that wraps the round is not invertible, and
+    pygfc's inverse no longer undoes its forward map. Ours sums modulo a exactly."""
     n, rounds, seed, m = WRAP_CASE
     # the wrap happens: recompute gfc's rounds with the pure-Python Speck
     a = gfc_side(n)
@@ -180,7 +186,9 @@ def test_gfc_round_sum_wraps_and_ours_does_not():
             break
     assert wrapped
     g = pygfc.Permutation(n, rounds, seed)
-    assert g[m] == c and g.inv(g[m]) != m            # gfc cannot undo its own output
+    assert g[m] == c
+    j = g.inv(g[m])
+    assert j != m and g[j] == g[m]                   # two positions, one value: no bijection
     p = FeistelPermutation(n, rounds, seed)
     assert p.inverse(p[m]) == m and p[m] != g[m]
 
