@@ -7,8 +7,8 @@ nothing can be read until all of it exists), or compute each position on the fly
 Feistel network (O(1) memory, the first batch at once). This prints, from one process on one
 machine at one moment:
 
-1. bulk Feistel indices/s on one core (6 rounds, 2**38 items; the AVX-512 path where the CPU
-   has it, and the portable path), beside numpy's permutation rate at ``--numpy-log2``;
+1. bulk Feistel indices/s on one core (6 rounds, 2**38 items) on every bulk path the CPU runs
+   (portable, AVX2, AVX-512), beside numpy's permutation rate at ``--numpy-log2``;
 2. the cost of one scalar ``p[i]`` from Python;
 3. time and memory to the first batch of 1024 indices of a 2**38-item epoch, against
    precomputing a ``2**numpy_log2`` permutation (and what 2**38 would need);
@@ -32,6 +32,7 @@ import tracemalloc
 
 import numpy as np
 
+from zerobatch.core._feistel import available_paths
 from zerobatch.samplers import FeistelPermutation, GlobalRandomOrder, IndexSampler
 
 N_BIG = 2**38
@@ -67,11 +68,12 @@ def main() -> None:
     count = 1 << 24
     out = np.empty(count, dtype=np.int64)
     perm = FeistelPermutation(N_BIG, 6, 7)
-    simd = perm.simd
-    results["feistel_indices_per_s"] = count / best(lambda: perm.fill(out, 12345), args.repeat)
-    perm._use_simd(False)
-    results["feistel_portable_indices_per_s"] = count / best(lambda: perm.fill(out, 12345), args.repeat)
-    perm._use_simd(True)
+    best_path = perm.path
+    for path in available_paths():
+        perm._use_path(path)
+        results[f"feistel_{path}_indices_per_s"] = count / best(lambda: perm.fill(out, 12345), args.repeat)
+    perm._use_path(best_path)
+    results["feistel_indices_per_s"] = results[f"feistel_{best_path}_indices_per_s"]
     pos = np.random.default_rng(0).integers(0, N_BIG, count)
     results["feistel_take_indices_per_s"] = count / best(lambda: perm.take(pos, out), args.repeat)
     del out, pos
@@ -99,9 +101,9 @@ def main() -> None:
         g = pygfc.Permutation(N_BIG, 6, 7)
         results["pygfc_scalar_call_s"] = min(timeit.repeat(lambda: g[123456789], number=calls, repeat=args.repeat)) / calls
 
-    print(f"Feistel permutation, 6 rounds, n = 2**38 (AVX-512 path: {'yes' if simd else 'not on this CPU'})")
-    print(f"  bulk fill, one core        {results['feistel_indices_per_s'] / 1e6:8.1f} M indices/s")
-    print(f"  bulk fill, portable path   {results['feistel_portable_indices_per_s'] / 1e6:8.1f} M indices/s")
+    print(f"Feistel permutation, 6 rounds, n = 2**38 (bulk paths on this CPU: {', '.join(available_paths())})")
+    for path in available_paths():
+        print(f"  bulk fill, {path:9s} path  {results[f'feistel_{path}_indices_per_s'] / 1e6:8.1f} M indices/s (one core)")
     print(f"  take (random positions)    {results['feistel_take_indices_per_s'] / 1e6:8.1f} M indices/s")
     print(f"  numpy permutation(2**{args.numpy_log2})  {results['numpy_permutation_indices_per_s'] / 1e6:8.1f} M indices/s"
           f"   ratio Feistel/numpy = {results['feistel_indices_per_s'] / results['numpy_permutation_indices_per_s']:.2f}")

@@ -12,9 +12,13 @@ import pytest
 
 import zerobatch.core._reference as ref
 from zerobatch.core import FeistelPermutation, epoch_seed, random_draws
+from zerobatch.core._feistel import available_paths
 from zerobatch.formats.errors import ConfigError
 
 pygfc = pytest.importorskip("pygfc")
+
+#: Every bulk path this CPU runs; the tests compare each with pygfc and with the others.
+PATHS = available_paths()
 
 SEEDS = [0, 1, 42, 2**32 - 1, 2**32, 2**63, 2**64 - 1, 0x9E3779B97F4A7C15]
 
@@ -63,8 +67,8 @@ def test_matches_pygfc_bit_for_bit(n, rounds, seed):
     want_inv = [g.inv(i) for i in pos]
     assert [p[i] for i in pos] == want
     assert [p.inverse(i) for i in pos] == want_inv
-    for simd in (True, False):
-        p._use_simd(simd)
+    for path in PATHS:
+        p._use_path(path)
         assert p.take(pos).tolist() == want
         assert p.take(pos, inverse=True).tolist() == want_inv
     first = min(n, 200)
@@ -111,13 +115,13 @@ def test_bijection_and_inverse_both_paths(seed, rounds):
     for n in list(range(0, 300)) + [1023, 1024, 1025, 4096, 20000, 65536]:
         p = FeistelPermutation(n, rounds, seed)
         fwd = {}
-        for simd in (True, False):
-            p._use_simd(simd)
-            fwd[simd] = v = p.range(0, n)
+        for path in PATHS:
+            p._use_path(path)
+            fwd[path] = v = p.range(0, n)
             assert sorted(v.tolist()) == list(range(n))
             assert (p.take(v, inverse=True) == np.arange(n)).all()
             assert (p.range(0, n, inverse=True)[v] == np.arange(n)).all()
-        assert (fwd[True] == fwd[False]).all()
+        assert all((fwd[path] == fwd["portable"]).all() for path in PATHS)
 
 
 @pytest.mark.parametrize("n", [2**32 + 15, 10**13 + 1, 2**52 - 3, 2**52 + 1, 2**56 + 5, 2**62 + 3, 2**63 - 1])
@@ -126,8 +130,8 @@ def test_bijection_by_sampling_for_large_n(n):
     rng = np.random.default_rng(n % 2**32)
     starts = [0, n - 200_000, int(rng.integers(0, n - 200_000))]
     for start in starts:
-        for simd in (True, False):
-            p._use_simd(simd)
+        for path in PATHS:
+            p._use_path(path)
             v = p.range(start, start + 200_000)
             assert v.min() >= 0 and v.max() < n
             assert np.unique(v).size == v.size          # injective on the window
@@ -195,6 +199,16 @@ def test_gfc_round_sum_wraps_and_ours_does_not():
 
 # ---------------------------------------------------------------------------------------
 # API
+
+
+def test_paths():
+    assert PATHS[0] == "portable"
+    p = FeistelPermutation(100)
+    assert p.path == PATHS[-1] and p.simd == (len(PATHS) > 1)
+    with pytest.raises(ConfigError):
+        p._use_path("sse9")
+    p._use_simd(False)
+    assert p.path == "portable"
 
 
 def test_pickle_equality_repr_and_errors():

@@ -63,7 +63,7 @@ typedef struct {
     uint64_t rounds;   /* Feistel rounds r */
     uint64_t barrett;  /* floor((2**64 - 1) / a), for division by a without DIV */
     uint32_t *keys;    /* rounds * ZB_SPECK_ROUNDS expanded Speck round keys */
-    int simd;          /* use the AVX-512 bulk path (set by zb_feistel_setup when available) */
+    int simd;          /* bulk path: ZB_PATH_PORTABLE, _AVX2 or _AVX512 (the best available) */
 } zb_feistel;
 
 /* The lane loops must be inlined into each target clone to be compiled for its ISA. */
@@ -266,198 +266,48 @@ ZB_FEISTEL_INLINE void zb_portable_lanes(const zb_feistel *f, uint64_t *v, int i
 }
 
 
+/* Bulk paths: 0 portable (any CPU), 1 AVX2 + FMA, 2 AVX-512 (F, DQ, BW, VL). */
+#define ZB_PATH_PORTABLE 0
+#define ZB_PATH_AVX2 1
+#define ZB_PATH_AVX512 2
+
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
-#define ZB_HAVE_AVX512_PATH 1
-#define ZB_AVX512_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,fma")))
-#define ZB_AVX512_INLINE static inline __attribute__((always_inline)) ZB_AVX512_TARGET
+#define ZB_HAVE_SIMD_PATHS 1
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
-/* Bulk path. Every Feistel half (L, R) and round sum is below a < 2**32, so the lanes hold
- * u32 halves and the Speck block of a round is (R, 0); its output words are the high and low
- * halves of F. F mod a needs no 64-bit division: h = Fh mod a, then r = (h * 2**32 + Fl) mod
- * a, each quotient estimated in double precision (within 2**-19 of the truth, so rounding
- * to nearest gives floor or floor + 1) and the remainder computed exactly with one fused
- * multiply-add (its true value is below 2**34, so the FMA's single rounding is exact).
- * Written with GCC vector extensions sized for AVX-512 (one zmm per vector); compiled only
- * for CPUs with AVX-512 F/DQ/BW/VL, chosen at run time. On narrower ISAs the emulated
- * 512-bit vectors are slower than the portable path, which is used there instead. */
-typedef uint32_t zb_u32x16 __attribute__((vector_size(64)));
-typedef uint32_t zb_u32x8 __attribute__((vector_size(32)));
-typedef int64_t zb_i64x8 __attribute__((vector_size(64)));
-typedef uint64_t zb_u64x8 __attribute__((vector_size(64)));
-typedef double zb_f64x8 __attribute__((vector_size(64)));
-
-/* u32 <-> double by the 2**52 bias trick: exact for integers below 2**32, and only integer
- * and add instructions (AVX2 has no unsigned or 64-bit conversions). */
-#define ZB_TWO52 4503599627370496.0
-ZB_AVX512_INLINE zb_f64x8 zb_u32_to_f64(zb_u32x8 x) {
-    const zb_u64x8 bias = {0x4330000000000000ULL, 0x4330000000000000ULL, 0x4330000000000000ULL,
-                           0x4330000000000000ULL, 0x4330000000000000ULL, 0x4330000000000000ULL,
-                           0x4330000000000000ULL, 0x4330000000000000ULL};
-    const zb_f64x8 two52 = {ZB_TWO52, ZB_TWO52, ZB_TWO52, ZB_TWO52,
-                            ZB_TWO52, ZB_TWO52, ZB_TWO52, ZB_TWO52};
-    zb_u64x8 w = __builtin_convertvector(x, zb_u64x8) | bias;
-    return (zb_f64x8)w - two52;
-}
-ZB_AVX512_INLINE zb_u32x8 zb_f64_to_u32(zb_f64x8 d) {
-    const zb_f64x8 two52 = {ZB_TWO52, ZB_TWO52, ZB_TWO52, ZB_TWO52,
-                            ZB_TWO52, ZB_TWO52, ZB_TWO52, ZB_TWO52};
-    return __builtin_convertvector((zb_u64x8)(d + two52), zb_u32x8);
-}
-
-#define ZB_ROUND_MAGIC 6755399441055744.0 /* 1.5 * 2**52: x + M - M rounds x to nearest */
-
-ZB_AVX512_INLINE zb_f64x8 zb_round8(zb_f64x8 x) {
-    const double m = ZB_ROUND_MAGIC; /* keep the compiler from folding x + M - M */
-    zb_f64x8 mv = {m, m, m, m, m, m, m, m};
-    return (x + mv) - mv;
-}
-
-/* d mod a for lanes holding exact integers in (-a, 2a): d - a * k, k = floor(d / a) in
- * {-1, 0, 1}, found by rounding d/a - 1/2 + 1/(2a) to nearest (the margin 1/(2a) >= 2**-33
- * dwarfs the 2**-50 rounding error). Arithmetic only: no compares, so no lane is ever
- * scalarized on targets without vector masks. */
-ZB_AVX512_INLINE zb_f64x8 zb_reduce8(zb_f64x8 d, zb_f64x8 av, zb_f64x8 inv, zb_f64x8 bias) {
-    return d - av * zb_round8(d * inv + bias);
-}
-
-/* (base +/- ((fh << 32 | fl) mod a)) mod a for 8 lanes, base < a. */
-ZB_AVX512_INLINE zb_u32x8 zb_mod8(zb_u32x8 base, zb_u32x8 fh, zb_u32x8 fl, zb_f64x8 av,
-                                   zb_f64x8 ahi, zb_f64x8 alo, zb_f64x8 inv,
-                                   zb_f64x8 bias, int subtract) {
-    const zb_f64x8 two32 = {4294967296.0, 4294967296.0, 4294967296.0, 4294967296.0,
-                            4294967296.0, 4294967296.0, 4294967296.0, 4294967296.0};
-    zb_f64x8 hi = zb_u32_to_f64(fh);
-    zb_f64x8 lo = zb_u32_to_f64(fl);
-    zb_f64x8 q = zb_round8(hi * inv);
-    zb_f64x8 h = zb_reduce8(hi - q * av, av, inv, bias);    /* exact: q * a < 2**33 */
-    zb_f64x8 hs = h * two32;                     /* exact: 32 significant bits */
-    q = zb_round8((hs + lo) * inv);
-    /* hs - q*a exactly, FMA or not: a = ahi + alo with ahi holding a's top 16 bits, so
-     * q*ahi (48 significant bits) and q*alo (< 2**48) are exact products, hs - q*ahi is a
-     * difference of multiples of 2**16 below 2**49 in size, exact too. */
-    zb_f64x8 r = (hs - q * ahi) - q * alo;
-    r = zb_reduce8(r + lo, av, inv, bias);
-    zb_f64x8 b = zb_u32_to_f64(base);
-    r = zb_reduce8(subtract ? b - r : b + r, av, inv, bias);
-    return zb_f64_to_u32(r);
-}
-
-/* One Feistel round function F_j on 16 lanes: Speck64/128 of the blocks (r, 0). */
-ZB_AVX512_INLINE void zb_speck16(const uint32_t *k, zb_u32x16 r, zb_u32x16 *fh, zb_u32x16 *fl) {
-    zb_u32x16 y = r, x = {0};
-    for (int i = 0; i < ZB_SPECK_ROUNDS; i++) {
-        x = ((x >> 8) | (x << 24)) + y;
-        x ^= k[i];
-        y = ((y << 3) | (y >> 29)) ^ x;
-    }
-    *fh = x;
-    *fl = y;
-}
-
-ZB_AVX512_INLINE zb_u32x8 zb_lo8(zb_u32x16 v) {
-    return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-}
-ZB_AVX512_INLINE zb_u32x8 zb_hi8(zb_u32x16 v) {
-    return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-}
-ZB_AVX512_INLINE zb_u32x16 zb_cat16(zb_u32x8 lo, zb_u32x8 hi) {
-    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-}
-
-/* v[0..LANES) <- P(v) (or P^-1) in place; every v[i] < n on entry. Two independent
- * 16-lane Speck chains are interleaved to hide the rounds' latency. */
-ZB_AVX512_INLINE void zb_avx512_lanes(const zb_feistel *f, uint64_t *v, int inverse) {
-    uint32_t Lw[32], Rw[32];
-    const uint64_t a = f->a;
-    const double ad = (double)a, invd = 1.0 / (double)a;
-    const zb_f64x8 av = {ad, ad, ad, ad, ad, ad, ad, ad};
-    const zb_f64x8 inv = {invd, invd, invd, invd, invd, invd, invd, invd};
-    const double ahd = (double)(a & ~(uint64_t)0xffff), ald = (double)(a & 0xffff);
-    const zb_f64x8 ahi = {ahd, ahd, ahd, ahd, ahd, ahd, ahd, ahd};
-    const zb_f64x8 alo = {ald, ald, ald, ald, ald, ald, ald, ald};
-    const double bd = -0.5 + 0.5 / (double)a;
-    const zb_f64x8 bias = {bd, bd, bd, bd, bd, bd, bd, bd};
-    uint64_t rem;
-    int l;
-    for (l = 0; l < 32; l++) {
-        uint64_t q = zb_divmod(f, v[l], &rem);
-        if (inverse && (f->rounds & 1)) {
-            Lw[l] = (uint32_t)q;
-            Rw[l] = (uint32_t)rem;
-        } else {
-            Rw[l] = (uint32_t)q;
-            Lw[l] = (uint32_t)rem;
-        }
-    }
-    zb_u32x16 L0, L1, R0, R1, H0, H1, W0, W1;
-    __builtin_memcpy(&L0, Lw, 64);
-    __builtin_memcpy(&L1, Lw + 16, 64);
-    __builtin_memcpy(&R0, Rw, 64);
-    __builtin_memcpy(&R1, Rw + 16, 64);
-    for (uint64_t s = 0; s < f->rounds; s++) {
-        if (!inverse) {
-            const uint32_t *k = f->keys + s * ZB_SPECK_ROUNDS;
-            zb_speck16(k, R0, &H0, &W0);
-            zb_speck16(k, R1, &H1, &W1);
-            zb_u32x16 T0 = zb_cat16(zb_mod8(zb_lo8(L0), zb_lo8(H0), zb_lo8(W0), av, ahi, alo, inv, bias, 0),
-                                    zb_mod8(zb_hi8(L0), zb_hi8(H0), zb_hi8(W0), av, ahi, alo, inv, bias, 0));
-            zb_u32x16 T1 = zb_cat16(zb_mod8(zb_lo8(L1), zb_lo8(H1), zb_lo8(W1), av, ahi, alo, inv, bias, 0),
-                                    zb_mod8(zb_hi8(L1), zb_hi8(H1), zb_hi8(W1), av, ahi, alo, inv, bias, 0));
-            L0 = R0;
-            L1 = R1;
-            R0 = T0;
-            R1 = T1;
-        } else {
-            const uint32_t *k = f->keys + (f->rounds - 1 - s) * ZB_SPECK_ROUNDS;
-            zb_speck16(k, L0, &H0, &W0);
-            zb_speck16(k, L1, &H1, &W1);
-            zb_u32x16 T0 = zb_cat16(zb_mod8(zb_lo8(R0), zb_lo8(H0), zb_lo8(W0), av, ahi, alo, inv, bias, 1),
-                                    zb_mod8(zb_hi8(R0), zb_hi8(H0), zb_hi8(W0), av, ahi, alo, inv, bias, 1));
-            zb_u32x16 T1 = zb_cat16(zb_mod8(zb_lo8(R1), zb_lo8(H1), zb_lo8(W1), av, ahi, alo, inv, bias, 1),
-                                    zb_mod8(zb_hi8(R1), zb_hi8(H1), zb_hi8(W1), av, ahi, alo, inv, bias, 1));
-            R0 = L0;
-            R1 = L1;
-            L0 = T0;
-            L1 = T1;
-        }
-    }
-    __builtin_memcpy(Lw, &L0, 64);
-    __builtin_memcpy(Lw + 16, &L1, 64);
-    __builtin_memcpy(Rw, &R0, 64);
-    __builtin_memcpy(Rw + 16, &R1, 64);
-    if (!inverse && (f->rounds & 1))
-        for (l = 0; l < 32; l++) v[l] = a * Lw[l] + Rw[l];
-    else
-        for (l = 0; l < 32; l++) v[l] = a * Rw[l] + Lw[l];
-    for (l = 0; l < 32; l++)
-        while (v[l] >= f->n) v[l] = inverse ? zb_fe_inv(f, v[l]) : zb_fe(f, v[l]);
-}
-
-
-ZB_AVX512_TARGET
-static void zb_feistel_block_avx512(const zb_feistel *f, uint64_t *v, int inverse) {
-    zb_avx512_lanes(f, v, inverse);
-}
+#define ZB_SIMD_NAME avx512
+#define ZB_SIMD_TARGET_STR "avx512f,avx512dq,avx512bw,avx512vl,fma"
+#define ZB_SW 16
+#include "_feistel_simd.h"
+#define ZB_SIMD_NAME avx2
+#define ZB_SIMD_TARGET_STR "avx2,fma"
+#define ZB_SW 8
+#include "_feistel_simd.h"
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
 
+/* The widest path this CPU runs (checked once). */
 static int zb_feistel_simd_available(void) {
     static int cached = -1;
     if (cached < 0) {
         __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                 __builtin_cpu_supports("fma");
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+            __builtin_cpu_supports("fma"))
+            cached = ZB_PATH_AVX512;
+        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+            cached = ZB_PATH_AVX2;
+        else
+            cached = ZB_PATH_PORTABLE;
     }
     return cached;
 }
 #else
-#define ZB_HAVE_AVX512_PATH 0
-static int zb_feistel_simd_available(void) { return 0; }
+#define ZB_HAVE_SIMD_PATHS 0
+static int zb_feistel_simd_available(void) { return ZB_PATH_PORTABLE; }
 #endif
 
 static void zb_feistel_block_portable(const zb_feistel *f, uint64_t *v, int inverse) {
@@ -467,9 +317,13 @@ static void zb_feistel_block_portable(const zb_feistel *f, uint64_t *v, int inve
 
 /* ZB_FEISTEL_LANES positions v[] <- P(v) (or P^-1), in place, on the best path. */
 static inline void zb_feistel_block(const zb_feistel *f, uint64_t *v, int inverse) {
-#if ZB_HAVE_AVX512_PATH
-    if (f->simd) {
-        zb_feistel_block_avx512(f, v, inverse);
+#if ZB_HAVE_SIMD_PATHS
+    if (f->simd == ZB_PATH_AVX512) {
+        zb_simd_block_avx512(f, v, inverse);
+        return;
+    }
+    if (f->simd == ZB_PATH_AVX2) {
+        zb_simd_block_avx2(f, v, inverse);
         return;
     }
 #endif

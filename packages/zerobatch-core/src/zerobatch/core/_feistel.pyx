@@ -54,6 +54,14 @@ DEFAULT_ROUNDS = 6
 
 cdef uint64_t _GIL_FREE = 256
 
+#: Bulk paths by level (ZB_PATH_* in _feistel.h).
+_PATHS = ("portable", "avx2", "avx512")
+
+
+def available_paths():
+    """The bulk paths this CPU runs, narrowest first (``"portable"`` always)."""
+    return _PATHS[: zb_feistel_simd_available() + 1]
+
 
 cdef class FeistelPermutation:
     """A pseudorandom permutation of ``range(n)`` computed on the fly in O(1) memory.
@@ -109,13 +117,26 @@ cdef class FeistelPermutation:
         return 0 if self.f.n == 0 else self.f.a
 
     @property
+    def path(self):
+        """The bulk path in use: ``"avx512"``, ``"avx2"`` or ``"portable"`` (same results)."""
+        return _PATHS[self.f.simd]
+
+    @property
     def simd(self):
-        """Whether bulk calls take the AVX-512 path (same results as the portable path)."""
-        return bool(self.f.simd)
+        """Whether bulk calls take a vector path (AVX2 or AVX-512)."""
+        return self.f.simd != 0
+
+    def _use_path(self, name):
+        """Choose the bulk path by name (tests compare them); only paths this CPU runs."""
+        level = _PATHS.index(name) if name in _PATHS else -1
+        if level < 0 or level > zb_feistel_simd_available():
+            raise ConfigError(f"bulk path {name!r} is not available on this CPU (best: "
+                              f"{_PATHS[zb_feistel_simd_available()]!r})", field="path")
+        self.f.simd = level
 
     def _use_simd(self, flag):
-        """Choose the bulk path (tests compare the two); AVX-512 only where the CPU has it."""
-        self.f.simd = 1 if (flag and zb_feistel_simd_available()) else 0
+        """The best vector path this CPU has (``True``) or the portable one (``False``)."""
+        self.f.simd = zb_feistel_simd_available() if flag else 0
 
     def __len__(self):
         self._ready()

@@ -704,8 +704,16 @@ class FeistelPermutation:
         return 0 if self.n == 0 else self._a
 
     @property
+    def path(self) -> str:
+        return "portable"
+
+    @property
     def simd(self) -> bool:
         return False
+
+    def _use_path(self, name: str) -> None:
+        if name != "portable":
+            raise ConfigError(f"bulk path {name!r} is not available in the pure-Python twin", field="path")
 
     def _use_simd(self, flag: bool) -> None:
         pass
