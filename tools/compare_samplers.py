@@ -76,7 +76,7 @@ def main() -> None:
     results["feistel_indices_per_s"] = results[f"feistel_{best_path}_indices_per_s"]
     pos = np.random.default_rng(0).integers(0, N_BIG, count)
     results["feistel_take_indices_per_s"] = count / best(lambda: perm.take(pos, out), args.repeat)
-    del out, pos
+
 
     n_np = 1 << args.numpy_log2
     np_time = best(lambda: np.random.default_rng(1).permutation(n_np), max(1, args.repeat // 2))

@@ -12,7 +12,7 @@ from zbtest import run_python
 
 from zerobatch.adapters.torch import BatchNativeLoader
 from zerobatch.formats.errors import ConfigError, StateError
-from zerobatch.samplers import BlockShuffleOrder
+from zerobatch.samplers import BlockShuffleOrder, IndexSampler
 from zerobatch.writers.llmbatch import write_batch_file
 
 BS, SL = 4, 8
@@ -46,6 +46,17 @@ def test_yields_the_seed_block_shuffle_order(path50):
     seq = ids(got)
     starts = [i for i in range(50) if i == 0 or seq[i] != seq[i - 1] + 1 or seq[i] % 4 == 0]
     assert len(starts) == 13 and all(seq[s] % 4 == 0 for s in starts)
+
+
+@pytest.mark.parametrize("world, drop_last", [(1, True), (3, True), (3, False), (4, False)])
+def test_the_loader_reads_the_samplers_order(path50, world, drop_last):
+    """One implementation: the loader's batches are IndexSampler's block-shuffle indices."""
+    for rank in range(world):
+        loader = BatchNativeLoader(path50, block_size=4, seed=9, epoch=2, rank=rank, world_size=world,
+                                   drop_last=drop_last, num_threads=0)
+        sampler = IndexSampler(BlockShuffleOrder(50, 4, seed=9), 1, rank=rank, world_size=world,
+                               tail="drop" if drop_last else "pad", epoch=2)
+        assert ids(loader) == [int(b[0]) for b in sampler]
 
 
 def test_epochs_differ_and_are_deterministic(path50):
