@@ -7,13 +7,14 @@ Each check refuses ``bool`` (an ``int`` in Python, never a count or a seed here)
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
 
 from zerobatch.formats.errors import ConfigError
 
-__all__ = ["as_positions", "check_count", "check_out", "check_rank", "check_seed"]
+__all__ = ["as_positions", "check_count", "check_out", "check_position", "check_rank", "check_seed", "positions_and_out"]
 
 
 def check_count(value: Any, name: str, *, minimum: int = 0, maximum: int = 2**63 - 1) -> int:
@@ -88,3 +89,35 @@ def check_out(out: Any, count: int, name: str = "out") -> np.ndarray:
     if out.size != count:
         raise ConfigError(f"{name} holds {out.size} elements, expected {count}", field=name)
     return out
+
+
+def positions_and_out(positions: Any, out: Any, name: str = "positions") -> tuple[np.ndarray, np.ndarray]:
+    """``(flat int64 positions, output array)`` for a bulk call: ``out`` is checked when
+    given, else a new ``int64`` array shaped like ``positions``.
+
+    Raises:
+        ConfigError: non-integer positions or an unfit ``out``.
+        IndexError: an unsigned position above ``2**63 - 1``.
+    """
+    shape = np.shape(positions)
+    pos = as_positions(positions, name)
+    if out is None:
+        return pos, np.empty(shape, dtype=np.int64)
+    return pos, check_out(out, pos.size)
+
+
+def check_position(i: Any, n: int, name: str = "position") -> int:
+    """A scalar position in ``[0, n)``.
+
+    Raises:
+        IndexError: not an integer (``bool`` and floats included) or out of range.
+    """
+    if isinstance(i, bool):
+        raise IndexError(f"{name} must be an integer, got {i!r}")
+    try:
+        v = operator.index(i)
+    except TypeError:
+        raise IndexError(f"{name} must be an integer, got {type(i).__name__}") from None
+    if v < 0 or v >= n:
+        raise IndexError(f"{name} {v} is out of range [0, {n})")
+    return v

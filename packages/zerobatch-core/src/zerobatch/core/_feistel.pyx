@@ -14,11 +14,9 @@
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
-import operator
-
 import numpy as np
 
-from zerobatch.core._checks import as_positions, check_count, check_out, check_seed
+from zerobatch.core._checks import check_count, check_out, check_position, check_seed, positions_and_out
 from zerobatch.formats.errors import ConfigError
 
 cdef extern from "_feistel.h" nogil:
@@ -142,16 +140,10 @@ cdef class FeistelPermutation:
         self._ready()
         return self.f.n
 
-    cdef uint64_t _position(self, object i, str name) except? 0:
-        if isinstance(i, bool):
-            raise IndexError(f"{name} must be an integer, got {i!r}")
-        try:
-            v = operator.index(i)
-        except TypeError:
-            raise IndexError(f"{name} must be an integer, got {type(i).__name__}") from None
-        if v < 0 or v >= self.f.n:
-            raise IndexError(f"{name} {v} is out of range [0, {self.f.n})")
-        return <uint64_t>v
+    cdef inline uint64_t _position(self, object i, str name) except? 0:
+        if type(i) is int and 0 <= i < self.f.n:       # the common case, no call
+            return <uint64_t>i
+        return check_position(i, self.f.n, name)
 
     def __getitem__(self, i):
         """``p[i]``, or ``p[start:stop:step]`` as an ``int64`` array."""
@@ -236,13 +228,9 @@ cdef class FeistelPermutation:
             ConfigError: non-integer positions or an unfit ``out``.
         """
         self._ready()
-        shape = np.shape(positions)
-        cdef const int64_t[::1] pos = as_positions(positions)
+        flat, out = positions_and_out(positions, out)
+        cdef const int64_t[::1] pos = flat
         cdef uint64_t count = pos.shape[0]
-        if out is None:
-            out = np.empty(shape, dtype=np.int64)
-        else:
-            check_out(out, count)
         if count == 0:
             return out
         cdef int64_t[::1] dst = out.reshape(-1)
@@ -317,13 +305,9 @@ def random_draws(seed, counters, n, out=None):
     """
     cdef uint64_t s = check_seed(seed)
     cdef uint64_t nn = check_count(n, "n", minimum=1)
-    shape = np.shape(counters)
-    cdef const int64_t[::1] ctr = as_positions(counters, "counters")
+    flat, out = positions_and_out(counters, out, "counters")
+    cdef const int64_t[::1] ctr = flat
     cdef uint64_t count = ctr.shape[0]
-    if out is None:
-        out = np.empty(shape, dtype=np.int64)
-    else:
-        check_out(out, count)
     if count == 0:
         return out
     if np.min(ctr) < 0:

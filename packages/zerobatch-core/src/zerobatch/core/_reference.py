@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.core._checks import as_positions, check_count, check_out, check_seed
+from zerobatch.core._checks import check_count, check_out, check_position, check_seed, positions_and_out
 from zerobatch.core._header_common import (
     FIELD_NAMES,
     check_uint,
@@ -747,17 +747,6 @@ class FeistelPermutation:
             m = self._fe_inv(m)
         return m
 
-    def _position(self, i: Any, name: str) -> int:
-        if isinstance(i, bool):
-            raise IndexError(f"{name} must be an integer, got {i!r}")
-        try:
-            v = operator.index(i)
-        except TypeError:
-            raise IndexError(f"{name} must be an integer, got {type(i).__name__}") from None
-        if v < 0 or v >= self.n:
-            raise IndexError(f"{name} {v} is out of range [0, {self.n})")
-        return v
-
     def __len__(self) -> int:
         return self.n
 
@@ -765,10 +754,10 @@ class FeistelPermutation:
         if isinstance(i, slice):
             start, stop, step = i.indices(self.n)
             return self.take(np.arange(start, stop, step, dtype=np.int64))
-        return self._encrypt(self._position(i, "position"))
+        return self._encrypt(check_position(i, self.n, "position"))
 
     def inverse(self, j: Any) -> int:
-        return self._decrypt(self._position(j, "value"))
+        return self._decrypt(check_position(j, self.n, "value"))
 
     def range(self, start: Any, stop: Any, *, inverse: bool = False) -> np.ndarray:
         start = check_count(start, "start")
@@ -791,12 +780,7 @@ class FeistelPermutation:
         return out
 
     def take(self, positions: Any, out: Any = None, *, inverse: bool = False) -> np.ndarray:
-        shape = np.shape(positions)
-        pos = as_positions(positions)
-        if out is None:
-            out = np.empty(shape, dtype=np.int64)
-        else:
-            check_out(out, pos.size)
+        pos, out = positions_and_out(positions, out)
         if pos.size and (pos.min() < 0 or pos.max() >= self.n):
             what = "value" if inverse else "position"
             raise IndexError(f"a {what} is outside [0, {self.n})")
@@ -839,12 +823,7 @@ def random_draws(seed: Any, counters: Any, n: Any, out: Any = None) -> np.ndarra
     """Twin of :func:`zerobatch.core._feistel.random_draws`."""
     s = check_seed(seed)
     nn = check_count(n, "n", minimum=1)
-    shape = np.shape(counters)
-    ctr = as_positions(counters, "counters")
-    if out is None:
-        out = np.empty(shape, dtype=np.int64)
-    else:
-        check_out(out, ctr.size)
+    ctr, out = positions_and_out(counters, out, "counters")
     if ctr.size and ctr.min() < 0:
         raise IndexError("counters: a draw counter is negative")
     k0, k1 = speck_expand(s, _DOMAIN_DRAW_HI), speck_expand(s, _DOMAIN_DRAW_LO)

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from zerobatch.core import FeistelPermutation, epoch_seed, random_draws
-from zerobatch.core._checks import as_positions, check_count, check_out, check_seed
+from zerobatch.core._checks import check_count, check_seed, positions_and_out
 
 __all__ = [
     "GlobalRandomOrder",
@@ -76,12 +76,7 @@ class IndexOrder:
             ConfigError: a bad epoch or ``out``.
         """
         epoch = check_count(epoch, "epoch")
-        shape = np.shape(positions)
-        pos = as_positions(positions)
-        if out is None:
-            out = np.empty(shape, dtype=np.int64)
-        else:
-            check_out(out, pos.size)
+        pos, out = positions_and_out(positions, out)
         self._items(epoch, pos, out.reshape(-1))
         return out
 
