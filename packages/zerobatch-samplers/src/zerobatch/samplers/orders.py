@@ -26,6 +26,7 @@ Streams never end (``epoch_length is None``; the epoch is always 0):
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from typing import Any, ClassVar
 
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 
-class IndexOrder:
+class IndexOrder(ABC):
     """Base of the index orders (see the module documentation).
 
     Subclasses set :attr:`kind`, :attr:`num_items`, :attr:`seed` and implement
@@ -80,9 +81,9 @@ class IndexOrder:
         self._items(epoch, pos, out.reshape(-1))
         return out
 
+    @abstractmethod
     def _items(self, epoch: int, positions: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Fill the flat ``out`` with the items at the flat ``int64`` ``positions``."""
-        raise NotImplementedError
 
     def _check_range(self, positions: np.ndarray) -> None:
         if positions.size:
