@@ -135,6 +135,21 @@ def test_seek_equals_stepping(kind, world_size):
         assert view.tolist() == stepped[3]
 
 
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_seek_then_iterate_equals_stepping_then_iterating(kind):
+    for k in range(0, 9):
+        stepped = IndexSampler(make_order(kind, 100), 12, rank=1, world_size=2)
+        it = iter(stepped)
+        for _ in range(min(k, 5 if kind in EPOCH_KINDS else k)):
+            next(it)
+        sought = IndexSampler(make_order(kind, 100), 12, rank=1, world_size=2)
+        sought.seek(min(k, 5) if kind in EPOCH_KINDS else k)
+        assert sought.state_dict() == stepped.state_dict()
+        assert batches(sought, 3) == batches(stepped, 3)
+    with pytest.raises(IndexError):
+        IndexSampler(SequentialOrder(100), 12).seek(10)
+
+
 def test_batches_into_a_callers_buffer():
     s = IndexSampler(SequentialOrder(10), 4)
     buf = np.empty(4, dtype=np.int64)

@@ -244,6 +244,22 @@ class IndexSampler:
             self._consumed = 0
             self._completed = False
 
+    def seek(self, step: int) -> None:
+        """Move to ``step`` of the current epoch in O(1): the next batch delivered is
+        ``batch(step)``, exactly as if ``step`` batches had been consumed (on every rank).
+
+        Raises:
+            IndexError: ``step`` beyond the end of the epoch.
+        """
+        step = check_count(step, "step")
+        steps = self.steps_per_epoch
+        if steps is not None and step > steps:
+            raise IndexError(f"step {step} is beyond the epoch's {steps} steps")
+        total = self.epoch_positions
+        consumed = step * self.global_batch_size
+        self._consumed = consumed if total is None else min(consumed, total)
+        self._completed = False
+
     def batches(self, out: np.ndarray | None = None) -> Iterator[np.ndarray]:
         """Yield the rest of the current epoch's batches (forever for an endless stream).
 
