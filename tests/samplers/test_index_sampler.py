@@ -358,3 +358,16 @@ def test_rank_from_the_environment(monkeypatch):
     s = IndexSampler(SequentialOrder(16), 2)
     assert (s.rank, s.world_size, s.global_batch_size) == (2, 4, 8)
     assert batches(s) == [[2, 6], [10, 14]]
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_samplers_pickle_with_their_position(kind):
+    import pickle
+
+    s = IndexSampler(make_order(kind, 100), 6, rank=1, world_size=2, tail="keep")
+    it = iter(s)
+    next(it)
+    next(it)
+    clone = pickle.loads(pickle.dumps(s))
+    assert clone.state_dict() == s.state_dict()
+    assert batches(clone, 4) == batches(s, 4)
