@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.core._checks import check_count, check_out, check_position, check_seed, positions_and_out
+from zerobatch.core._checks import as_positions, check_count, check_out, check_position, check_seed, positions_and_out
 from zerobatch.core._header_common import (
     FIELD_NAMES,
     check_uint,
@@ -29,10 +29,11 @@ from zerobatch.core._header_common import (
 )
 from zerobatch.core._status import raise_for_status
 from zerobatch.formats import llmbatch as L
-from zerobatch.formats.errors import ConfigError, IntegrityError
+from zerobatch.formats.errors import ConfigError, CorruptError, IntegrityError
 
 __all__ = [
     "FeistelPermutation",
+    "gather_windows",
     "epoch_seed",
     "random_draws",
     "LLMBatchSlots",
@@ -832,4 +833,52 @@ def random_draws(seed: Any, counters: Any, n: Any, out: Any = None) -> np.ndarra
         x = (speck_encrypt(k0, c) << 64) | speck_encrypt(k1, c)
         vals.append((x * nn) >> 128)
     out.reshape(-1)[:] = vals
+    return out
+
+
+def gather_windows(bases: Any, cum: Any, itemsize: int, token_size: int, vocab: int, starts: Any,
+                   length: Any, out: Any, paths: Any = None) -> np.ndarray:
+    """Twin of :func:`zerobatch.core._tokstream.gather_windows`; ``bases`` may also be a list
+    of the shards' record buffers (NumPy arrays or bytes-like) instead of addresses."""
+    import ctypes
+
+    c = np.ascontiguousarray(cum, dtype=np.int64)
+    ns = len(bases)
+    if c.shape[0] != ns + 1 or ns < 1 or c[0] != 0 or (np.diff(c) < 0).any():
+        raise ConfigError("cum must hold len(bases) + 1 non-decreasing cumulative counts from 0", field="cum")
+    if itemsize not in (2, 4, 6, 8) or token_size not in (2, 4) or token_size > itemsize:
+        raise ConfigError(f"itemsize {itemsize} / token_size {token_size} is not a record layout", field="itemsize")
+    L = check_count(length, "length")
+    st = as_positions(starts, "starts")
+    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable \
+            or out.dtype not in (np.int64, np.int32) or out.size != st.size * L:
+        raise ConfigError(f"out must be a writable C-contiguous int64 or int32 array of {st.size * L} elements",
+                          field="out")
+    total = int(c[-1])
+    if st.size and (st.min() < 0 or st.max() > total - L):
+        raise IndexError(f"a window of {L} tokens falls outside [0, {total})")
+    if out.dtype == np.int32 and vocab > 2**31:
+        raise ConfigError("out: int32 cannot hold every id of this vocabulary", field="out")
+    rec = np.dtype([("token", f"<u{token_size}"), ("rest", f"V{itemsize - token_size}")]) \
+        if itemsize > token_size else np.dtype(f"<u{token_size}")
+    shards = []
+    for s, base in enumerate(bases):
+        n = int(c[s + 1] - c[s])
+        if isinstance(base, (int, np.integer)):
+            raw = (ctypes.c_uint8 * (n * itemsize)).from_address(int(base)) if n else b""
+            arr = np.frombuffer(raw, dtype=rec, count=n)
+        else:
+            arr = np.frombuffer(base, dtype=rec, count=n)
+        shards.append(arr["token"] if itemsize > token_size else arr)
+    tokens = np.concatenate(shards) if shards else np.zeros(0, np.uint32)
+    flat = out.reshape(-1)
+    for w, pos in enumerate(st.tolist()):
+        win = tokens[pos:pos + L]
+        if win.size and int(win.max()) >= vocab:
+            bad = pos + int(np.argmax(win >= vocab))
+            shard = int(np.searchsorted(c, bad, side="right") - 1)
+            raise CorruptError(f"token: the id at global position {bad} (record {bad - int(c[shard])} of shard "
+                               f"{shard}) is not below the vocabulary size {vocab}",
+                               path=None if paths is None else paths[shard], field="token")
+        flat[w * L:(w + 1) * L] = win
     return out

@@ -1,0 +1,392 @@
+"""TOKSTREAM: sharded token streams with documents and per-token metadata.
+
+The single source of truth for the layout in ``docs/formats/tokstream.md``: file names,
+the trailer every file ends with, the dtypes, limits, and the manifest (``manifest.json``
+for the dataset, ``shard.json`` per shard) with its strict parser. Pure Python; the readers
+and writers build on it.
+
+A dataset is a folder::
+
+    manifest.json                 the dataset: dtypes, counts, the shards in order
+    <shard>/shard.json            one shard's own record (the same entry as in the manifest)
+    <shard>/tokens.bin            N records: token (u16 or u32) [+ metadata_id u32], packed
+    <shard>/documents.index       D + 1 u64: token offset of each document start, then N
+    <shard>/metadata.index        M + 1 u64: byte offset of each metadata blob, then its size
+    <shard>/metadata.bin          the serialized metadata blobs, back to back
+
+Every data file ends with a 32-byte trailer (magic, the shard's build id, the file kind), so
+its payload starts at byte 0 (``np.memmap`` reads it as written) and a file from another
+build is refused at open after one small read. All integers are little-endian.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import struct
+from typing import Any
+
+from zerobatch.formats.errors import CorruptError, FormatError, LimitExceededError, UnsupportedVersionError
+
+__all__ = [
+    "CODECS",
+    "CHECKSUM_CHUNK",
+    "FILE_KINDS",
+    "FORMAT_NAME",
+    "MANIFEST_NAME",
+    "MAX_MANIFEST_BYTES",
+    "MAX_METADATA_PER_SHARD",
+    "MAX_SHARDS",
+    "NO_METADATA",
+    "SHARD_MANIFEST_NAME",
+    "TRAILER_MAGIC",
+    "TRAILER_SIZE",
+    "TRAILER_STRUCT",
+    "VERSION",
+    "DatasetManifest",
+    "FileEntry",
+    "ShardEntry",
+    "pack_trailer",
+    "parse_manifest",
+    "parse_shard_manifest",
+    "record_dtype_descr",
+    "record_itemsize",
+    "token_dtype_for_vocab",
+    "unpack_trailer",
+]
+
+#: ``format`` field of every manifest.
+FORMAT_NAME = "zerobatch-tokstream"
+#: The format version this release writes and reads.
+VERSION = 1
+MANIFEST_NAME = "manifest.json"
+SHARD_MANIFEST_NAME = "shard.json"
+#: Data files of a shard and their kind codes in the trailer.
+FILE_KINDS = {"tokens.bin": 1, "documents.index": 2, "metadata.index": 3, "metadata.bin": 4}
+#: Trailer: magic, shard build id (16 bytes), file kind (u32), reserved (u32, zero).
+TRAILER_STRUCT = "<8s16sII"
+TRAILER_SIZE = struct.calcsize(TRAILER_STRUCT)
+TRAILER_MAGIC = b"ZBTSTRL1"
+#: ``metadata_id`` of a token no metadata span covers.
+NO_METADATA = 0xFFFFFFFF
+#: Metadata blobs per shard: ids are shard-local u32, NO_METADATA reserved.
+MAX_METADATA_PER_SHARD = NO_METADATA - 1
+#: Shards per dataset (the manifest is read whole at open).
+MAX_SHARDS = 1 << 20
+#: Largest manifest accepted (about 300 bytes per shard).
+MAX_MANIFEST_BYTES = 1 << 30
+#: File checksums are XXH3-64 over the XXH3-64 digests of consecutive chunks of this size.
+CHECKSUM_CHUNK = 1 << 24
+#: Metadata serializers a writer may record; a reader needs the same one to decode.
+CODECS = ("json", "numpy", "bytes", "pickle")
+
+_HEX128 = re.compile(r"^[0-9a-f]{32}$")
+_HEX64 = re.compile(r"^[0-9a-f]{16}$")
+_SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_U64 = 2**64 - 1
+_I63 = 2**63 - 1
+
+
+def token_dtype_for_vocab(vocab_size: int) -> str:
+    """``"uint16"`` for vocabularies up to 65536 ids, else ``"uint32"`` (up to 2**32)."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 1 <= vocab_size <= 2**32:
+        raise LimitExceededError(f"vocab_size must be an integer in [1, 2**32], got {vocab_size!r}",
+                                 field="vocab_size")
+    return "uint16" if vocab_size <= 2**16 else "uint32"
+
+
+def record_dtype_descr(token_dtype: str, metadata: bool) -> list[tuple[str, str]] | str:
+    """The NumPy dtype description of one ``tokens.bin`` record (packed, little-endian)."""
+    code = {"uint16": "<u2", "uint32": "<u4"}[token_dtype]
+    return [("token", code), ("metadata_id", "<u4")] if metadata else code
+
+
+def pack_trailer(build_id: bytes, kind: int) -> bytes:
+    """The 32-byte trailer of a shard file of ``kind`` (see :data:`FILE_KINDS`)."""
+    return struct.pack(TRAILER_STRUCT, TRAILER_MAGIC, build_id, kind, 0)
+
+
+def unpack_trailer(raw: bytes, *, path: Any = None) -> tuple[bytes, int]:
+    """``(build_id, kind)`` of a trailer.
+
+    Raises:
+        CorruptError: wrong magic or non-zero reserved bytes.
+    """
+    if len(raw) != TRAILER_SIZE:
+        raise CorruptError(f"trailer: {len(raw)} bytes, expected {TRAILER_SIZE}", path=path, field="trailer")
+    magic, build_id, kind, reserved = struct.unpack(TRAILER_STRUCT, raw)
+    if magic != TRAILER_MAGIC:
+        raise CorruptError(f"trailer: magic {magic!r} is not {TRAILER_MAGIC!r} (not a zerobatch "
+                           "tokstream file, or truncated)", path=path, field="trailer")
+    if reserved:
+        raise CorruptError("trailer: reserved bytes are not zero", path=path, field="trailer")
+    return build_id, kind
+
+
+# ---------------------------------------------------------------------------------------
+# manifests
+
+
+@dataclasses.dataclass(frozen=True)
+class FileEntry:
+    """One data file of a shard: payload size (without the trailer) and checksum."""
+
+    size: int
+    xxh3: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"size": self.size, "xxh3": self.xxh3}
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardEntry:
+    """One shard: where it is, what it holds, and its files."""
+
+    name: str
+    build_id: str
+    num_tokens: int
+    num_documents: int
+    num_metadata: int
+    files: dict[str, FileEntry]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "build_id": self.build_id,
+            "num_tokens": self.num_tokens,
+            "num_documents": self.num_documents,
+            "num_metadata": self.num_metadata,
+            "files": {k: v.to_dict() for k, v in sorted(self.files.items())},
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetManifest:
+    """The dataset: its dtypes and options, and its shards in reading order."""
+
+    token_dtype: str
+    vocab_size: int
+    metadata: bool
+    eod_token: int | None
+    codec: str | None
+    build_id: str
+    shards: tuple[ShardEntry, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.shards)
+
+    @property
+    def num_documents(self) -> int:
+        return sum(s.num_documents for s in self.shards)
+
+    def options(self) -> dict[str, Any]:
+        """The dataset-wide fields every shard must share."""
+        return {"token_dtype": self.token_dtype, "vocab_size": self.vocab_size,
+                "metadata": self.metadata, "eod_token": self.eod_token, "codec": self.codec}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "version": VERSION,
+            **self.options(),
+            "build_id": self.build_id,
+            "num_tokens": self.num_tokens,
+            "num_documents": self.num_documents,
+            "shards": [s.to_dict() for s in self.shards],
+        }
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise CorruptError(f"{k}: duplicate key", field=k)
+        out[k] = v
+    return out
+
+
+def _no_constants(name: str) -> Any:
+    raise CorruptError(f"{name} is not valid JSON", field="manifest")
+
+
+def _load_json(raw: bytes, path: Any) -> dict[str, Any]:
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise LimitExceededError(f"manifest: {len(raw)} bytes exceeds {MAX_MANIFEST_BYTES}", path=path,
+                                 field="manifest")
+    try:
+        value = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates,
+                           parse_constant=_no_constants)
+    except CorruptError as exc:
+        raise CorruptError(str(exc), path=path, field=exc.field) from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CorruptError(f"manifest: not valid JSON ({exc})", path=path, field="manifest") from None
+    if not isinstance(value, dict):
+        raise CorruptError("manifest: expected a JSON object", path=path, field="manifest")
+    return value
+
+
+class _Fields:
+    """Typed access to a JSON object's fields; every error names the file and the field."""
+
+    def __init__(self, d: dict[str, Any], path: Any, prefix: str = "") -> None:
+        self.d, self.path, self.prefix = d, path, prefix
+
+    def _fail(self, name: str, msg: str) -> FormatError:
+        field = self.prefix + name
+        return CorruptError(f"{field}: {msg}", path=self.path, field=field)
+
+    def get(self, name: str) -> Any:
+        if name not in self.d:
+            raise self._fail(name, "missing")
+        return self.d[name]
+
+    def int(self, name: str, lo: int = 0, hi: int = _I63, *, optional: bool = False) -> int | None:
+        if optional and self.d.get(name) is None:
+            return None
+        v = self.get(name)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self._fail(name, f"must be an integer, got {v!r}")
+        if not lo <= v <= hi:
+            raise self._fail(name, f"must be between {lo} and {hi}, got {v}")
+        return v
+
+    def str(self, name: str, pattern: re.Pattern[str] | None = None, choices: tuple[str, ...] | None = None,
+            *, optional: bool = False) -> str | None:
+        if optional and self.d.get(name) is None:
+            return None
+        v = self.get(name)
+        if not isinstance(v, str) or (pattern is not None and not pattern.match(v)) \
+                or (choices is not None and v not in choices):
+            raise self._fail(name, f"invalid value {v!r}")
+        return v
+
+    def bool(self, name: str) -> bool:
+        v = self.get(name)
+        if not isinstance(v, bool):
+            raise self._fail(name, f"must be true or false, got {v!r}")
+        return v
+
+    def dict(self, name: str) -> dict[str, Any]:
+        v = self.get(name)
+        if not isinstance(v, dict):
+            raise self._fail(name, f"must be an object, got {type(v).__name__}")
+        return v
+
+    def list(self, name: str) -> list[Any]:
+        v = self.get(name)
+        if not isinstance(v, list):
+            raise self._fail(name, f"must be a list, got {type(v).__name__}")
+        return v
+
+
+def _check_header(f: _Fields) -> None:
+    fmt = f.get("format")
+    if fmt != FORMAT_NAME:
+        raise CorruptError(f"format: {fmt!r} is not {FORMAT_NAME!r}", path=f.path, field="format")
+    version = f.get("version")
+    if isinstance(version, bool) or version != VERSION:
+        raise UnsupportedVersionError(f"version: {version!r} is not supported (this release reads "
+                                      f"{VERSION})", path=f.path, field="version")
+
+
+def _options(f: _Fields) -> dict[str, Any]:
+    token_dtype = f.str("token_dtype", choices=("uint16", "uint32"))
+    vocab = f.int("vocab_size", 1, 2**32)
+    if token_dtype != token_dtype_for_vocab(vocab):
+        raise CorruptError(f"token_dtype: {token_dtype} does not match vocab_size {vocab}", path=f.path,
+                           field="token_dtype")
+    metadata = f.bool("metadata")
+    eod = f.int("eod_token", 0, vocab - 1, optional=True)
+    codec = f.str("codec", choices=CODECS, optional=True)
+    if metadata and codec is None:
+        raise CorruptError("codec: a dataset with metadata names its codec", path=f.path, field="codec")
+    return {"token_dtype": token_dtype, "vocab_size": vocab, "metadata": metadata, "eod_token": eod,
+            "codec": codec}
+
+
+def record_itemsize(token_dtype: str, metadata: bool) -> int:
+    """Bytes per ``tokens.bin`` record: 2 or 4 for the token, plus 4 for a metadata id."""
+    return (2 if token_dtype == "uint16" else 4) + (4 if metadata else 0)
+
+
+def _shard(d: Any, path: Any, prefix: str, metadata: bool, itemsize: int) -> ShardEntry:
+    if not isinstance(d, dict):
+        raise CorruptError(f"{prefix}: must be an object", path=path, field=prefix.rstrip("."))
+    f = _Fields(d, path, prefix)
+    name = f.str("name", _SHARD_NAME)
+    build_id = f.str("build_id", _HEX128)
+    num_tokens = f.int("num_tokens")
+    num_documents = f.int("num_documents", 0, num_tokens)
+    num_metadata = f.int("num_metadata", 0, MAX_METADATA_PER_SHARD if metadata else 0)
+    raw_files = f.dict("files")
+    wanted = {"tokens.bin", "documents.index"} | ({"metadata.index", "metadata.bin"} if metadata else set())
+    if set(raw_files) != wanted:
+        extra = sorted(set(raw_files) ^ wanted)
+        raise CorruptError(f"{prefix}files: expected {sorted(wanted)}, differs in {extra}", path=path,
+                           field=f"{prefix}files")
+    files = {}
+    for fname, fd in raw_files.items():
+        if not isinstance(fd, dict):
+            raise CorruptError(f"{prefix}files.{fname}: must be an object", path=path, field=f"{prefix}files.{fname}")
+        ff = _Fields(fd, path, f"{prefix}files.{fname}.")
+        files[fname] = FileEntry(ff.int("size"), ff.str("xxh3", _HEX64))
+    expected = {"tokens.bin": num_tokens * itemsize, "documents.index": (num_documents + 1) * 8}
+    if metadata:
+        expected["metadata.index"] = (num_metadata + 1) * 8
+    for fname, size in expected.items():
+        if files[fname].size != size:
+            raise CorruptError(f"{prefix}files.{fname}.size: {files[fname].size} bytes does not match the "
+                               f"shard's counts ({size} expected)", path=path, field=f"{prefix}files.{fname}.size")
+    return ShardEntry(name, build_id, num_tokens, num_documents, num_metadata, files)
+
+
+def parse_shard_manifest(raw: bytes, *, path: Any = None) -> tuple[dict[str, Any], ShardEntry]:
+    """``(dataset options, shard entry)`` from a ``shard.json``.
+
+    Raises:
+        CorruptError, UnsupportedVersionError, LimitExceededError: naming the field.
+    """
+    d = _load_json(raw, path)
+    f = _Fields(d, path)
+    _check_header(f)
+    options = _options(f)
+    itemsize = record_itemsize(options["token_dtype"], options["metadata"])
+    return options, _shard(f.dict("shard"), path, "shard.", options["metadata"], itemsize)
+
+
+def parse_manifest(raw: bytes, *, path: Any = None) -> DatasetManifest:
+    """The dataset manifest, every field type- and range-checked.
+
+    Raises:
+        CorruptError: a field missing, of the wrong type or out of range, totals that do not
+            add up, duplicate shard names.
+        UnsupportedVersionError: another format version.
+        LimitExceededError: too many shards or a manifest too large.
+    """
+    d = _load_json(raw, path)
+    f = _Fields(d, path)
+    _check_header(f)
+    options = _options(f)
+    build_id = f.str("build_id", _HEX128)
+    raw_shards = f.list("shards")
+    if len(raw_shards) > MAX_SHARDS:
+        raise LimitExceededError(f"shards: {len(raw_shards)} exceeds {MAX_SHARDS}", path=path, field="shards")
+    itemsize = record_itemsize(options["token_dtype"], options["metadata"])
+    shards = tuple(_shard(s, path, f"shards[{i}].", options["metadata"], itemsize)
+                   for i, s in enumerate(raw_shards))
+    names = [s.name for s in shards]
+    if len(set(names)) != len(names):
+        raise CorruptError("shards: duplicate shard names", path=path, field="shards")
+    total_tokens = sum(s.num_tokens for s in shards)
+    if total_tokens > _I63:
+        raise LimitExceededError(f"num_tokens: {total_tokens} exceeds 2**63 - 1", path=path, field="num_tokens")
+    m = DatasetManifest(shards=shards, build_id=build_id, **options)
+    if f.int("num_tokens") != m.num_tokens:
+        raise CorruptError(f"num_tokens: {d['num_tokens']} is not the shards' sum {m.num_tokens}", path=path,
+                           field="num_tokens")
+    if f.int("num_documents") != m.num_documents:
+        raise CorruptError(f"num_documents: {d['num_documents']} is not the shards' sum {m.num_documents}",
+                           path=path, field="num_documents")
+    return m

@@ -1,0 +1,291 @@
+"""Read TOKSTREAM datasets (``docs/formats/tokstream.md``): token windows across shards,
+whole documents, validated at open.
+
+:class:`TokenStreamReader` opens ``manifest.json`` and every shard file it names, and refuses
+at open, with a typed error naming the file and the field: a missing or extra file, a file
+whose size disagrees with the manifest, a file from another build (its trailer's build id),
+a document index that does not start at 0, end at the token count or increase, and a
+metadata index that does not start at 0 or end at the size of ``metadata.bin``. Token files
+are memory-mapped read-only; windows are gathered by a compiled kernel with the GIL released,
+which also refuses token ids at or above the vocabulary on first use.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+import numpy as np
+
+from zerobatch.core import gather_windows
+from zerobatch.core._checks import check_count
+from zerobatch.core.io import open_regular_file, pread_exact
+from zerobatch.formats import tokstream as T
+from zerobatch.formats.errors import ConfigError, CorruptError, NotFoundError, TruncatedError
+
+__all__ = ["TokenStreamReader"]
+
+#: Index files up to this size are validated in full at open (monotonic offsets); larger
+#: ones are checked at their ends at open and in full by :meth:`TokenStreamReader.verify`.
+FULL_INDEX_CHECK_BYTES = 64 << 20
+
+
+class _Shard:
+    """One shard's open files: the token mapping and the two index arrays."""
+
+    def __init__(self, folder: str, entry: T.ShardEntry, manifest: T.DatasetManifest) -> None:
+        self.entry = entry
+        self.path = os.path.join(folder, entry.name)
+        self.build_id = bytes.fromhex(entry.build_id)
+        self._maps: list[mmap.mmap] = []
+        self._fds: list[int] = []
+        try:
+            self._open(manifest)
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_listing(self) -> None:
+        try:
+            present = set(os.listdir(self.path))
+        except FileNotFoundError:
+            raise NotFoundError(f"shard {self.entry.name!r}: the folder is missing", path=self.path,
+                                field="shards") from None
+        expected = set(self.entry.files) | {T.SHARD_MANIFEST_NAME}
+        missing = sorted(set(self.entry.files) - present)
+        if missing:
+            raise NotFoundError(f"{missing[0]}: missing from shard {self.entry.name!r}",
+                                path=os.path.join(self.path, missing[0]), field="files")
+        extra = sorted(f for f in present - expected if not f.startswith("."))
+        if extra:
+            raise CorruptError(f"{extra[0]}: a file the manifest does not list in shard {self.entry.name!r}",
+                               path=os.path.join(self.path, extra[0]), field="files")
+
+    def _open_file(self, fname: str) -> tuple[int, int, str]:
+        path = os.path.join(self.path, fname)
+        fd, st = open_regular_file(path)
+        self._fds.append(fd)
+        want = self.entry.files[fname].size + T.TRAILER_SIZE
+        if st.st_size < want:
+            raise TruncatedError(f"size: {st.st_size} bytes, the manifest says {want} (payload and trailer)",
+                                 path=path, field="size")
+        if st.st_size > want:
+            raise CorruptError(f"size: {st.st_size} bytes, the manifest says {want} (payload and trailer)",
+                               path=path, field="size")
+        build_id, kind = T.unpack_trailer(pread_exact(fd, T.TRAILER_SIZE, want - T.TRAILER_SIZE, path=path,
+                                                      field="trailer"), path=path)
+        if build_id != self.build_id:
+            raise CorruptError(f"build_id: the file belongs to build {build_id.hex()}, the shard to "
+                               f"{self.entry.build_id}", path=path, field="build_id")
+        if kind != T.FILE_KINDS[fname]:
+            raise CorruptError(f"trailer: file kind {kind} is not {fname}'s", path=path, field="trailer")
+        return fd, want - T.TRAILER_SIZE, path
+
+    def _map(self, fd: int, size: int) -> memoryview:
+        if size == 0:
+            return memoryview(b"")
+        m = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        self._maps.append(m)
+        return memoryview(m)
+
+    def _index(self, fname: str, count: int, end: int, end_name: str) -> np.ndarray:
+        fd, size, path = self._open_file(fname)
+        idx = np.frombuffer(self._map(fd, size), dtype="<u8", count=count + 1)
+        if idx[0] != 0:
+            raise CorruptError(f"{fname}[0]: {int(idx[0])}, expected 0", path=path, field=fname)
+        if int(idx[-1]) != end:
+            raise CorruptError(f"{fname}[{count}]: {int(idx[-1])}, expected {end_name} {end}", path=path,
+                               field=fname)
+        if size <= FULL_INDEX_CHECK_BYTES:
+            self._check_monotonic(idx, fname, path)
+        return idx
+
+    def _check_monotonic(self, idx: np.ndarray, fname: str, path: str) -> None:
+        strict = fname == "documents.index"
+        steps = np.diff(idx.astype(np.int64, copy=False)) if idx.size > 1 else np.zeros(0, np.int64)
+        bad = np.flatnonzero(steps <= 0) if strict else np.flatnonzero(idx[1:] < idx[:-1])
+        if bad.size:
+            k = int(bad[0]) + 1
+            raise CorruptError(f"{fname}[{k}]: {int(idx[k])} does not {'increase' if strict else 'grow'} "
+                               f"from {int(idx[k - 1])}", path=path, field=fname)
+
+    def _open(self, manifest: T.DatasetManifest) -> None:
+        self._check_listing()
+        e = self.entry
+        fd, size, _ = self._open_file("tokens.bin")
+        self.tokens = self._map(fd, size)
+        self.records = np.frombuffer(self.tokens, dtype=np.dtype(T.record_dtype_descr(
+            manifest.token_dtype, manifest.metadata)), count=e.num_tokens)
+        self.address = self.records.ctypes.data if size else 0
+        self.documents = self._index("documents.index", e.num_documents, e.num_tokens, "num_tokens")
+        self.metadata_index = None
+        if manifest.metadata:
+            _, bin_size, _ = self._open_file("metadata.bin")
+            self.metadata_index = self._index("metadata.index", e.num_metadata, bin_size, "the size of metadata.bin")
+
+    def verify_indexes(self) -> None:
+        self._check_monotonic(self.documents, "documents.index", os.path.join(self.path, "documents.index"))
+        if self.metadata_index is not None:
+            self._check_monotonic(self.metadata_index, "metadata.index", os.path.join(self.path, "metadata.index"))
+
+    def close(self) -> None:
+        self.records = None
+        self.documents = None
+        self.metadata_index = None
+        self.tokens = None
+        for m in self._maps:
+            try:
+                m.close()
+            except BufferError:
+                pass  # a caller's array still views it; it is unmapped with the last view
+        self._maps.clear()
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
+class TokenStreamReader:
+    """A TOKSTREAM dataset opened for reading: windows and documents, in global positions.
+
+    Args:
+        folder: the dataset folder (holding ``manifest.json``).
+
+    Attributes:
+        num_tokens, num_documents: totals over all shards (64-bit).
+        manifest: the parsed :class:`~zerobatch.formats.tokstream.DatasetManifest`.
+
+    Raises:
+        NotFoundError: no manifest, or a shard file missing.
+        FormatError: (``CorruptError``, ``TruncatedError``, ``UnsupportedVersionError``,
+            ``LimitExceededError``) the manifest or a shard file is damaged or inconsistent;
+            the error names the file and the field.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = os.path.abspath(os.fspath(folder))
+        path = os.path.join(self.folder, T.MANIFEST_NAME)
+        try:
+            fd, st = open_regular_file(path)
+        except FileNotFoundError:
+            raise NotFoundError("manifest.json: not found (not a tokstream dataset, or unfinished)", path=path,
+                                field="manifest") from None
+        try:
+            if st.st_size > T.MAX_MANIFEST_BYTES:
+                raise CorruptError(f"manifest: {st.st_size} bytes is too large", path=path, field="manifest")
+            raw = pread_exact(fd, st.st_size, 0, path=path, field="manifest")
+        finally:
+            os.close(fd)
+        self.manifest = T.parse_manifest(raw, path=path)
+        m = self.manifest
+        self.vocab_size = m.vocab_size
+        self.token_dtype = np.dtype(m.token_dtype)
+        self.itemsize = T.record_itemsize(m.token_dtype, m.metadata)
+        self._shards: list[_Shard] = []
+        try:
+            for entry in m.shards:
+                self._shards.append(_Shard(self.folder, entry, m))
+        except BaseException:
+            self.close()
+            raise
+        counts = [e.num_tokens for e in m.shards]
+        self.cum_tokens = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+        self.cum_documents = np.concatenate(
+            [[0], np.cumsum([e.num_documents for e in m.shards], dtype=np.int64)]).astype(np.int64)
+        self.num_tokens = int(self.cum_tokens[-1])
+        self.num_documents = int(self.cum_documents[-1])
+        self._bases = np.array([s.address for s in self._shards], dtype=np.uint64)
+        self._token_paths = [os.path.join(s.path, "tokens.bin") for s in self._shards]
+        self.closed = False
+
+    def __len__(self) -> int:
+        """Tokens in the dataset."""
+        return self.num_tokens
+
+    def _ready(self) -> None:
+        if self.closed:
+            raise ConfigError("the reader is closed", path=self.folder, field="reader")
+
+    def windows(self, starts: Any, length: int, *, out: np.ndarray | None = None,
+                dtype: Any = np.int64) -> np.ndarray:
+        """Token windows ``[start, start + length)`` at global positions, as rows of ``out``.
+
+        Windows may cross shard boundaries (each becomes several reads); the gather runs in
+        ``zerobatch.core`` with the GIL released. For next-token training ask for
+        ``seq_len + 1`` tokens and use ``w[:, :-1]`` / ``w[:, 1:]``.
+
+        Args:
+            starts: integer array-like of global token positions.
+            length: tokens per window.
+            out: a caller's C-contiguous ``int64`` or ``int32`` buffer of
+                ``(len(starts), length)``; else one is allocated with ``dtype``.
+
+        Raises:
+            IndexError: a window outside ``[0, num_tokens)``.
+            CorruptError: a token id at or above the vocabulary (field ``token``).
+            ConfigError: an unfit ``out``.
+        """
+        self._ready()
+        length = check_count(length, "length")
+        count = int(np.size(starts))
+        if out is None:
+            out = np.empty((count, length), dtype=np.dtype(dtype))
+            if out.dtype not in (np.int64, np.int32):
+                raise ConfigError(f"dtype must be int64 or int32, got {out.dtype}", field="dtype")
+        if not self._shards:
+            if count:
+                raise IndexError("the dataset holds no tokens")
+            return out
+        return gather_windows(self._bases, self.cum_tokens, self.itemsize, self.token_dtype.itemsize,
+                              self.vocab_size, starts, length, out, paths=self._token_paths)
+
+    def window(self, start: int, length: int, *, dtype: Any = np.int64) -> np.ndarray:
+        """One window (see :meth:`windows`)."""
+        return self.windows([start], length, dtype=dtype)[0]
+
+    def _locate_document(self, i: Any) -> tuple[_Shard, int]:
+        i = check_count(i, "document", maximum=2**63 - 1)
+        if i >= self.num_documents:
+            raise IndexError(f"document {i} is out of range [0, {self.num_documents})")
+        s = int(np.searchsorted(self.cum_documents, i, side="right") - 1)
+        return self._shards[s], i - int(self.cum_documents[s])
+
+    def document_span(self, i: int) -> tuple[int, int]:
+        """``(start, stop)``: global token positions of document ``i``."""
+        self._ready()
+        shard, local = self._locate_document(i)
+        k = self._shards.index(shard)
+        base = int(self.cum_tokens[k])
+        return base + int(shard.documents[local]), base + int(shard.documents[local + 1])
+
+    def document(self, i: int, *, dtype: Any = np.int64) -> np.ndarray:
+        """The tokens of document ``i`` (a new array)."""
+        start, stop = self.document_span(i)
+        return self.windows([start], stop - start, dtype=dtype)[0]
+
+    def verify_indexes(self) -> None:
+        """Check every index file in full (large ones are checked only at their ends at open).
+
+        Raises:
+            CorruptError: an index that does not increase, naming the file and the entry.
+        """
+        self._ready()
+        for s in self._shards:
+            s.verify_indexes()
+
+    def close(self) -> None:
+        """Release every file (arrays still viewing a mapping keep it alive)."""
+        for s in getattr(self, "_shards", []):
+            s.close()
+        self._shards = []
+        self.closed = True
+
+    def __enter__(self) -> TokenStreamReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"TokenStreamReader({self.folder!r}, tokens={getattr(self, 'num_tokens', '?')}, "
+                f"documents={getattr(self, 'num_documents', '?')}, shards={len(self._shards)})")

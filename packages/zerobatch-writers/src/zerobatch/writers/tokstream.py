@@ -1,0 +1,405 @@
+"""Write TOKSTREAM datasets: sharded token streams with documents and per-token metadata.
+
+- :class:`ShardWriter` writes one shard (its own folder) from documents, streaming every file
+  to disk as it goes; shards are independent, so processes can write shards of one dataset
+  in parallel, each under its own name.
+- :func:`assemble` writes ``manifest.json`` from the shards' ``shard.json`` records, without
+  touching token data.
+- :class:`TokenStreamWriter` is the one-process convenience: it rolls over to a new shard
+  every ``shard_tokens`` tokens and assembles the manifest on :meth:`~TokenStreamWriter.close`.
+
+Every file is written atomically (temporary name, ``fsync``, rename, ``fsync`` of the folder)
+and ``shard.json`` is written last, so a shard folder without ``shard.json`` is unfinished and
+``assemble`` refuses it. Layout: ``docs/formats/tokstream.md``.
+
+Metadata is serialized by the dataset's codec: ``"json"`` (default; compact, sorted keys),
+``"numpy"`` (a ``.npy`` image of an array), ``"bytes"`` (bytes-like as is), or ``"pickle"``
+(only when asked for by name: unpickling runs code).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import secrets
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from zerobatch.core import max_u32, xxh3_64
+from zerobatch.core.io import AtomicFile
+from zerobatch.formats import tokstream as T
+from zerobatch.formats.errors import ConfigError, FormatError, LimitExceededError, NotFoundError
+
+__all__ = ["ShardWriter", "TokenStreamWriter", "assemble", "serialize_metadata"]
+
+
+def serialize_metadata(obj: Any, codec: str) -> bytes:
+    """One metadata blob in ``codec`` (see the module documentation).
+
+    Raises:
+        ConfigError: the object cannot be serialized by the codec.
+    """
+    try:
+        if codec == "json":
+            return json.dumps(obj, separators=(",", ":"), sort_keys=True, allow_nan=False).encode("utf-8")
+        if codec == "numpy":
+            if not isinstance(obj, np.ndarray) or obj.dtype.hasobject:
+                raise TypeError(f"expected a numpy array without objects, got {type(obj).__name__}")
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, np.ascontiguousarray(obj), allow_pickle=False)
+            return buf.getvalue()
+        if codec == "bytes":
+            return bytes(memoryview(obj).cast("B"))
+        if codec == "pickle":
+            return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"metadata: cannot serialize with codec {codec!r}: {exc}", field="metadata") from exc
+    raise ConfigError(f"codec must be one of {T.CODECS}, got {codec!r}", field="codec")
+
+
+class _HashedFile:
+    """An atomic file whose payload is checksummed (chunked XXH3) as it is written, and which
+    ends with the shard trailer on commit."""
+
+    def __init__(self, path: str, build_id: bytes, kind: int) -> None:
+        self.file = AtomicFile(path)
+        self.build_id, self.kind = build_id, kind
+        self.size = 0
+        self._pending = bytearray()
+        self._digests: list[int] = []
+
+    def write(self, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        if not len(view):
+            return
+        self.file.write(view)
+        self.size += len(view)
+        self._pending += view
+        chunk = T.CHECKSUM_CHUNK
+        if len(self._pending) >= chunk:
+            whole = len(self._pending) // chunk * chunk
+            mv = memoryview(self._pending)
+            self._digests.extend(xxh3_64(mv[i:i + chunk]) for i in range(0, whole, chunk))
+            mv.release()
+            del self._pending[:whole]
+
+    def checksum(self) -> str:
+        digests = self._digests + ([xxh3_64(bytes(self._pending))] if self._pending or not self._digests else [])
+        return f"{xxh3_64(np.asarray(digests, dtype='<u8').tobytes()):016x}"
+
+    def commit(self) -> T.FileEntry:
+        entry = T.FileEntry(self.size, self.checksum())
+        self.file.write(T.pack_trailer(self.build_id, self.kind))
+        self.file.commit()
+        return entry
+
+    def abort(self) -> None:
+        self.file.abort()
+
+
+class ShardWriter:
+    """Write one shard of a TOKSTREAM dataset, document by document.
+
+    Args:
+        folder: the dataset folder (created if missing); the shard goes to ``folder/name``.
+        name: the shard's name (letters, digits, ``._-``; unique in the dataset). Shards are
+            read in the order of their names unless :func:`assemble` is given an order.
+        vocab_size: token ids must be below it; decides the token dtype (``uint16`` up to
+            65536, else ``uint32``).
+        metadata: store a ``metadata_id`` per token and the metadata blobs.
+        eod_token: the end-of-document token id, if the data has one (recorded only).
+        codec: the metadata serializer (``"json"``, ``"numpy"``, ``"bytes"``, ``"pickle"``).
+
+    Use as a context manager, or call :meth:`close` (commit) / :meth:`abort`.
+
+    Raises:
+        ConfigError, LimitExceededError: bad arguments.
+        WriteError: a write failed (``errno`` kept); nothing is left under the final names.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], name: str, *, vocab_size: int, metadata: bool = False,
+                 eod_token: int | None = None, codec: str = "json") -> None:
+        if not isinstance(name, str) or not T._SHARD_NAME.match(name):
+            raise ConfigError(f"name: {name!r} is not a valid shard name (letters, digits, '._-')", field="name")
+        self.token_dtype = T.token_dtype_for_vocab(vocab_size)
+        self.vocab_size = vocab_size
+        self.metadata = bool(metadata)
+        if eod_token is not None and (isinstance(eod_token, bool) or not isinstance(eod_token, int)
+                                      or not 0 <= eod_token < vocab_size):
+            raise ConfigError(f"eod_token must be an id below vocab_size, got {eod_token!r}", field="eod_token")
+        self.eod_token = eod_token
+        if codec not in T.CODECS:
+            raise ConfigError(f"codec must be one of {T.CODECS}, got {codec!r}", field="codec")
+        self.codec = codec if self.metadata else None
+        self.name = name
+        self.path = os.path.join(os.path.abspath(os.fspath(folder)), name)
+        os.makedirs(self.path, exist_ok=True)
+        if os.path.exists(os.path.join(self.path, T.SHARD_MANIFEST_NAME)):
+            raise ConfigError(f"name: shard {name!r} already exists in this dataset", path=self.path, field="name")
+        self._build = secrets.token_bytes(16)
+        self.dtype = np.dtype(T.record_dtype_descr(self.token_dtype, self.metadata))
+        self.num_tokens = 0
+        self.num_documents = 0
+        self.num_metadata = 0
+        self._meta_offset = 0
+        self._files: dict[str, _HashedFile] = {}
+        try:
+            for fname in ("tokens.bin", "documents.index") + (("metadata.index", "metadata.bin") if self.metadata else ()):
+                self._files[fname] = _HashedFile(os.path.join(self.path, fname), self._build, T.FILE_KINDS[fname])
+        except BaseException:
+            self.abort()
+            raise
+        if self.metadata:
+            self._files["metadata.index"].write(np.zeros(1, dtype="<u8"))
+        self.closed = False
+
+    # -----------------------------------------------------------------------------------
+
+    def _tokens(self, tokens: Any) -> np.ndarray:
+        arr = np.asarray(tokens)
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise ConfigError(f"tokens: expected a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}",
+                              field="tokens")
+        if arr.size == 0:
+            raise ConfigError("tokens: a document holds at least one token", field="tokens")
+        lo = int(arr.min())
+        hi = max_u32(arr) if arr.dtype == np.uint32 and arr.flags.c_contiguous else int(arr.max())
+        if lo < 0 or hi >= self.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise LimitExceededError(f"tokens: id {bad} is outside the vocabulary [0, {self.vocab_size})",
+                                     field="tokens")
+        return arr
+
+    def _add_metadata(self, obj: Any) -> int:
+        if self.num_metadata >= T.MAX_METADATA_PER_SHARD:
+            raise LimitExceededError(f"metadata: a shard holds at most {T.MAX_METADATA_PER_SHARD} blobs",
+                                     field="metadata")
+        blob = serialize_metadata(obj, self.codec or "json")
+        self._files["metadata.bin"].write(blob)
+        self._meta_offset += len(blob)
+        self._files["metadata.index"].write(np.array([self._meta_offset], dtype="<u8"))
+        self.num_metadata += 1
+        return self.num_metadata - 1
+
+    def add_document(self, tokens: Any, metadata: Any = None, *,
+                     spans: Sequence[tuple[int, int, Any]] | None = None) -> int:
+        """Append one document.
+
+        Args:
+            tokens: 1-D integer array-like of ids in ``[0, vocab_size)``, at least one.
+            metadata: an object attached to every token of the document (metadata datasets).
+            spans: ``(start, stop, obj)`` ranges of the document's tokens with their own
+                metadata (a concept on a span, say): in order, non-overlapping, inside the
+                document; they take precedence over ``metadata``. Tokens covered by neither
+                get ``NO_METADATA`` (``0xFFFFFFFF``).
+
+        Returns:
+            The document's index in this shard.
+
+        Raises:
+            ConfigError: empty or non-integer tokens, bad spans, metadata on a dataset
+                without metadata, or an object the codec cannot serialize.
+            LimitExceededError: a token id outside the vocabulary, too many metadata blobs.
+        """
+        if self.closed:
+            raise ConfigError("the shard is closed", path=self.path, field="shard")
+        arr = self._tokens(tokens)
+        n = arr.size
+        if not self.metadata and (metadata is not None or spans):
+            raise ConfigError("metadata: this dataset was created without metadata", field="metadata")
+        checked: list[tuple[int, int, Any]] = []
+        if spans:
+            prev = 0
+            for k, span in enumerate(spans):
+                if not isinstance(span, tuple) or len(span) != 3:
+                    raise ConfigError(f"spans[{k}]: expected (start, stop, metadata)", field="spans")
+                a, b, obj = span
+                if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, (int, np.integer)) \
+                        or not isinstance(b, (int, np.integer)) or not prev <= a < b <= n:
+                    raise ConfigError(f"spans[{k}]: ({a}, {b}) must be increasing, non-overlapping and "
+                                      f"within the document's {n} tokens", field="spans")
+                checked.append((int(a), int(b), obj))
+                prev = int(b)
+        rec = np.empty(n, dtype=self.dtype)
+        if self.metadata:
+            rec["token"] = arr
+            ids = rec["metadata_id"]
+            ids[:] = self._add_metadata(metadata) if metadata is not None else T.NO_METADATA
+            for a, b, obj in checked:
+                ids[a:b] = self._add_metadata(obj)
+        else:
+            rec[...] = arr
+        self._files["documents.index"].write(np.array([self.num_tokens], dtype="<u8"))
+        self._files["tokens.bin"].write(rec)
+        self.num_tokens += n
+        self.num_documents += 1
+        return self.num_documents - 1
+
+    def options(self) -> dict[str, Any]:
+        return {"token_dtype": self.token_dtype, "vocab_size": self.vocab_size, "metadata": self.metadata,
+                "eod_token": self.eod_token, "codec": self.codec}
+
+    def close(self) -> T.ShardEntry:
+        """Finish the shard: commit every file, then ``shard.json``.
+
+        Returns:
+            The shard's manifest entry.
+        """
+        if self.closed:
+            raise ConfigError("the shard is closed", path=self.path, field="shard")
+        try:
+            self._files["documents.index"].write(np.array([self.num_tokens], dtype="<u8"))
+            files = {fname: f.commit() for fname, f in self._files.items()}
+        except BaseException:
+            self.abort()
+            raise
+        entry = T.ShardEntry(self.name, self._build.hex(), self.num_tokens, self.num_documents,
+                             self.num_metadata, files)
+        record = {"format": T.FORMAT_NAME, "version": T.VERSION, **self.options(), "shard": entry.to_dict()}
+        with AtomicFile(os.path.join(self.path, T.SHARD_MANIFEST_NAME)) as f:
+            f.write(json.dumps(record, indent=1, sort_keys=True).encode("utf-8"))
+        self.closed = True
+        return entry
+
+    def abort(self) -> None:
+        """Drop the shard: no file of it is left under its final name."""
+        for f in self._files.values():
+            f.abort()
+        self.closed = True
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        if self.closed:
+            return
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def assemble(folder: str | os.PathLike[str], shards: Iterable[str] | None = None) -> T.DatasetManifest:
+    """Write ``folder/manifest.json`` from the shards' ``shard.json`` records.
+
+    Reads only the small ``shard.json`` files (token data is never touched), checks that every
+    shard shares the dataset's options (dtype, vocabulary, metadata, end-of-document token,
+    codec), and writes the manifest atomically.
+
+    Args:
+        folder: the dataset folder.
+        shards: shard names in reading order (default: every sub-folder holding a
+            ``shard.json``, sorted by name).
+
+    Raises:
+        NotFoundError: no shard, or a named shard without ``shard.json`` (unfinished).
+        FormatError: a ``shard.json`` that is damaged or disagrees with the others.
+    """
+    folder = os.path.abspath(os.fspath(folder))
+    if shards is None:
+        names = sorted(e.name for e in os.scandir(folder)
+                       if e.is_dir() and os.path.isfile(os.path.join(e.path, T.SHARD_MANIFEST_NAME)))
+    else:
+        names = list(shards)
+    if not names:
+        raise NotFoundError("no finished shard (a folder with shard.json) in the dataset", path=folder,
+                            field="shards")
+    options: dict[str, Any] = {}
+    entries = []
+    for name in names:
+        path = os.path.join(folder, str(name), T.SHARD_MANIFEST_NAME)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(T.MAX_MANIFEST_BYTES + 1)
+        except FileNotFoundError:
+            raise NotFoundError(f"shard {name!r} has no shard.json (unfinished or missing)", path=path,
+                                field="shards") from None
+        opts, entry = T.parse_shard_manifest(raw, path=path)
+        if entry.name != name:
+            raise FormatError(f"shard.name: {entry.name!r} is not the folder's name {name!r}", path=path,
+                              field="shard.name")
+        options = options or opts
+        if opts != options:
+            diff = sorted(k for k in opts if opts[k] != options[k])
+            raise FormatError(f"{diff[0]}: shard {name!r} has {opts[diff[0]]!r} but the dataset has "
+                              f"{options[diff[0]]!r}", path=path, field=diff[0])
+        entries.append(entry)
+    digest = xxh3_64(b"".join(bytes.fromhex(e.build_id) for e in entries))
+    build_id = f"{digest:016x}{xxh3_64(json.dumps([e.to_dict() for e in entries]).encode()):016x}"
+    manifest = T.DatasetManifest(shards=tuple(entries), build_id=build_id, **options)
+    with AtomicFile(os.path.join(folder, T.MANIFEST_NAME)) as f:
+        f.write(json.dumps(manifest.to_dict(), indent=1).encode("utf-8"))
+    return manifest
+
+
+class TokenStreamWriter:
+    """Write a whole dataset from one process: shards of about ``shard_tokens`` tokens
+    (a document never straddles two shards), then the manifest on :meth:`close`.
+
+    Args:
+        folder: the dataset folder.
+        vocab_size, metadata, eod_token, codec: as for :class:`ShardWriter`.
+        shard_tokens: start a new shard once the current one holds this many tokens.
+        prefix: shard names are ``f"{prefix}{k:05d}"``.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], *, vocab_size: int, metadata: bool = False,
+                 eod_token: int | None = None, codec: str = "json", shard_tokens: int = 1 << 30,
+                 prefix: str = "shard-") -> None:
+        if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
+            raise ConfigError(f"shard_tokens must be a positive integer, got {shard_tokens!r}", field="shard_tokens")
+        self.folder = os.fspath(folder)
+        self._kw = {"vocab_size": vocab_size, "metadata": metadata, "eod_token": eod_token, "codec": codec}
+        self.shard_tokens = shard_tokens
+        self.prefix = prefix
+        self.names: list[str] = []
+        self._shard: ShardWriter | None = None
+        self._open_shard()
+
+    def _open_shard(self) -> None:
+        name = f"{self.prefix}{len(self.names):05d}"
+        self._shard = ShardWriter(self.folder, name, **self._kw)
+        self.names.append(name)
+
+    def add_document(self, tokens: Any, metadata: Any = None, *,
+                     spans: Sequence[tuple[int, int, Any]] | None = None) -> None:
+        """Append one document (see :meth:`ShardWriter.add_document`)."""
+        if self._shard is None:
+            raise ConfigError("the writer is closed", path=self.folder, field="writer")
+        if self._shard.num_tokens >= self.shard_tokens:
+            self._shard.close()
+            self._open_shard()
+        self._shard.add_document(tokens, metadata, spans=spans)
+
+    def close(self) -> T.DatasetManifest:
+        """Finish the last shard and write the manifest."""
+        if self._shard is None:
+            raise ConfigError("the writer is closed", path=self.folder, field="writer")
+        shard, self._shard = self._shard, None
+        if shard.num_documents == 0 and len(self.names) > 1:
+            shard.abort()
+            os.rmdir(shard.path)
+            self.names.pop()
+        else:
+            shard.close()
+        return assemble(self.folder, self.names)
+
+    def abort(self) -> None:
+        if self._shard is not None:
+            self._shard.abort()
+            self._shard = None
+
+    def __enter__(self) -> TokenStreamWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        if self._shard is None:
+            return
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
