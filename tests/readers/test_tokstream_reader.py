@@ -1,0 +1,291 @@
+"""TOKSTREAM reader: windows across shards, documents, open-time validation of every file,
+token ids checked on first use, and a 10**12-token dataset out of sparse files."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+
+import numpy as np
+import pytest
+
+import zerobatch.core._reference as ref
+from zerobatch.formats import tokstream as T
+from zerobatch.formats.errors import ConfigError, CorruptError, FormatError, NotFoundError, TruncatedError
+from zerobatch.readers.tokstream import TokenStreamReader
+from zerobatch.writers.tokstream import ShardWriter, TokenStreamWriter, assemble
+
+
+def build(folder, n_docs=60, shard_tokens=700, vocab=50257, metadata=False, seed=0, max_len=300):
+    rng = np.random.default_rng(seed)
+    ds = [rng.integers(0, vocab, int(rng.integers(1, max_len))) for _ in range(n_docs)]
+    with TokenStreamWriter(folder, vocab_size=vocab, metadata=metadata, shard_tokens=shard_tokens) as w:
+        for k, t in enumerate(ds):
+            w.add_document(t, {"k": k} if metadata else None)
+    return ds
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    folder = tmp_path / "d"
+    ds = build(folder)
+    return folder, ds, np.concatenate(ds)
+
+
+@pytest.mark.parametrize("metadata", [False, True])
+@pytest.mark.parametrize("vocab", [1000, 70000])
+def test_windows_anywhere_and_across_shards(tmp_path, metadata, vocab):
+    folder = tmp_path / "d"
+    ds = build(folder, vocab=vocab, metadata=metadata, shard_tokens=300)
+    flat = np.concatenate(ds)
+    with TokenStreamReader(folder) as r:
+        assert len(r) == flat.size and len(r.manifest.shards) > 5
+        rng = np.random.default_rng(1)
+        for length in (1, 17, 513, 1500):          # 1500 spans several shards
+            starts = np.concatenate([rng.integers(0, flat.size - length + 1, 50),
+                                     r.cum_tokens[1:-1] - length // 2, [0, flat.size - length]])
+            starts = np.clip(starts, 0, flat.size - length)
+            want = np.stack([flat[s:s + length] for s in starts])
+            assert (r.windows(starts, length) == want).all()
+            out = np.empty((starts.size, length), dtype=np.int32)
+            assert r.windows(starts, length, out=out) is out and (out == want).all()
+            twin = np.empty_like(want)
+            ref.gather_windows([s.records for s in r._shards], r.cum_tokens, r.itemsize,
+                               r.token_dtype.itemsize, r.vocab_size, starts, length, twin)
+            assert (twin == want).all()
+        for i in (0, 1, len(ds) // 2, len(ds) - 1):
+            assert (r.document(i) == ds[i]).all()
+        assert r.document_span(1) == (ds[0].size, ds[0].size + ds[1].size)
+        assert r.window(5, 3).tolist() == flat[5:8].tolist()
+
+
+def test_window_and_document_refusals(dataset):
+    folder, ds, flat = dataset
+    with TokenStreamReader(folder) as r:
+        for starts, length in (([-1], 4), ([flat.size - 3], 4), ([2**62], 4)):
+            with pytest.raises(IndexError):
+                r.windows(starts, length)
+        with pytest.raises(IndexError):
+            r.document(len(ds))
+        with pytest.raises(ConfigError):
+            r.windows([0], 4, out=np.empty((1, 5), np.int64))
+        with pytest.raises(ConfigError):
+            r.windows([0], 4, dtype=np.float32)
+        with pytest.raises(ConfigError):
+            r.windows([0.5], 4)
+        assert r.windows([], 4).shape == (0, 4)
+    with pytest.raises(ConfigError):
+        r.windows([0], 4)
+
+
+# ---------------------------------------------------------------------------------------
+# bad input, refused at open (or at first use for token ids), naming the file and field
+
+
+def shard_dir(folder, k=0):
+    m = json.loads((folder / "manifest.json").read_text())
+    return folder / m["shards"][k]["name"]
+
+
+def test_missing_manifest_and_files(dataset, tmp_path):
+    folder, _, _ = dataset
+    with pytest.raises(NotFoundError):
+        TokenStreamReader(tmp_path / "nothing")
+    os.remove(shard_dir(folder, 1) / "documents.index")
+    with pytest.raises(NotFoundError) as info:
+        TokenStreamReader(folder)
+    assert info.value.path.endswith("documents.index")
+
+
+def test_missing_shard_folder(dataset):
+    folder, _, _ = dataset
+    shutil.rmtree(shard_dir(folder, 2))
+    with pytest.raises(NotFoundError):
+        TokenStreamReader(folder)
+
+
+def test_extra_file_in_a_shard(dataset):
+    folder, _, _ = dataset
+    (shard_dir(folder) / "metadata.bin").write_bytes(b"x")
+    with pytest.raises(CorruptError) as info:
+        TokenStreamReader(folder)
+    assert info.value.field == "files" and info.value.path.endswith("metadata.bin")
+
+
+@pytest.mark.parametrize("fname", ["tokens.bin", "documents.index"])
+def test_sizes_that_disagree_with_the_manifest(dataset, fname):
+    folder, _, _ = dataset
+    path = shard_dir(folder) / fname
+    size = os.path.getsize(path)
+    os.truncate(path, size - 2)
+    with pytest.raises(TruncatedError) as info:
+        TokenStreamReader(folder)
+    assert info.value.path == str(path) and info.value.field == "size"
+    with open(path, "ab") as f:
+        f.write(b"\0" * 10)
+    with pytest.raises(CorruptError) as info:
+        TokenStreamReader(folder)
+    assert info.value.field == "size"
+
+
+def test_a_file_from_another_build_is_refused(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    build(a, seed=3)
+    build(b, seed=3)                   # same content, another build
+    shutil.copy(shard_dir(b) / "tokens.bin", shard_dir(a) / "tokens.bin")
+    with pytest.raises(CorruptError) as info:
+        TokenStreamReader(a)
+    assert info.value.field == "build_id" and info.value.path.endswith("tokens.bin")
+
+
+def test_damaged_trailer(dataset):
+    folder, _, _ = dataset
+    path = shard_dir(folder) / "documents.index"
+    data = bytearray(path.read_bytes())
+    data[-T.TRAILER_SIZE] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptError) as info:
+        TokenStreamReader(folder)
+    assert info.value.field == "trailer"
+
+
+def patch_u64(path, index, value):
+    with open(path, "r+b") as f:
+        f.seek(8 * index)
+        f.write(np.array([value], dtype="<u8").tobytes())
+
+
+@pytest.mark.parametrize("index, value, what", [(0, 1, "documents.index[0]"), (2, 0, "documents.index[2]"),
+                                                 (-1, 10**9, "documents.index")])
+def test_document_index_must_start_at_zero_increase_and_end_at_the_tokens(dataset, index, value, what):
+    folder, _, _ = dataset
+    path = shard_dir(folder) / "documents.index"
+    entry = json.loads((shard_dir(folder) / "shard.json").read_text())["shard"]
+    patch_u64(path, entry["num_documents"] if index == -1 else index, value)
+    with pytest.raises(CorruptError) as info:
+        TokenStreamReader(folder)
+    assert info.value.field == "documents.index" and what in str(info.value)
+    assert info.value.path == str(path)
+
+
+def test_metadata_index_past_metadata_bin(tmp_path):
+    folder = tmp_path / "d"
+    build(folder, metadata=True)
+    d = shard_dir(folder)
+    entry = json.loads((d / "shard.json").read_text())["shard"]
+    patch_u64(d / "metadata.index", entry["num_metadata"], 10**12)
+    with pytest.raises(CorruptError) as info:
+        TokenStreamReader(folder)
+    assert info.value.field == "metadata.index" and "metadata.bin" in str(info.value)
+    patch_u64(d / "metadata.index", entry["num_metadata"], entry["files"]["metadata.bin"]["size"])
+    patch_u64(d / "metadata.index", 2, 10**6)
+    with pytest.raises(CorruptError, match="metadata.index"):
+        TokenStreamReader(folder)
+
+
+def test_token_ids_at_or_above_the_vocabulary_fail_on_first_use(dataset):
+    folder, _, flat = dataset
+    path = shard_dir(folder, 1) / "tokens.bin"
+    with open(path, "r+b") as f:
+        f.seek(2 * 5)
+        f.write(np.array([60000], dtype="<u2").tobytes())
+    with TokenStreamReader(folder) as r:              # opening does not read tokens
+        pos = int(r.cum_tokens[1]) + 5
+        assert (r.windows([0], 10)[0] == flat[:10]).all()
+        with pytest.raises(CorruptError) as info:
+            r.windows([pos - 3], 8)
+        assert info.value.field == "token" and info.value.path == str(path)
+        assert f"global position {pos}" in str(info.value)
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda m: m.update(version=2), "version"),
+    (lambda m: m.update(format="other"), "format"),
+    (lambda m: m.update(num_tokens=m["num_tokens"] + 1), "num_tokens"),
+    (lambda m: m["shards"][0].update(num_tokens=m["shards"][0]["num_tokens"] + 1), "shards[0].files.tokens.bin.size"),
+    (lambda m: m["shards"][1].update(name=m["shards"][0]["name"]), "shards"),
+    (lambda m: m.update(token_dtype="uint32"), "token_dtype"),
+    (lambda m: m["shards"][0]["files"].pop("documents.index"), "shards[0].files"),
+    (lambda m: m["shards"][0].update(build_id="zz"), "shards[0].build_id"),
+    (lambda m: m["shards"][0].update(name="../escape"), "shards[0].name"),
+    (lambda m: m.update(vocab_size=True), "vocab_size"),
+])
+def test_manifest_damage(dataset, mutate, field):
+    folder, _, _ = dataset
+    path = folder / "manifest.json"
+    m = json.loads(path.read_text())
+    mutate(m)
+    path.write_text(json.dumps(m))
+    with pytest.raises(FormatError) as info:
+        TokenStreamReader(folder)
+    assert info.value.field == field and info.value.path == str(path)
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"format": "zerobatch-tokstream", "format": 1}', "\xff",
+                                  '{"version": NaN}'])
+def test_manifest_garbage(dataset, text):
+    folder, _, _ = dataset
+    (folder / "manifest.json").write_bytes(text.encode("utf-8", "surrogateescape") if text != "\xff" else b"\xff")
+    with pytest.raises(FormatError):
+        TokenStreamReader(folder)
+
+
+# ---------------------------------------------------------------------------------------
+# scale
+
+
+def sparse_shard(folder, name, num_tokens, vocab):
+    """A shard of ``num_tokens`` zero tokens (a sparse file: no disk used) in one document."""
+    d = folder / name
+    d.mkdir(parents=True)
+    build_id = os.urandom(16)
+    with open(d / "tokens.bin", "wb") as f:
+        f.truncate(2 * num_tokens)
+        f.seek(2 * num_tokens)
+        f.write(T.pack_trailer(build_id, T.FILE_KINDS["tokens.bin"]))
+    with open(d / "documents.index", "wb") as f:
+        f.write(np.array([0, num_tokens], dtype="<u8").tobytes())
+        f.write(T.pack_trailer(build_id, T.FILE_KINDS["documents.index"]))
+    entry = T.ShardEntry(name, build_id.hex(), num_tokens, 1, 0, {
+        "tokens.bin": T.FileEntry(2 * num_tokens, "0" * 16),   # not verified at open
+        "documents.index": T.FileEntry(16, "0" * 16)})
+    record = {"format": T.FORMAT_NAME, "version": T.VERSION, "token_dtype": "uint16", "vocab_size": vocab,
+              "metadata": False, "eod_token": None, "codec": None, "shard": entry.to_dict()}
+    (d / "shard.json").write_text(json.dumps(record))
+
+
+def test_a_trillion_tokens_out_of_sparse_files(tmp_path):
+    folder = tmp_path / "big"
+    with ShardWriter(folder, "a-head", vocab_size=50257) as w:
+        w.add_document(np.arange(100) + 7)
+    for name in ("b-huge", "c-huge", "c-huger"):
+        sparse_shard(folder, name, 2**39, 50257)   # 1.6e12 tokens in all, 3.3 TB of sparse files
+    with ShardWriter(folder, "d-tail", vocab_size=50257) as w:
+        w.add_document(np.arange(100) + 9)
+    assemble(folder)
+    # opening reads the manifests, the trailers and the index ends: no token data, so its
+    # cost does not grow with the token count (bytes read and pages touched, not timed)
+    io0, faults0 = read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    r = TokenStreamReader(folder)
+    assert read_bytes() - io0 < 1 << 20
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0 < 2000
+    assert r.num_tokens == 3 * 2**39 + 200 >= 10**12 and r.num_documents == 5
+    past = 2**40 + 12345
+    assert (r.windows([past], 513)[0] == 0).all()
+    # a batch of windows anywhere, including across both sparse boundaries
+    b1 = int(r.cum_tokens[2])          # the boundary between two sparse shards (2**39 + 100)
+    starts = np.array([0, 50, past, b1 - 10, r.num_tokens - 600, r.num_tokens - 513])
+    w = r.windows(starts, 513)
+    assert (w[0, :100] == np.arange(100) + 7).all() and (w[0, 100:] == 0).all()
+    assert (w[-1, -100:] == np.arange(100) + 9).all()
+    assert (w[4, :500] == 0).all() and (w[4, 500:] == np.arange(13) + 9).all()
+    assert (w[3] == 0).all()
+    assert r.document_span(4) == (3 * 2**39 + 100, 3 * 2**39 + 200)
+    r.close()
+
+
+def read_bytes() -> int:
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
