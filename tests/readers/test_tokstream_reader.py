@@ -289,3 +289,15 @@ def test_a_trillion_tokens_out_of_sparse_files(tmp_path):
 def read_bytes() -> int:
     with open("/proc/self/io") as f:
         return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def test_windows_split_over_threads_equal_one_thread(tmp_path):
+    folder = tmp_path / "d"
+    build(folder, n_docs=200, shard_tokens=5000)
+    with TokenStreamReader(folder) as one, TokenStreamReader(folder, num_threads=3) as three:
+        rng = np.random.default_rng(5)
+        for count in (1, 3, 4, 9, 64):
+            starts = rng.integers(0, one.num_tokens - 700, count)
+            assert (three.windows(starts, 700) == one.windows(starts, 700)).all()
+        with pytest.raises(IndexError):
+            three.windows(np.r_[np.zeros(40, np.int64), [one.num_tokens]], 700)

@@ -7,7 +7,8 @@ Everything here is imported from this module, never from ``zerobatch.core._<kern
 - offsets and orders: :func:`llmbatch_batch_offsets`, :func:`block_shuffle_items`,
   :class:`FeistelPermutation` (gfc-compatible pseudorandom permutation of any range),
   :func:`epoch_seed`, :func:`random_draws` (counter-mode uniform draws);
-- TOKSTREAM: :func:`gather_windows` (token windows across shards into one buffer);
+- TOKSTREAM: :class:`WindowGather` / :func:`gather_windows` (token windows across shards into one
+  buffer);
 - gathers: :class:`LLMBatchSlots` (verified batch reads into int64 / int32 / uint32 buffers),
   :func:`widen_u32`, :func:`max_u32`;
 - checksums: :func:`xxh3_64`, :func:`hash_slots`;
@@ -30,6 +31,7 @@ if PURE_PYTHON:
     from zerobatch.core._reference import (
         FeistelPermutation,
         LLMBatchSlots,
+        WindowGather,
         epoch_seed,
         gather_windows,
         random_draws,
@@ -50,7 +52,7 @@ else:
         from zerobatch.core._hash import hash_slots, xxh3_64
         from zerobatch.core._header import llmbatch_geometry, pack_llmbatch_header, parse_llmbatch_header
         from zerobatch.core._offsets import block_shuffle_items, llmbatch_batch_offsets
-        from zerobatch.core._tokstream import gather_windows
+        from zerobatch.core._tokstream import WindowGather, gather_windows
     except ImportError as _exc:  # pragma: no cover - exercised by a broken install only
         raise ImportError(
             "zerobatch.core: the compiled extensions are missing or broken "
@@ -67,6 +69,7 @@ __all__ = [
     "LLMBatchSlots",
     "PURE_PYTHON",
     "TaskPool",
+    "WindowGather",
     "__version__",
     "block_shuffle_items",
     "epoch_seed",

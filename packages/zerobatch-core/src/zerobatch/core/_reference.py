@@ -33,6 +33,7 @@ from zerobatch.formats.errors import ConfigError, CorruptError, IntegrityError
 
 __all__ = [
     "FeistelPermutation",
+    "WindowGather",
     "gather_windows",
     "epoch_seed",
     "random_draws",
@@ -834,6 +835,19 @@ def random_draws(seed: Any, counters: Any, n: Any, out: Any = None) -> np.ndarra
         vals.append((x * nn) >> 128)
     out.reshape(-1)[:] = vals
     return out
+
+
+class WindowGather:
+    """Twin of :class:`zerobatch.core._tokstream.WindowGather`."""
+
+    def __init__(self, bases: Any, cum: Any, itemsize: int, token_size: int, vocab: int,
+                 paths: Any = None) -> None:
+        self.args = (bases, cum, itemsize, token_size, vocab)
+        self.paths = paths
+        self.total = int(np.asarray(cum)[-1])
+
+    def gather(self, starts: Any, length: Any, out: Any, pool: Any = None) -> np.ndarray:
+        return gather_windows(*self.args, starts, length, out, paths=self.paths)
 
 
 def gather_windows(bases: Any, cum: Any, itemsize: int, token_size: int, vocab: int, starts: Any,

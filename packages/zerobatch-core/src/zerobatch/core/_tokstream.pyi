@@ -2,6 +2,13 @@ from typing import Any
 
 import numpy as np
 
+class WindowGather:
+    total: int
+    def __init__(
+        self, bases: Any, cum: Any, itemsize: int, token_size: int, vocab: int, paths: list[str] | None = ...
+    ) -> None: ...
+    def gather(self, starts: Any, length: int, out: np.ndarray, pool: Any = ...) -> np.ndarray: ...
+
 def gather_windows(
     bases: Any, cum: Any, itemsize: int, token_size: int, vocab: int, starts: Any, length: int, out: np.ndarray,
     paths: list[str] | None = ...

@@ -11,17 +11,35 @@
 #           (shard found by binary search over cum); or
 #           ZB_E_INDEX when a window falls outside [0, total) (out unspecified), or
 #           ZB_E_RANGE when a token id is >= g->vocab (g->bad_pos = its global position).
-#   Runs without the GIL and touches no Python object.
+#   Runs without the GIL and touches no Python object. The copy loops are in _tokstream.h
+#   (vectorized, one clone per ISA).
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcpy
 
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+
+from zerobatch.core._pool cimport TaskPool, zb_task
 from zerobatch.core._status cimport ZB_E_INDEX, ZB_E_RANGE, ZB_OK
+
+cdef extern from "_tokstream.h" nogil:
+    void zb_ts_prefetch(const uint8_t *p, int64_t nbytes)
+    uint32_t zb_ts_copy_u16_i64(const uint8_t *src, int64_t stride, int64_t *dst, int64_t n)
+    uint32_t zb_ts_copy_u16_i32(const uint8_t *src, int64_t stride, int32_t *dst, int64_t n)
+    uint32_t zb_ts_copy_u32_i64(const uint8_t *src, int64_t stride, int64_t *dst, int64_t n)
+    uint32_t zb_ts_copy_u32_i32(const uint8_t *src, int64_t stride, int32_t *dst, int64_t n)
 
 import numpy as np
 
 from zerobatch.core._checks import as_positions, check_count
 from zerobatch.formats.errors import ConfigError, CorruptError
+
+
+#: Windows loaded ahead of the one being copied.
+cdef enum:
+    PREFETCH_AHEAD = 4
+
+_INT64 = np.dtype(np.int64)
+_INT32 = np.dtype(np.int32)
 
 
 cdef struct zb_ts_geometry:
@@ -57,7 +75,16 @@ cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, 
         pos = starts[w]
         if pos < 0 or pos > total - length:
             return ZB_E_INDEX
+    cdef int64_t ahead, ps
     for w in range(count):
+        # start loading the window PREFETCH_AHEAD rows on while this one is copied: random
+        # windows are memory-latency bound, and the hardware prefetcher only follows a
+        # window once it has started
+        ahead = w + PREFETCH_AHEAD
+        if ahead < count:
+            ps = _find_shard(g.cum, g.num_shards, starts[ahead])
+            zb_ts_prefetch(g.bases[ps] + (starts[ahead] - g.cum[ps]) * isz,
+                           min(length, g.cum[ps + 1] - starts[ahead]) * isz)
         pos = starts[w]
         row = w * length
         done = 0
@@ -69,29 +96,16 @@ cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, 
             if take > length - done:
                 take = length - done
             src = g.bases[s] + (pos - g.cum[s]) * isz
-            vmax = 0
             if g.token_size == 2:
                 if out64 != NULL:
-                    for k in range(take):
-                        v = (<const uint16_t *>(src + k * isz))[0]
-                        vmax = v if v > vmax else vmax
-                        out64[row + done + k] = <int64_t>v
+                    vmax = zb_ts_copy_u16_i64(src, isz, out64 + row + done, take)
                 else:
-                    for k in range(take):
-                        v = (<const uint16_t *>(src + k * isz))[0]
-                        vmax = v if v > vmax else vmax
-                        out32[row + done + k] = <int32_t>v
+                    vmax = zb_ts_copy_u16_i32(src, isz, out32 + row + done, take)
             else:
                 if out64 != NULL:
-                    for k in range(take):
-                        v = (<const uint32_t *>(src + k * isz))[0]
-                        vmax = v if v > vmax else vmax
-                        out64[row + done + k] = <int64_t>v
+                    vmax = zb_ts_copy_u32_i64(src, isz, out64 + row + done, take)
                 else:
-                    for k in range(take):
-                        v = (<const uint32_t *>(src + k * isz))[0]
-                        vmax = v if v > vmax else vmax
-                        out32[row + done + k] = <int32_t>v
+                    vmax = zb_ts_copy_u32_i32(src, isz, out32 + row + done, take)
             if vmax >= g.vocab:
                 for k in range(take):
                     if g.token_size == 2:
@@ -107,84 +121,190 @@ cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, 
     return ZB_OK
 
 
-def gather_windows(bases, cum, itemsize, token_size, vocab, starts, length, out, paths=None):
-    """Copy token windows that may span shards into ``out`` with the GIL released.
+cdef class WindowGather:
+    """Gathers token windows across the shards of one dataset, GIL released.
+
+    The geometry is checked once here; each :meth:`gather` only checks its windows and
+    output buffer.
 
     Args:
-        bases: ``uint64`` array of the shards' mapped ``tokens.bin`` addresses (the caller
-            keeps the mappings alive and read-only for the duration of the call).
+        bases: ``uint64`` array of the shards' mapped ``tokens.bin`` addresses (the owner
+            keeps the mappings alive and unchanged while this object is used).
         cum: ``int64`` cumulative token counts, ``len(bases) + 1`` entries from 0.
         itemsize: bytes per record (2, 4, 6 or 8); token_size: 2 or 4 (the token field
             comes first in each record).
         vocab: token ids must be below it.
-        starts: integer array-like of window starts (global token positions).
-        length: tokens per window.
-        out: C-contiguous ``int64`` or ``int32`` array of ``len(starts) * length`` elements.
-        paths: optional file name of each shard, to name in errors.
-
-    Returns:
-        ``out``.
+        paths: optional file name of each shard, named in errors.
 
     Raises:
-        IndexError: a window outside ``[0, total)``.
-        CorruptError: a token id at or above ``vocab`` (field ``token``; the message names
-            the global position).
-        ConfigError: inconsistent geometry or an unfit ``out``.
+        ConfigError: inconsistent geometry.
     """
-    cdef const uint64_t[::1] b = np.ascontiguousarray(bases, dtype=np.uint64)
-    cdef const int64_t[::1] c = np.ascontiguousarray(cum, dtype=np.int64)
-    cdef int64_t ns = b.shape[0]
-    if c.shape[0] != ns + 1 or ns < 1 or c[0] != 0:
-        raise ConfigError("cum must hold len(bases) + 1 cumulative counts from 0", field="cum")
-    cdef int64_t i
-    for i in range(ns):
-        if c[i + 1] < c[i]:
-            raise ConfigError("cum must be non-decreasing", field="cum")
-    if itemsize not in (2, 4, 6, 8) or token_size not in (2, 4) or token_size > itemsize:
-        raise ConfigError(f"itemsize {itemsize} / token_size {token_size} is not a record layout",
-                          field="itemsize")
-    cdef int64_t L = check_count(length, "length")
-    cdef const int64_t[::1] st = as_positions(starts, "starts")
-    cdef int64_t count = st.shape[0]
-    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable \
-            or out.dtype not in (np.int64, np.int32) or out.size != count * L:
-        raise ConfigError(f"out must be a writable C-contiguous int64 or int32 array of {count * L} "
-                          "elements", field="out")
-    if count == 0 or L == 0:
-        if count and L == 0:
-            for i in range(count):
-                if st[i] < 0 or st[i] > c[ns]:
-                    raise IndexError(f"a window start is outside [0, {c[ns]}]")
-        return out
-    cdef int64_t[::1] o64
-    cdef int32_t[::1] o32
-    cdef int64_t *p64 = NULL
-    cdef int32_t *p32 = NULL
-    if out.dtype == np.int64:
-        o64 = out.reshape(-1)
-        p64 = &o64[0]
-    else:
-        if vocab > 2**31:
-            raise ConfigError("out: int32 cannot hold every id of this vocabulary", field="out")
-        o32 = out.reshape(-1)
-        p32 = &o32[0]
-    cdef const uint8_t **ptrs = <const uint8_t **>&b[0]
+
+    cdef object _bases, _cum, paths
+    cdef const uint64_t[::1] b
+    cdef const int64_t[::1] c
     cdef zb_ts_geometry g
-    g.bases = ptrs
-    g.cum = &c[0]
-    g.num_shards = ns
-    g.itemsize = itemsize
-    g.token_size = token_size
-    g.vocab = vocab
-    g.bad_pos = -1
-    cdef int status
-    with nogil:
-        status = zb_ts_windows(&g, &st[0], count, L, p64, p32)
-    if status == ZB_E_INDEX:
-        raise IndexError(f"a window of {L} tokens falls outside [0, {c[ns]})")
-    if status == ZB_E_RANGE:
-        shard = _find_shard(&c[0], ns, g.bad_pos)
-        raise CorruptError(f"token: the id at global position {g.bad_pos} (record "
-                           f"{g.bad_pos - c[shard]} of shard {shard}) is not below the vocabulary "
-                           f"size {vocab}", path=None if paths is None else paths[shard], field="token")
-    return out
+    cdef readonly int64_t total
+
+    def __cinit__(self, bases, cum, itemsize, token_size, vocab, paths=None):
+        self._bases = np.ascontiguousarray(bases, dtype=np.uint64)
+        self._cum = np.ascontiguousarray(cum, dtype=np.int64)
+        self.b = self._bases
+        self.c = self._cum
+        cdef int64_t ns = self.b.shape[0]
+        if self.c.shape[0] != ns + 1 or ns < 1 or self.c[0] != 0:
+            raise ConfigError("cum must hold len(bases) + 1 cumulative counts from 0", field="cum")
+        cdef int64_t i
+        for i in range(ns):
+            if self.c[i + 1] < self.c[i]:
+                raise ConfigError("cum must be non-decreasing", field="cum")
+        if itemsize not in (2, 4, 6, 8) or token_size not in (2, 4) or token_size > itemsize:
+            raise ConfigError(f"itemsize {itemsize} / token_size {token_size} is not a record layout",
+                              field="itemsize")
+        if not 1 <= vocab <= 2**32:
+            raise ConfigError(f"vocab {vocab} is not in [1, 2**32]", field="vocab")
+        self.paths = paths
+        self.g.bases = <const uint8_t **>&self.b[0]
+        self.g.cum = &self.c[0]
+        self.g.num_shards = ns
+        self.g.itemsize = itemsize
+        self.g.token_size = token_size
+        self.g.vocab = vocab
+        self.total = self.c[ns]
+
+    def gather(self, starts, length, out, TaskPool pool=None):
+        """Copy the windows ``[starts[w], starts[w] + length)`` into the rows of ``out``.
+
+        Args:
+            starts: integer array-like of global token positions.
+            length: tokens per window.
+            out: C-contiguous ``int64`` or ``int32`` array of ``len(starts) * length`` elements.
+            pool: a :class:`~zerobatch.core.TaskPool`: the windows are split over its workers
+                and the calling thread (each part runs without the GIL).
+
+        Returns:
+            ``out``.
+
+        Raises:
+            IndexError: a window outside ``[0, total)``.
+            CorruptError: a token id at or above ``vocab`` (field ``token``, naming the
+                shard's file when ``paths`` was given).
+            ConfigError: an unfit ``out`` or non-integer starts.
+        """
+        cdef int64_t L = length if type(length) is int and length >= 0 else check_count(length, "length")
+        cdef const int64_t[::1] st
+        if type(starts) is np.ndarray and starts.dtype is _INT64 and starts.ndim == 1 \
+                and starts.flags.c_contiguous:
+            st = starts                  # the common case: no conversion
+        else:
+            st = as_positions(starts, "starts")
+        cdef int64_t count = st.shape[0], i
+        if type(out) is not np.ndarray or not out.flags.c_contiguous or not out.flags.writeable \
+                or (out.dtype is not _INT64 and out.dtype is not _INT32) or out.size != count * L:
+            raise ConfigError(f"out must be a writable C-contiguous int64 or int32 array of {count * L} "
+                              "elements", field="out")
+        if count == 0 or L == 0:
+            for i in range(count):
+                if st[i] < 0 or st[i] > self.total:
+                    raise IndexError(f"a window start is outside [0, {self.total}]")
+            return out
+        cdef int64_t[::1] o64
+        cdef int32_t[::1] o32
+        cdef int64_t *p64 = NULL
+        cdef int32_t *p32 = NULL
+        if out.dtype is _INT64:
+            o64 = out.reshape(-1)
+            p64 = &o64[0]
+        else:
+            if self.g.vocab > 2**31:
+                raise ConfigError("out: int32 cannot hold every id of this vocabulary", field="out")
+            o32 = out.reshape(-1)
+            p32 = &o32[0]
+        cdef zb_ts_geometry g = self.g
+        cdef int status
+        cdef int64_t parts = 1
+        if pool is not None:
+            parts = min(pool.num_threads + 1, count // MIN_WINDOWS_PER_PART)
+        if parts > 1:
+            status = _run_split(pool, &g, &st[0], count, L, p64, p32, parts)
+        else:
+            with nogil:
+                status = zb_ts_windows(&g, &st[0], count, L, p64, p32)
+        if status == ZB_E_INDEX:
+            raise IndexError(f"a window of {L} tokens falls outside [0, {self.total})")
+        if status == ZB_E_RANGE:
+            shard = _find_shard(g.cum, g.num_shards, g.bad_pos)
+            raise CorruptError(f"token: the id at global position {g.bad_pos} (record "
+                               f"{g.bad_pos - self.c[shard]} of shard {shard}) is not below the "
+                               f"vocabulary size {g.vocab}",
+                               path=None if self.paths is None else self.paths[shard], field="token")
+        return out
+
+
+cdef struct zb_ts_job:
+    zb_ts_geometry g
+    const int64_t *starts
+    int64_t count
+    int64_t length
+    int64_t *out64
+    int32_t *out32
+
+
+cdef int _ts_job_run(void *arg) noexcept nogil:
+    cdef zb_ts_job *j = <zb_ts_job *>arg
+    return zb_ts_windows(&j.g, j.starts, j.count, j.length, j.out64, j.out32)
+
+
+#: Fewest windows worth handing to another thread.
+MIN_WINDOWS_PER_PART = 4
+
+
+cdef int _run_split(TaskPool pool, zb_ts_geometry *g, const int64_t *starts, int64_t count,
+                    int64_t length, int64_t *out64, int32_t *out32, int64_t parts) except -2:
+    """Split the windows in `parts` runs: all but the last queued on `pool`, the last run here,
+    then wait for the others (helping with them if no worker has started). Returns the first
+    non-OK status (g.bad_pos set for ZB_E_RANGE)."""
+    cdef zb_ts_job *jobs = <zb_ts_job *>PyMem_Malloc(parts * sizeof(zb_ts_job))
+    cdef zb_task *tasks = <zb_task *>PyMem_Malloc(parts * sizeof(zb_task))
+    if jobs == NULL or tasks == NULL:
+        PyMem_Free(jobs)
+        PyMem_Free(tasks)
+        raise MemoryError()
+    cdef int64_t p, first = 0, n, submitted = 0
+    cdef int status = ZB_OK, st
+    try:
+        for p in range(parts):
+            n = count // parts + (1 if p < count % parts else 0)
+            jobs[p].g = g[0]
+            jobs[p].starts = starts + first
+            jobs[p].count = n
+            jobs[p].length = length
+            jobs[p].out64 = NULL if out64 == NULL else out64 + first * length
+            jobs[p].out32 = NULL if out32 == NULL else out32 + first * length
+            tasks[p].fn = _ts_job_run
+            tasks[p].arg = &jobs[p]
+            first += n
+        for p in range(parts - 1):
+            pool.submit(&tasks[p])
+            submitted += 1
+        with nogil:
+            st = _ts_job_run(&jobs[parts - 1])
+        if st != ZB_OK:
+            status = st
+            g.bad_pos = jobs[parts - 1].g.bad_pos
+        for p in range(submitted):
+            pool.wait(&tasks[p])
+            if tasks[p].status != ZB_OK and (status == ZB_OK or tasks[p].status == ZB_E_INDEX):
+                status = tasks[p].status
+                g.bad_pos = jobs[p].g.bad_pos
+    finally:
+        for p in range(submitted):
+            pool.wait(&tasks[p])
+        PyMem_Free(jobs)
+        PyMem_Free(tasks)
+    return status
+
+
+def gather_windows(bases, cum, itemsize, token_size, vocab, starts, length, out, paths=None):
+    """One-shot :class:`WindowGather` (``WindowGather(...).gather(starts, length, out)``)."""
+    return WindowGather(bases, cum, itemsize, token_size, vocab, paths).gather(starts, length, out)

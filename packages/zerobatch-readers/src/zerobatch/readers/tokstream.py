@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.core import gather_windows
+from zerobatch.core import WindowGather
 from zerobatch.core._checks import check_count
 from zerobatch.core.io import open_regular_file, pread_exact
+from zerobatch.core.pool import shared_pool
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import ConfigError, CorruptError, NotFoundError, TruncatedError
 
@@ -150,6 +151,9 @@ class TokenStreamReader:
 
     Args:
         folder: the dataset folder (holding ``manifest.json``).
+        num_threads: threads a batch of windows is split over (the calling thread plus
+            ``num_threads - 1`` workers of the shared pool, all without the GIL); 1 copies
+            on the calling thread only.
 
     Attributes:
         num_tokens, num_documents: totals over all shards (64-bit).
@@ -162,8 +166,9 @@ class TokenStreamReader:
             the error names the file and the field.
     """
 
-    def __init__(self, folder: str | os.PathLike[str]) -> None:
+    def __init__(self, folder: str | os.PathLike[str], *, num_threads: int = 1) -> None:
         self.folder = os.path.abspath(os.fspath(folder))
+        self.num_threads = check_count(num_threads, "num_threads", minimum=1, maximum=256)
         path = os.path.join(self.folder, T.MANIFEST_NAME)
         try:
             fd, st = open_regular_file(path)
@@ -194,8 +199,11 @@ class TokenStreamReader:
             [[0], np.cumsum([e.num_documents for e in m.shards], dtype=np.int64)]).astype(np.int64)
         self.num_tokens = int(self.cum_tokens[-1])
         self.num_documents = int(self.cum_documents[-1])
-        self._bases = np.array([s.address for s in self._shards], dtype=np.uint64)
-        self._token_paths = [os.path.join(s.path, "tokens.bin") for s in self._shards]
+        self._gather = None
+        if self._shards:
+            self._gather = WindowGather(np.array([s.address for s in self._shards], dtype=np.uint64),
+                                        self.cum_tokens, self.itemsize, self.token_dtype.itemsize,
+                                        self.vocab_size, [os.path.join(s.path, "tokens.bin") for s in self._shards])
         self.closed = False
 
     def __len__(self) -> int:
@@ -226,18 +234,17 @@ class TokenStreamReader:
             ConfigError: an unfit ``out``.
         """
         self._ready()
-        length = check_count(length, "length")
-        count = int(np.size(starts))
         if out is None:
-            out = np.empty((count, length), dtype=np.dtype(dtype))
+            length = check_count(length, "length")
+            out = np.empty((int(np.size(starts)), length), dtype=np.dtype(dtype))
             if out.dtype not in (np.int64, np.int32):
                 raise ConfigError(f"dtype must be int64 or int32, got {out.dtype}", field="dtype")
-        if not self._shards:
-            if count:
+        if self._gather is None:
+            if np.size(starts):
                 raise IndexError("the dataset holds no tokens")
             return out
-        return gather_windows(self._bases, self.cum_tokens, self.itemsize, self.token_dtype.itemsize,
-                              self.vocab_size, starts, length, out, paths=self._token_paths)
+        pool = shared_pool(self.num_threads - 1) if self.num_threads > 1 else None
+        return self._gather.gather(starts, length, out, pool)
 
     def window(self, start: int, length: int, *, dtype: Any = np.int64) -> np.ndarray:
         """One window (see :meth:`windows`)."""
@@ -275,6 +282,7 @@ class TokenStreamReader:
 
     def close(self) -> None:
         """Release every file (arrays still viewing a mapping keep it alive)."""
+        self._gather = None
         for s in getattr(self, "_shards", []):
             s.close()
         self._shards = []
