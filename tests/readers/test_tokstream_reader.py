@@ -301,3 +301,27 @@ def test_windows_split_over_threads_equal_one_thread(tmp_path):
             assert (three.windows(starts, 700) == one.windows(starts, 700)).all()
         with pytest.raises(IndexError):
             three.windows(np.r_[np.zeros(40, np.int64), [one.num_tokens]], 700)
+
+
+def test_document_boundaries_match_the_twin_and_the_documents(tmp_path):
+    folder = tmp_path / "d"
+    ds = build(folder, n_docs=120, shard_tokens=400, max_len=90)
+    doc_starts = np.concatenate([[0], np.cumsum([len(t) for t in ds])[:-1]])
+    with TokenStreamReader(folder) as r:
+        twin = ref.WindowGather([s.records for s in r._shards], r.cum_tokens, r.itemsize, 2, r.vocab_size,
+                                documents=[s.documents for s in r._shards])
+        rng = np.random.default_rng(3)
+        for length in (1, 7, 64, 513):
+            starts = np.concatenate([rng.integers(0, r.num_tokens - length + 1, 40), [0, r.num_tokens - length],
+                                     np.clip(doc_starts[1:6] - 1, 0, r.num_tokens - length)])
+            pos, seg, cu, maxlen = r.boundaries(starts, length)
+            tpos, tseg, tcu, tmax = twin.boundaries(starts, length)
+            assert (pos == tpos).all() and (seg == tseg).all() and (cu == tcu).all() and maxlen == tmax
+            assert cu[0] == 0 and cu[-1] == starts.size * length and (np.diff(cu) > 0).all()
+            assert maxlen == np.diff(cu).max()
+            # a segment restarts exactly where a document starts inside the window
+            for w, s in enumerate(starts):
+                inside = [d - s for d in doc_starts if s < d < s + length]
+                assert np.flatnonzero(pos[w] == 0).tolist() == [0] + inside
+        with pytest.raises(IndexError):
+            r.boundaries([r.num_tokens - 3], 4)

@@ -841,10 +841,36 @@ class WindowGather:
     """Twin of :class:`zerobatch.core._tokstream.WindowGather`."""
 
     def __init__(self, bases: Any, cum: Any, itemsize: int, token_size: int, vocab: int,
-                 paths: Any = None) -> None:
+                 paths: Any = None, documents: Any = None) -> None:
         self.args = (bases, cum, itemsize, token_size, vocab)
         self.paths = paths
         self.total = int(np.asarray(cum)[-1])
+        self.doc_starts = None
+        if documents is not None:
+            c = np.asarray(cum, dtype=np.int64)
+            self.doc_starts = np.unique(np.concatenate(
+                [c[k] + np.asarray(d, dtype=np.int64)[:-1] for k, d in enumerate(documents)] + [c[:-1]]))
+
+    def boundaries(self, starts: Any, length: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        if self.doc_starts is None:
+            raise ConfigError("boundaries: this gatherer has no document indexes", field="documents")
+        L = check_count(length, "length", minimum=1)
+        st = as_positions(starts, "starts")
+        if st.size and (st.min() < 0 or st.max() > self.total - L):
+            raise IndexError(f"a window of {L} tokens falls outside [0, {self.total})")
+        pos_ids = np.empty((st.size, L), dtype=np.int64)
+        seg_ids = np.empty((st.size, L), dtype=np.int32)
+        cu, maxlen = [], 0
+        for w, p in enumerate(st.tolist()):
+            cuts = [p] + [int(d) for d in self.doc_starts if p < d < p + L] + [p + L]
+            for k in range(len(cuts) - 1):
+                a, b = cuts[k], cuts[k + 1]
+                pos_ids[w, a - p:b - p] = np.arange(b - a)
+                seg_ids[w, a - p:b - p] = k
+                cu.append(w * L + a - p)
+                maxlen = max(maxlen, b - a)
+        cu.append(st.size * L)
+        return pos_ids, seg_ids, np.array(cu, dtype=np.int32), maxlen
 
     def gather(self, starts: Any, length: Any, out: Any, pool: Any = None) -> np.ndarray:
         return gather_windows(*self.args, starts, length, out, paths=self.paths)

@@ -5,8 +5,16 @@ import numpy as np
 class WindowGather:
     total: int
     def __init__(
-        self, bases: Any, cum: Any, itemsize: int, token_size: int, vocab: int, paths: list[str] | None = ...
+        self,
+        bases: Any,
+        cum: Any,
+        itemsize: int,
+        token_size: int,
+        vocab: int,
+        paths: list[str] | None = ...,
+        documents: list[np.ndarray] | None = ...,
     ) -> None: ...
+    def boundaries(self, starts: Any, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]: ...
     def gather(self, starts: Any, length: int, out: np.ndarray, pool: Any = ...) -> np.ndarray: ...
 
 def gather_windows(

@@ -11,6 +11,14 @@
 #           (shard found by binary search over cum); or
 #           ZB_E_INDEX when a window falls outside [0, total) (out unspecified), or
 #           ZB_E_RANGE when a token id is >= g->vocab (g->bad_pos = its global position).
+#   zb_ts_boundaries(g, starts, count, length, pos_ids, seg_ids, cu, &nseg, &maxlen)
+#     pre:  the windows were checked (zb_ts_windows's precondition); g->docs[s] holds shard
+#           s's document starts (increasing, first 0, last the shard's token count).
+#     post: for each window, the segments are its runs of tokens from one document (a window
+#           is cut at every document start inside it, and a shard start is a document
+#           start); pos_ids restart at 0 at each segment start, seg_ids count the window's
+#           segments from 0, cu receives the flattened segment starts of the whole batch
+#           followed by count * length, nseg the number of segments, maxlen the longest.
 #   Runs without the GIL and touches no Python object. The copy loops are in _tokstream.h
 #   (vectorized, one clone per ISA).
 
@@ -44,6 +52,8 @@ _INT32 = np.dtype(np.int32)
 
 cdef struct zb_ts_geometry:
     const uint8_t **bases
+    const uint64_t **docs      # per shard: documents.index (D_s + 1 entries), or NULL
+    const int64_t *ndocs       # per shard: D_s
     const int64_t *cum
     int64_t num_shards
     int64_t itemsize
@@ -121,6 +131,131 @@ cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, 
     return ZB_OK
 
 
+cdef inline int64_t _first_doc_after(const uint64_t *idx, int64_t nd, int64_t local) noexcept nogil:
+    # index of the first document start > local (in [1, nd]); idx[0] = 0 <= local
+    cdef int64_t lo = 0, hi = nd, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if <int64_t>idx[mid + 1] <= local:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo + 1
+
+
+cdef void zb_ts_boundaries(const zb_ts_geometry *g, const int64_t *starts, int64_t count,
+                           int64_t length, int64_t *pos_ids, int32_t *seg_ids, int32_t *cu,
+                           int64_t *nseg_out, int64_t *maxlen_out) noexcept nogil:
+    cdef int64_t w, pos, end, s, k, nxt, seg_start, seg, nseg = 0, maxlen = 0, j, cut, local
+    for w in range(count):
+        pos = starts[w]
+        end = pos + length
+        seg_start = pos
+        seg = 0
+        cu[nseg] = <int32_t>(w * length)
+        nseg += 1
+        s = _find_shard(g.cum, g.num_shards, pos)
+        local = pos - g.cum[s]
+        k = _first_doc_after(g.docs[s], g.ndocs[s], local)
+        while True:
+            # the next document start after pos: in this shard, else the next non-empty shard
+            if k < g.ndocs[s]:
+                nxt = g.cum[s] + <int64_t>g.docs[s][k]
+            else:
+                nxt = g.cum[s + 1]
+            if nxt >= end:
+                break
+            # a segment ends at nxt
+            for j in range(seg_start, nxt):
+                pos_ids[w * length + (j - pos)] = j - seg_start
+                seg_ids[w * length + (j - pos)] = <int32_t>seg
+            if nxt - seg_start > maxlen:
+                maxlen = nxt - seg_start
+            seg += 1
+            seg_start = nxt
+            cu[nseg] = <int32_t>(w * length + (nxt - pos))
+            nseg += 1
+            if k < g.ndocs[s]:
+                k += 1
+            else:
+                s += 1
+                while g.cum[s + 1] == g.cum[s]:
+                    s += 1
+                k = 1
+        for j in range(seg_start, end):
+            pos_ids[w * length + (j - pos)] = j - seg_start
+            seg_ids[w * length + (j - pos)] = <int32_t>seg
+        if end - seg_start > maxlen:
+            maxlen = end - seg_start
+    cu[nseg] = <int32_t>(count * length)
+    nseg_out[0] = nseg
+    maxlen_out[0] = maxlen
+
+
+cdef struct zb_ts_job:
+    zb_ts_geometry g
+    const int64_t *starts
+    int64_t count
+    int64_t length
+    int64_t *out64
+    int32_t *out32
+
+
+cdef int _ts_job_run(void *arg) noexcept nogil:
+    cdef zb_ts_job *j = <zb_ts_job *>arg
+    return zb_ts_windows(&j.g, j.starts, j.count, j.length, j.out64, j.out32)
+
+
+#: Fewest windows worth handing to another thread.
+MIN_WINDOWS_PER_PART = 4
+
+
+cdef int _run_split(TaskPool pool, zb_ts_geometry *g, const int64_t *starts, int64_t count,
+                    int64_t length, int64_t *out64, int32_t *out32, int64_t parts) except -2:
+    """Split the windows in `parts` runs: all but the last queued on `pool`, the last run here,
+    then wait for the others (helping with them if no worker has started). Returns the first
+    non-OK status (g.bad_pos set for ZB_E_RANGE)."""
+    cdef zb_ts_job *jobs = <zb_ts_job *>PyMem_Malloc(parts * sizeof(zb_ts_job))
+    cdef zb_task *tasks = <zb_task *>PyMem_Malloc(parts * sizeof(zb_task))
+    if jobs == NULL or tasks == NULL:
+        PyMem_Free(jobs)
+        PyMem_Free(tasks)
+        raise MemoryError()
+    cdef int64_t p, first = 0, n, submitted = 0
+    cdef int status = ZB_OK, st
+    try:
+        for p in range(parts):
+            n = count // parts + (1 if p < count % parts else 0)
+            jobs[p].g = g[0]
+            jobs[p].starts = starts + first
+            jobs[p].count = n
+            jobs[p].length = length
+            jobs[p].out64 = NULL if out64 == NULL else out64 + first * length
+            jobs[p].out32 = NULL if out32 == NULL else out32 + first * length
+            tasks[p].fn = _ts_job_run
+            tasks[p].arg = &jobs[p]
+            first += n
+        for p in range(parts - 1):
+            pool.submit(&tasks[p])
+            submitted += 1
+        with nogil:
+            st = _ts_job_run(&jobs[parts - 1])
+        if st != ZB_OK:
+            status = st
+            g.bad_pos = jobs[parts - 1].g.bad_pos
+        for p in range(submitted):
+            pool.wait(&tasks[p])
+            if tasks[p].status != ZB_OK and (status == ZB_OK or tasks[p].status == ZB_E_INDEX):
+                status = tasks[p].status
+                g.bad_pos = jobs[p].g.bad_pos
+    finally:
+        for p in range(submitted):
+            pool.wait(&tasks[p])
+        PyMem_Free(jobs)
+        PyMem_Free(tasks)
+    return status
+
+
 cdef class WindowGather:
     """Gathers token windows across the shards of one dataset, GIL released.
 
@@ -135,18 +270,22 @@ cdef class WindowGather:
             comes first in each record).
         vocab: token ids must be below it.
         paths: optional file name of each shard, named in errors.
+        documents: optional per-shard ``uint64`` document indexes (``D_s + 1`` entries:
+            document starts, then the shard's token count), for :meth:`boundaries`.
 
     Raises:
         ConfigError: inconsistent geometry.
     """
 
-    cdef object _bases, _cum, paths
+    cdef object _bases, _cum, paths, _docs, _doc_ptrs, _ndocs
     cdef const uint64_t[::1] b
     cdef const int64_t[::1] c
+    cdef const uint64_t[::1] dp
+    cdef const int64_t[::1] nd
     cdef zb_ts_geometry g
     cdef readonly int64_t total
 
-    def __cinit__(self, bases, cum, itemsize, token_size, vocab, paths=None):
+    def __cinit__(self, bases, cum, itemsize, token_size, vocab, paths=None, documents=None):
         self._bases = np.ascontiguousarray(bases, dtype=np.uint64)
         self._cum = np.ascontiguousarray(cum, dtype=np.int64)
         self.b = self._bases
@@ -171,6 +310,24 @@ cdef class WindowGather:
         self.g.token_size = token_size
         self.g.vocab = vocab
         self.total = self.c[ns]
+        self.g.docs = NULL
+        self.g.ndocs = NULL
+        if documents is not None:
+            if len(documents) != ns:
+                raise ConfigError("documents: one index per shard", field="documents")
+            self._docs = [np.ascontiguousarray(d, dtype=np.uint64) for d in documents]
+            for i in range(ns):
+                d = self._docs[i]
+                if d.ndim != 1 or d.shape[0] < 1 or d[0] != 0 \
+                        or <int64_t>d[d.shape[0] - 1] != self.c[i + 1] - self.c[i]:
+                    raise ConfigError(f"documents[{i}]: must start at 0 and end at the shard's token count",
+                                      field="documents")
+            self._doc_ptrs = np.array([d.ctypes.data for d in self._docs], dtype=np.uint64)
+            self._ndocs = np.array([d.shape[0] - 1 for d in self._docs], dtype=np.int64)
+            self.dp = self._doc_ptrs
+            self.nd = self._ndocs
+            self.g.docs = <const uint64_t **>&self.dp[0]
+            self.g.ndocs = &self.nd[0]
 
     def gather(self, starts, length, out, TaskPool pool=None):
         """Copy the windows ``[starts[w], starts[w] + length)`` into the rows of ``out``.
@@ -240,69 +397,50 @@ cdef class WindowGather:
                                path=None if self.paths is None else self.paths[shard], field="token")
         return out
 
+    def boundaries(self, starts, length):
+        """Document boundaries inside a batch of windows, computed without the GIL.
 
-cdef struct zb_ts_job:
-    zb_ts_geometry g
-    const int64_t *starts
-    int64_t count
-    int64_t length
-    int64_t *out64
-    int32_t *out32
+        A window is cut into segments at every document start inside it (the first segment
+        starts at the window's start; a shard start is a document start).
 
+        Args:
+            starts: integer array-like of global token positions.
+            length: tokens per window.
 
-cdef int _ts_job_run(void *arg) noexcept nogil:
-    cdef zb_ts_job *j = <zb_ts_job *>arg
-    return zb_ts_windows(&j.g, j.starts, j.count, j.length, j.out64, j.out32)
+        Returns:
+            ``(position_ids, segment_ids, cu_seqlens, max_seqlen)``: ``int64`` ``(B, L)``
+            positions restarting at 0 at each segment start; ``int32`` ``(B, L)`` segment
+            numbers within each window; ``int32`` cumulative segment starts over the
+            flattened batch, ending with ``B * L`` (as variable-length attention kernels
+            take them); the longest segment.
 
-
-#: Fewest windows worth handing to another thread.
-MIN_WINDOWS_PER_PART = 4
-
-
-cdef int _run_split(TaskPool pool, zb_ts_geometry *g, const int64_t *starts, int64_t count,
-                    int64_t length, int64_t *out64, int32_t *out32, int64_t parts) except -2:
-    """Split the windows in `parts` runs: all but the last queued on `pool`, the last run here,
-    then wait for the others (helping with them if no worker has started). Returns the first
-    non-OK status (g.bad_pos set for ZB_E_RANGE)."""
-    cdef zb_ts_job *jobs = <zb_ts_job *>PyMem_Malloc(parts * sizeof(zb_ts_job))
-    cdef zb_task *tasks = <zb_task *>PyMem_Malloc(parts * sizeof(zb_task))
-    if jobs == NULL or tasks == NULL:
-        PyMem_Free(jobs)
-        PyMem_Free(tasks)
-        raise MemoryError()
-    cdef int64_t p, first = 0, n, submitted = 0
-    cdef int status = ZB_OK, st
-    try:
-        for p in range(parts):
-            n = count // parts + (1 if p < count % parts else 0)
-            jobs[p].g = g[0]
-            jobs[p].starts = starts + first
-            jobs[p].count = n
-            jobs[p].length = length
-            jobs[p].out64 = NULL if out64 == NULL else out64 + first * length
-            jobs[p].out32 = NULL if out32 == NULL else out32 + first * length
-            tasks[p].fn = _ts_job_run
-            tasks[p].arg = &jobs[p]
-            first += n
-        for p in range(parts - 1):
-            pool.submit(&tasks[p])
-            submitted += 1
+        Raises:
+            IndexError: a window outside ``[0, total)``.
+            ConfigError: no document indexes were given, or ``B * L`` does not fit in int32.
+        """
+        if self.g.docs == NULL:
+            raise ConfigError("boundaries: this gatherer has no document indexes", field="documents")
+        cdef int64_t L = check_count(length, "length", minimum=1)
+        cdef const int64_t[::1] st = as_positions(starts, "starts")
+        cdef int64_t count = st.shape[0], i
+        if count * L >= 2**31:
+            raise ConfigError(f"boundaries: {count} x {L} tokens do not fit int32 cu_seqlens", field="length")
+        for i in range(count):
+            if st[i] < 0 or st[i] > self.total - L:
+                raise IndexError(f"a window of {L} tokens falls outside [0, {self.total})")
+        pos_ids = np.empty((count, L), dtype=np.int64)
+        seg_ids = np.empty((count, L), dtype=np.int32)
+        cu = np.empty(count * L + 1, dtype=np.int32)
+        cdef int64_t nseg = 0, maxlen = 0
+        if count == 0:
+            cu[0] = 0
+            return pos_ids, seg_ids, cu[:1], 0
+        cdef int64_t[::1] pv = pos_ids.reshape(-1)
+        cdef int32_t[::1] sv = seg_ids.reshape(-1)
+        cdef int32_t[::1] cv = cu
         with nogil:
-            st = _ts_job_run(&jobs[parts - 1])
-        if st != ZB_OK:
-            status = st
-            g.bad_pos = jobs[parts - 1].g.bad_pos
-        for p in range(submitted):
-            pool.wait(&tasks[p])
-            if tasks[p].status != ZB_OK and (status == ZB_OK or tasks[p].status == ZB_E_INDEX):
-                status = tasks[p].status
-                g.bad_pos = jobs[p].g.bad_pos
-    finally:
-        for p in range(submitted):
-            pool.wait(&tasks[p])
-        PyMem_Free(jobs)
-        PyMem_Free(tasks)
-    return status
+            zb_ts_boundaries(&self.g, &st[0], count, L, &pv[0], &sv[0], &cv[0], &nseg, &maxlen)
+        return pos_ids, seg_ids, cu[:nseg + 1], int(maxlen)
 
 
 def gather_windows(bases, cum, itemsize, token_size, vocab, starts, length, out, paths=None):

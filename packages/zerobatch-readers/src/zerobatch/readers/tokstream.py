@@ -203,7 +203,8 @@ class TokenStreamReader:
         if self._shards:
             self._gather = WindowGather(np.array([s.address for s in self._shards], dtype=np.uint64),
                                         self.cum_tokens, self.itemsize, self.token_dtype.itemsize,
-                                        self.vocab_size, [os.path.join(s.path, "tokens.bin") for s in self._shards])
+                                        self.vocab_size, [os.path.join(s.path, "tokens.bin") for s in self._shards],
+                                        [s.documents for s in self._shards])
         self.closed = False
 
     def __len__(self) -> int:
@@ -245,6 +246,24 @@ class TokenStreamReader:
             return out
         pool = shared_pool(self.num_threads - 1) if self.num_threads > 1 else None
         return self._gather.gather(starts, length, out, pool)
+
+    def boundaries(self, starts: Any, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """Document boundaries inside the windows ``[start, start + length)``, compiled.
+
+        Each window is cut into segments at every document start inside it. Returns
+        ``(position_ids, segment_ids, cu_seqlens, max_seqlen)``: ``int64 (B, L)`` positions
+        restarting at 0 at each segment, ``int32 (B, L)`` segment numbers per window,
+        ``int32`` cumulative segment starts over the flattened batch ending with ``B * L``
+        (the ``cu_seqlens`` of variable-length attention kernels), and the longest segment.
+        For next-token pairs, pass the same ``length`` as the inputs (``seq_len``).
+
+        Raises:
+            IndexError: a window outside ``[0, num_tokens)``.
+        """
+        self._ready()
+        if self._gather is None:
+            raise IndexError("the dataset holds no tokens")
+        return self._gather.boundaries(starts, length)
 
     def window(self, start: int, length: int, *, dtype: Any = np.int64) -> np.ndarray:
         """One window (see :meth:`windows`)."""
