@@ -325,3 +325,53 @@ def test_document_boundaries_match_the_twin_and_the_documents(tmp_path):
                 assert np.flatnonzero(pos[w] == 0).tolist() == [0] + inside
         with pytest.raises(IndexError):
             r.boundaries([r.num_tokens - 3], 4)
+
+
+def test_window_metadata_coalesced_and_zero_copy(tmp_path):
+    folder = tmp_path / "d"
+    rng = np.random.default_rng(9)
+    ds, spans = [], []
+    with TokenStreamWriter(folder, vocab_size=1000, metadata=True, shard_tokens=300) as w:
+        for k in range(60):
+            t = rng.integers(0, 1000, int(rng.integers(5, 60)))
+            sp = [(1, 3, {"concept": f"c{k}"})] if k % 3 == 0 else []
+            w.add_document(t, {"doc": k} if k % 5 else None, spans=sp)
+            ds.append(t)
+            spans.append(sp)
+    # the expected metadata of every token, from the documents themselves
+    want = []
+    for k, t in enumerate(ds):
+        per = [{"doc": k} if k % 5 else None] * len(t)
+        for a, b, obj in spans[k]:
+            per[a:b] = [obj] * (b - a)
+        want.extend(per)
+    with TokenStreamReader(folder) as r:
+        for start, length in [(0, 50), (r.cum_tokens[1] - 20, 60), (r.num_tokens - 100, 100), (7, 1)]:
+            start = int(start)
+            meta = r.window_metadata(start, length)
+            got = [None if i < 0 else meta.objects[i] for i in meta.ids.tolist()]
+            assert got == want[start:start + length]
+            # distinct blobs per shard piece (a blob never repeats within one shard's piece)
+            assert len(meta.objects) <= len(set(meta.ids.tolist()) - {-1}) + 1
+            raw = r.window_metadata(start, length, decode=False)
+            assert all(isinstance(b, memoryview) for b in raw.objects)
+            assert [json.loads(bytes(b)) for b in raw.objects] == meta.objects
+        with pytest.raises(IndexError):
+            r.window_metadata(r.num_tokens - 5, 6)
+
+
+def test_metadata_refusals(tmp_path, dataset):
+    folder, _, _ = dataset
+    with TokenStreamReader(folder) as r:
+        with pytest.raises(ConfigError):
+            r.window_metadata(0, 10)
+    mfolder = tmp_path / "m"
+    build(mfolder, metadata=True)
+    d = shard_dir(mfolder)
+    with open(d / "tokens.bin", "r+b") as f:
+        f.seek(2)                            # metadata_id of record 0 (after its u16 token)
+        f.write(np.array([10**6], dtype="<u4").tobytes())
+    with TokenStreamReader(mfolder) as r:
+        with pytest.raises(CorruptError) as info:
+            r.window_metadata(0, 5)
+        assert info.value.field == "metadata_id" and info.value.path.endswith("tokens.bin")

@@ -12,8 +12,12 @@ which also refuses token ids at or above the vocabulary on first use.
 
 from __future__ import annotations
 
+import dataclasses
+import io
+import json
 import mmap
 import os
+import pickle
 from typing import Any
 
 import numpy as np
@@ -25,11 +29,19 @@ from zerobatch.core.pool import shared_pool
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import ConfigError, CorruptError, NotFoundError, TruncatedError
 
-__all__ = ["TokenStreamReader"]
+__all__ = ["TokenStreamReader", "WindowMetadata"]
 
 #: Index files up to this size are validated in full at open (monotonic offsets); larger
 #: ones are checked at their ends at open and in full by :meth:`TokenStreamReader.verify`.
 FULL_INDEX_CHECK_BYTES = 64 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowMetadata:
+    """The metadata of one window: per-token indices into ``objects`` (-1: none)."""
+
+    ids: np.ndarray
+    objects: list[Any]
 
 
 class _Shard:
@@ -121,8 +133,10 @@ class _Shard:
         self.address = self.records.ctypes.data if size else 0
         self.documents = self._index("documents.index", e.num_documents, e.num_tokens, "num_tokens")
         self.metadata_index = None
+        self.metadata_bin = memoryview(b"")
         if manifest.metadata:
-            _, bin_size, _ = self._open_file("metadata.bin")
+            fd, bin_size, _ = self._open_file("metadata.bin")
+            self.metadata_bin = self._map(fd, bin_size)
             self.metadata_index = self._index("metadata.index", e.num_metadata, bin_size, "the size of metadata.bin")
 
     def verify_indexes(self) -> None:
@@ -134,6 +148,7 @@ class _Shard:
         self.records = None
         self.documents = None
         self.metadata_index = None
+        self.metadata_bin = None
         self.tokens = None
         for m in self._maps:
             try:
@@ -264,6 +279,82 @@ class TokenStreamReader:
         if self._gather is None:
             raise IndexError("the dataset holds no tokens")
         return self._gather.boundaries(starts, length)
+
+    def window_metadata(self, start: int, length: int, *, decode: bool = True) -> WindowMetadata:
+        """The metadata of the window ``[start, start + length)``.
+
+        For each shard piece of the window the distinct metadata ids are read with one
+        coalesced index read (the ids between the smallest and the largest) and one data
+        read (the bytes between their first and last blob), then split into blobs by
+        ``memoryview`` slices, without copying.
+
+        Args:
+            start, length: the window (global token positions).
+            decode: decode each blob with the dataset's codec (``json``, ``numpy``,
+                ``bytes``; ``pickle`` only if the dataset was written with it); else return
+                the blobs as ``memoryview`` slices of the mapped ``metadata.bin``.
+
+        Returns:
+            :class:`WindowMetadata`: ``ids`` (``int64``, one per token: an index into
+            ``objects``, or -1 where no metadata covers the token) and ``objects`` (the
+            distinct metadata, in order of first appearance).
+
+        Raises:
+            ConfigError: the dataset has no metadata.
+            IndexError: the window is outside ``[0, num_tokens)``.
+            CorruptError: a token's metadata id is not below its shard's metadata count.
+        """
+        self._ready()
+        if not self.manifest.metadata:
+            raise ConfigError("the dataset has no metadata", path=self.folder, field="metadata")
+        start = check_count(start, "start")
+        length = check_count(length, "length")
+        if start + length > self.num_tokens:
+            raise IndexError(f"window [{start}, {start + length}) is outside [0, {self.num_tokens})")
+        ids = np.full(length, -1, dtype=np.int64)
+        objects: list[Any] = []
+        pos, done = start, 0
+        while done < length:
+            k = int(np.searchsorted(self.cum_tokens, pos, side="right") - 1)
+            shard = self._shards[k]
+            local = pos - int(self.cum_tokens[k])
+            take = min(length - done, int(self.cum_tokens[k + 1]) - pos)
+            mids = shard.records["metadata_id"][local:local + take]
+            present = mids != T.NO_METADATA
+            if present.any():
+                distinct, inverse = np.unique(mids[present], return_inverse=True)
+                hi = int(distinct[-1])
+                if hi >= shard.entry.num_metadata:
+                    raise CorruptError(f"metadata_id: {hi} at record {local + int(np.argmax(mids == hi))} is "
+                                       f"not below the shard's {shard.entry.num_metadata} metadata blobs",
+                                       path=os.path.join(shard.path, "tokens.bin"), field="metadata_id")
+                lo = int(distinct[0])
+                offsets = np.asarray(shard.metadata_index[lo:hi + 2], dtype=np.int64)   # one index read
+                data = shard.metadata_bin[int(offsets[0]):int(offsets[-1])]             # one data read
+                rel = offsets - offsets[0]
+                base = len(objects)
+                for d in distinct.tolist():
+                    blob = data[int(rel[d - lo]):int(rel[d - lo + 1])]
+                    objects.append(self._decode(blob) if decode else blob)
+                piece = ids[done:done + take]
+                piece[present] = base + inverse
+            pos += take
+            done += take
+        return WindowMetadata(ids, objects)
+
+    def _decode(self, blob: memoryview) -> Any:
+        codec = self.manifest.codec
+        try:
+            if codec == "json":
+                return json.loads(bytes(blob))
+            if codec == "numpy":
+                return np.load(io.BytesIO(blob), allow_pickle=False)
+            if codec == "pickle":
+                return pickle.loads(blob)
+            return blob
+        except (ValueError, EOFError, pickle.UnpicklingError) as exc:
+            raise CorruptError(f"metadata: a blob does not decode as {codec} ({exc})", path=self.folder,
+                               field="metadata") from None
 
     def window(self, start: int, length: int, *, dtype: Any = np.int64) -> np.ndarray:
         """One window (see :meth:`windows`)."""
