@@ -34,13 +34,14 @@ def dataset(tmp_path):
     return folder, ds, np.concatenate(ds)
 
 
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
 @pytest.mark.parametrize("metadata", [False, True])
 @pytest.mark.parametrize("vocab", [1000, 70000])
-def test_windows_anywhere_and_across_shards(tmp_path, metadata, vocab):
+def test_windows_anywhere_and_across_shards(tmp_path, metadata, vocab, backend):
     folder = tmp_path / "d"
     ds = build(folder, vocab=vocab, metadata=metadata, shard_tokens=300)
     flat = np.concatenate(ds)
-    with TokenStreamReader(folder) as r:
+    with TokenStreamReader(folder, backend=backend) as r, TokenStreamReader(folder) as mapped:
         assert len(r) == flat.size and len(r.manifest.shards) > 5
         rng = np.random.default_rng(1)
         for length in (1, 17, 513, 1500):          # 1500 spans several shards
@@ -52,7 +53,7 @@ def test_windows_anywhere_and_across_shards(tmp_path, metadata, vocab):
             out = np.empty((starts.size, length), dtype=np.int32)
             assert r.windows(starts, length, out=out) is out and (out == want).all()
             twin = np.empty_like(want)
-            ref.gather_windows([s.records for s in r._shards], r.cum_tokens, r.itemsize,
+            ref.gather_windows([s.records for s in mapped._shards], r.cum_tokens, r.itemsize,
                                r.token_dtype.itemsize, r.vocab_size, starts, length, twin)
             assert (twin == want).all()
         for i in (0, 1, len(ds) // 2, len(ds) - 1):
@@ -345,19 +346,20 @@ def test_window_metadata_coalesced_and_zero_copy(tmp_path):
         for a, b, obj in spans[k]:
             per[a:b] = [obj] * (b - a)
         want.extend(per)
-    with TokenStreamReader(folder) as r:
-        for start, length in [(0, 50), (r.cum_tokens[1] - 20, 60), (r.num_tokens - 100, 100), (7, 1)]:
-            start = int(start)
-            meta = r.window_metadata(start, length)
-            got = [None if i < 0 else meta.objects[i] for i in meta.ids.tolist()]
-            assert got == want[start:start + length]
-            # distinct blobs per shard piece (a blob never repeats within one shard's piece)
-            assert len(meta.objects) <= len(set(meta.ids.tolist()) - {-1}) + 1
-            raw = r.window_metadata(start, length, decode=False)
-            assert all(isinstance(b, memoryview) for b in raw.objects)
-            assert [json.loads(bytes(b)) for b in raw.objects] == meta.objects
-        with pytest.raises(IndexError):
-            r.window_metadata(r.num_tokens - 5, 6)
+    for backend in ("mmap", "pread"):
+        with TokenStreamReader(folder, backend=backend) as r:
+            for start, length in [(0, 50), (r.cum_tokens[1] - 20, 60), (r.num_tokens - 100, 100), (7, 1)]:
+                start = int(start)
+                meta = r.window_metadata(start, length)
+                got = [None if i < 0 else meta.objects[i] for i in meta.ids.tolist()]
+                assert got == want[start:start + length]
+                # distinct blobs per shard piece (a blob never repeats within one shard's piece)
+                assert len(meta.objects) <= len(set(meta.ids.tolist()) - {-1}) + 1
+                raw = r.window_metadata(start, length, decode=False)
+                assert all(isinstance(b, memoryview) for b in raw.objects)
+                assert [json.loads(bytes(b)) for b in raw.objects] == meta.objects
+            with pytest.raises(IndexError):
+                r.window_metadata(r.num_tokens - 5, 6)
 
 
 def test_metadata_refusals(tmp_path, dataset):
@@ -375,3 +377,16 @@ def test_metadata_refusals(tmp_path, dataset):
         with pytest.raises(CorruptError) as info:
             r.window_metadata(0, 5)
         assert info.value.field == "metadata_id" and info.value.path.endswith("tokens.bin")
+
+
+def test_pread_backend_reports_a_file_that_shrank_after_open(dataset):
+    folder, _, flat = dataset
+    with TokenStreamReader(folder, backend="pread") as r:
+        assert (r.windows([3], 20)[0] == flat[3:23]).all()
+        path = shard_dir(folder, 1) / "tokens.bin"
+        os.truncate(path, 10)
+        with pytest.raises(TruncatedError) as info:
+            r.windows([int(r.cum_tokens[1]) + 50], 20)
+        assert info.value.path == str(path)
+    with pytest.raises(ConfigError):
+        TokenStreamReader(folder, backend="s3")

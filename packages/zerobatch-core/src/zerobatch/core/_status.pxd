@@ -20,3 +20,4 @@ cdef enum zb_status:
     ZB_E_RANGE = 12         # ConfigError: a value does not fit the requested output type
     ZB_E_INDEX = 13         # IndexError: an index outside the valid range
     ZB_E_ARGUMENT = 14      # ConfigError: an argument the wrapper should have refused
+    ZB_E_IO = 15            # ReadError: a read failed at the OS level (the kernel keeps errno)

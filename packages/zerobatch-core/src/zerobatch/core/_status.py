@@ -14,6 +14,7 @@ from zerobatch.formats.errors import (
     CorruptError,
     IntegrityError,
     LimitExceededError,
+    ReadError,
     TruncatedError,
     UnsupportedVersionError,
 )
@@ -37,6 +38,7 @@ STATUS_CODES = {
     "ZB_E_RANGE": 12,
     "ZB_E_INDEX": 13,
     "ZB_E_ARGUMENT": 14,
+    "ZB_E_IO": 15,
 }
 
 #: code -> exception class.
@@ -55,6 +57,7 @@ STATUS_EXCEPTIONS: dict[int, type[Exception]] = {
     12: ConfigError,
     13: IndexError,
     14: ConfigError,
+    15: ReadError,
 }
 
 

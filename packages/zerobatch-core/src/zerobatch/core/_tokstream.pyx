@@ -27,7 +27,11 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 
 from zerobatch.core._pool cimport TaskPool, zb_task
-from zerobatch.core._status cimport ZB_E_INDEX, ZB_E_RANGE, ZB_OK
+from libc.errno cimport EINTR, errno
+from libc.stdlib cimport free, malloc
+from posix.unistd cimport pread
+
+from zerobatch.core._status cimport ZB_E_INDEX, ZB_E_IO, ZB_E_RANGE, ZB_E_TRUNCATED, ZB_OK
 
 cdef extern from "_tokstream.h" nogil:
     void zb_ts_prefetch(const uint8_t *p, int64_t nbytes)
@@ -36,10 +40,12 @@ cdef extern from "_tokstream.h" nogil:
     uint32_t zb_ts_copy_u32_i64(const uint8_t *src, int64_t stride, int64_t *dst, int64_t n)
     uint32_t zb_ts_copy_u32_i32(const uint8_t *src, int64_t stride, int32_t *dst, int64_t n)
 
+import os
+
 import numpy as np
 
 from zerobatch.core._checks import as_positions, check_count
-from zerobatch.formats.errors import ConfigError, CorruptError
+from zerobatch.formats.errors import ConfigError, CorruptError, ReadError, TruncatedError
 
 
 #: Windows loaded ahead of the one being copied.
@@ -51,7 +57,10 @@ _INT32 = np.dtype(np.int32)
 
 
 cdef struct zb_ts_geometry:
-    const uint8_t **bases
+    const uint8_t **bases      # mmap backend: mapped tokens.bin per shard (NULL: pread backend)
+    const int *fds             # pread backend: tokens.bin descriptor per shard
+    int err_errno              # ZB_E_IO: the failing call's errno
+    int64_t err_shard          # ZB_E_IO / ZB_E_TRUNCATED: the shard
     const uint64_t **docs      # per shard: documents.index (D_s + 1 entries), or NULL
     const int64_t *ndocs       # per shard: D_s
     const int64_t *cum
@@ -74,9 +83,42 @@ cdef inline int64_t _find_shard(const int64_t *cum, int64_t num_shards, int64_t 
     return lo
 
 
+cdef int _pread_full(int fd, uint8_t *buf, int64_t n, int64_t offset, int *err) noexcept nogil:
+    # read exactly n bytes at offset, retrying short reads and EINTR
+    cdef int64_t got = 0
+    cdef ssize_t r
+    while got < n:
+        r = pread(fd, buf + got, n - got, offset + got)
+        if r < 0:
+            if errno == EINTR:
+                continue
+            err[0] = errno
+            return ZB_E_IO
+        if r == 0:
+            return ZB_E_TRUNCATED
+        got += r
+    return ZB_OK
+
+
 cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, int64_t length,
                        int64_t *out64, int32_t *out32) noexcept nogil:
+    cdef int status = ZB_OK
+    cdef uint8_t *scratch = NULL
+    if g.fds != NULL:
+        # pread backend: each shard piece is read whole into one buffer, then widened
+        scratch = <uint8_t *>malloc(max(length, 1) * g.itemsize)
+        if scratch == NULL:
+            g.err_errno = 12   # ENOMEM
+            return ZB_E_IO
+    status = _ts_windows(g, starts, count, length, out64, out32, scratch)
+    free(scratch)
+    return status
+
+
+cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, int64_t length,
+                     int64_t *out64, int32_t *out32, uint8_t *scratch) noexcept nogil:
     cdef int64_t total = g.cum[g.num_shards]
+    cdef int st
     cdef int64_t w, pos, s, take, k, done, row
     cdef const uint8_t *src
     cdef uint64_t v, vmax
@@ -91,7 +133,7 @@ cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, 
         # windows are memory-latency bound, and the hardware prefetcher only follows a
         # window once it has started
         ahead = w + PREFETCH_AHEAD
-        if ahead < count:
+        if ahead < count and scratch == NULL:
             ps = _find_shard(g.cum, g.num_shards, starts[ahead])
             zb_ts_prefetch(g.bases[ps] + (starts[ahead] - g.cum[ps]) * isz,
                            min(length, g.cum[ps + 1] - starts[ahead]) * isz)
@@ -105,7 +147,14 @@ cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, 
             take = g.cum[s + 1] - pos
             if take > length - done:
                 take = length - done
-            src = g.bases[s] + (pos - g.cum[s]) * isz
+            if scratch == NULL:
+                src = g.bases[s] + (pos - g.cum[s]) * isz
+            else:
+                st = _pread_full(g.fds[s], scratch, take * isz, (pos - g.cum[s]) * isz, &g.err_errno)
+                if st != ZB_OK:
+                    g.err_shard = s
+                    return st
+                src = scratch
             if g.token_size == 2:
                 if out64 != NULL:
                     vmax = zb_ts_copy_u16_i64(src, isz, out64 + row + done, take)
@@ -272,12 +321,15 @@ cdef class WindowGather:
         paths: optional file name of each shard, named in errors.
         documents: optional per-shard ``uint64`` document indexes (``D_s + 1`` entries:
             document starts, then the shard's token count), for :meth:`boundaries`.
+        fds: optional per-shard descriptors of ``tokens.bin``: windows are then read with
+            ``pread`` (each piece checked for its full length) instead of from ``bases``.
 
     Raises:
         ConfigError: inconsistent geometry.
     """
 
-    cdef object _bases, _cum, paths, _docs, _doc_ptrs, _ndocs
+    cdef object _bases, _cum, paths, _docs, _doc_ptrs, _ndocs, _fds
+    cdef const int[::1] fv
     cdef const uint64_t[::1] b
     cdef const int64_t[::1] c
     cdef const uint64_t[::1] dp
@@ -285,7 +337,7 @@ cdef class WindowGather:
     cdef zb_ts_geometry g
     cdef readonly int64_t total
 
-    def __cinit__(self, bases, cum, itemsize, token_size, vocab, paths=None, documents=None):
+    def __cinit__(self, bases, cum, itemsize, token_size, vocab, paths=None, documents=None, fds=None):
         self._bases = np.ascontiguousarray(bases, dtype=np.uint64)
         self._cum = np.ascontiguousarray(cum, dtype=np.int64)
         self.b = self._bases
@@ -310,6 +362,13 @@ cdef class WindowGather:
         self.g.token_size = token_size
         self.g.vocab = vocab
         self.total = self.c[ns]
+        self.g.fds = NULL
+        if fds is not None:
+            if len(fds) != ns:
+                raise ConfigError("fds: one descriptor per shard", field="fds")
+            self._fds = np.ascontiguousarray(fds, dtype=np.intc)
+            self.fv = self._fds
+            self.g.fds = &self.fv[0]
         self.g.docs = NULL
         self.g.ndocs = NULL
         if documents is not None:
@@ -389,6 +448,13 @@ cdef class WindowGather:
                 status = zb_ts_windows(&g, &st[0], count, L, p64, p32)
         if status == ZB_E_INDEX:
             raise IndexError(f"a window of {L} tokens falls outside [0, {self.total})")
+        if status == ZB_E_IO or status == ZB_E_TRUNCATED:
+            where = None if self.paths is None else self.paths[g.err_shard]
+            if status == ZB_E_TRUNCATED:
+                raise TruncatedError(f"tokens.bin: shard {g.err_shard} ended before its last record (the "
+                                     "file shrank after open)", path=where, field="tokens.bin")
+            raise ReadError(f"tokens.bin: read failed: {os.strerror(g.err_errno)}", errno=g.err_errno,
+                            path=where, field="tokens.bin")
         if status == ZB_E_RANGE:
             shard = _find_shard(g.cum, g.num_shards, g.bad_pos)
             raise CorruptError(f"token: the id at global position {g.bad_pos} (record "

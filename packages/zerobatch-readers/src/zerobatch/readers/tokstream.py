@@ -27,7 +27,7 @@ from zerobatch.core._checks import check_count
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.core.pool import shared_pool
 from zerobatch.formats import tokstream as T
-from zerobatch.formats.errors import ConfigError, CorruptError, NotFoundError, TruncatedError
+from zerobatch.formats.errors import ConfigError, CorruptError, NotFoundError, ReadError, TruncatedError
 
 __all__ = ["TokenStreamReader", "WindowMetadata"]
 
@@ -47,8 +47,9 @@ class WindowMetadata:
 class _Shard:
     """One shard's open files: the token mapping and the two index arrays."""
 
-    def __init__(self, folder: str, entry: T.ShardEntry, manifest: T.DatasetManifest) -> None:
+    def __init__(self, folder: str, entry: T.ShardEntry, manifest: T.DatasetManifest, backend: str) -> None:
         self.entry = entry
+        self.backend = backend
         self.path = os.path.join(folder, entry.name)
         self.build_id = bytes.fromhex(entry.build_id)
         self._maps: list[mmap.mmap] = []
@@ -126,18 +127,64 @@ class _Shard:
     def _open(self, manifest: T.DatasetManifest) -> None:
         self._check_listing()
         e = self.entry
+        self.dtype = np.dtype(T.record_dtype_descr(manifest.token_dtype, manifest.metadata))
         fd, size, _ = self._open_file("tokens.bin")
-        self.tokens = self._map(fd, size)
-        self.records = np.frombuffer(self.tokens, dtype=np.dtype(T.record_dtype_descr(
-            manifest.token_dtype, manifest.metadata)), count=e.num_tokens)
-        self.address = self.records.ctypes.data if size else 0
+        self.tokens_fd = fd
+        if self.backend == "mmap":
+            self.tokens = self._map(fd, size)
+            self.records = np.frombuffer(self.tokens, dtype=self.dtype, count=e.num_tokens)
+            self.address = self.records.ctypes.data if size else 0
+        else:
+            self.tokens, self.records, self.address = None, None, 0
+            self._advise_random(fd)
         self.documents = self._index("documents.index", e.num_documents, e.num_tokens, "num_tokens")
         self.metadata_index = None
         self.metadata_bin = memoryview(b"")
         if manifest.metadata:
             fd, bin_size, _ = self._open_file("metadata.bin")
-            self.metadata_bin = self._map(fd, bin_size)
+            self.metadata_fd = fd
+            if self.backend == "mmap":
+                self.metadata_bin = self._map(fd, bin_size)
+            else:
+                self._advise_random(fd)
             self.metadata_index = self._index("metadata.index", e.num_metadata, bin_size, "the size of metadata.bin")
+
+    @staticmethod
+    def _advise_random(fd: int) -> None:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+
+    def _pread(self, fd: int, size: int, offset: int, fname: str) -> bytearray:
+        """Exactly ``size`` bytes at ``offset`` into a new writable buffer (``preadv``)."""
+        buf = bytearray(size)
+        view, done = memoryview(buf), 0
+        path = os.path.join(self.path, fname)
+        while done < size:
+            try:
+                n = os.preadv(fd, [view[done:]], offset + done)
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                raise ReadError(f"{fname}: read failed: {exc.strerror}", errno=exc.errno, path=path,
+                                field=fname) from exc
+            if n == 0:
+                raise TruncatedError(f"{fname}: ended before byte {offset + size} (the file shrank after open)",
+                                     path=path, field=fname)
+            done += n
+        return buf
+
+    def read_records(self, local: int, count: int) -> np.ndarray:
+        """Records ``[local, local + count)`` of ``tokens.bin`` (a view, or a fresh read)."""
+        if self.records is not None:
+            return self.records[local:local + count]
+        raw = self._pread(self.tokens_fd, count * self.dtype.itemsize, local * self.dtype.itemsize, "tokens.bin")
+        return np.frombuffer(raw, dtype=self.dtype)
+
+    def read_metadata(self, start: int, stop: int) -> memoryview:
+        """Bytes ``[start, stop)`` of ``metadata.bin`` (a view of the mapping, or one read)."""
+        if self.backend == "mmap":
+            return self.metadata_bin[start:stop]
+        return memoryview(self._pread(self.metadata_fd, stop - start, start, "metadata.bin"))
 
     def verify_indexes(self) -> None:
         self._check_monotonic(self.documents, "documents.index", os.path.join(self.path, "documents.index"))
@@ -166,6 +213,10 @@ class TokenStreamReader:
 
     Args:
         folder: the dataset folder (holding ``manifest.json``).
+        backend: ``"mmap"`` (default; local files) maps the token and metadata files;
+            ``"pread"`` (network filesystems) reads each window piece with ``pread`` into a
+            preallocated buffer, checked for its full length, after
+            ``posix_fadvise(RANDOM)`` on every data file. Index files are mapped in both.
         num_threads: threads a batch of windows is split over (the calling thread plus
             ``num_threads - 1`` workers of the shared pool, all without the GIL); 1 copies
             on the calling thread only.
@@ -181,8 +232,11 @@ class TokenStreamReader:
             the error names the file and the field.
     """
 
-    def __init__(self, folder: str | os.PathLike[str], *, num_threads: int = 1) -> None:
+    def __init__(self, folder: str | os.PathLike[str], *, backend: str = "mmap", num_threads: int = 1) -> None:
         self.folder = os.path.abspath(os.fspath(folder))
+        if backend not in ("mmap", "pread"):
+            raise ConfigError(f"backend must be 'mmap' or 'pread', got {backend!r}", field="backend")
+        self.backend = backend
         self.num_threads = check_count(num_threads, "num_threads", minimum=1, maximum=256)
         path = os.path.join(self.folder, T.MANIFEST_NAME)
         try:
@@ -204,7 +258,7 @@ class TokenStreamReader:
         self._shards: list[_Shard] = []
         try:
             for entry in m.shards:
-                self._shards.append(_Shard(self.folder, entry, m))
+                self._shards.append(_Shard(self.folder, entry, m, backend))
         except BaseException:
             self.close()
             raise
@@ -219,7 +273,8 @@ class TokenStreamReader:
             self._gather = WindowGather(np.array([s.address for s in self._shards], dtype=np.uint64),
                                         self.cum_tokens, self.itemsize, self.token_dtype.itemsize,
                                         self.vocab_size, [os.path.join(s.path, "tokens.bin") for s in self._shards],
-                                        [s.documents for s in self._shards])
+                                        [s.documents for s in self._shards],
+                                        None if backend == "mmap" else [s.tokens_fd for s in self._shards])
         self.closed = False
 
     def __len__(self) -> int:
@@ -319,7 +374,7 @@ class TokenStreamReader:
             shard = self._shards[k]
             local = pos - int(self.cum_tokens[k])
             take = min(length - done, int(self.cum_tokens[k + 1]) - pos)
-            mids = shard.records["metadata_id"][local:local + take]
+            mids = shard.read_records(local, take)["metadata_id"]
             present = mids != T.NO_METADATA
             if present.any():
                 distinct, inverse = np.unique(mids[present], return_inverse=True)
@@ -330,7 +385,7 @@ class TokenStreamReader:
                                        path=os.path.join(shard.path, "tokens.bin"), field="metadata_id")
                 lo = int(distinct[0])
                 offsets = np.asarray(shard.metadata_index[lo:hi + 2], dtype=np.int64)   # one index read
-                data = shard.metadata_bin[int(offsets[0]):int(offsets[-1])]             # one data read
+                data = shard.read_metadata(int(offsets[0]), int(offsets[-1]))          # one data read
                 rel = offsets - offsets[0]
                 base = len(objects)
                 for d in distinct.tolist():
