@@ -390,3 +390,51 @@ def test_pread_backend_reports_a_file_that_shrank_after_open(dataset):
         assert info.value.path == str(path)
     with pytest.raises(ConfigError):
         TokenStreamReader(folder, backend="s3")
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_documents_flat_and_padded(tmp_path, backend):
+    folder = tmp_path / "d"
+    ds = build(folder, n_docs=80, shard_tokens=500, max_len=120)
+    with TokenStreamReader(folder, backend=backend) as r:
+        idx = [5, 0, 79, 40, 40]
+        flat, offsets = r.documents(idx)
+        assert offsets.tolist() == [0] + np.cumsum([len(ds[i]) for i in idx]).tolist()
+        for k, i in enumerate(idx):
+            assert (flat[offsets[k]:offsets[k + 1]] == ds[i]).all()
+        tokens, mask = r.documents(idx, pad_to=64, pad_id=-1, dtype=np.int32)
+        assert tokens.shape == (5, 64) and tokens.dtype == np.int32
+        for k, i in enumerate(idx):
+            n = min(64, len(ds[i]))
+            assert mask[k].sum() == n and (tokens[k, :n] == ds[i][:n]).all() and (tokens[k, n:] == -1).all()
+        assert r.documents([])[0].size == 0
+        with pytest.raises(IndexError):
+            r.documents([80])
+
+
+def test_shuffled_windows_and_documents_through_the_samplers(dataset):
+    from zerobatch.samplers import GlobalRandomOrder, IndexSampler
+
+    folder, ds, flat = dataset
+    with TokenStreamReader(folder) as r:
+        seq = 33
+        n = r.num_windows(seq + 1)
+        assert n == (flat.size - (seq + 1)) // seq + 1
+        sampler = IndexSampler(GlobalRandomOrder(n, seed=4), 8, tail="drop")
+        seen = []
+        for idx in sampler:
+            starts = r.window_starts(idx, seq + 1)
+            w = r.windows(starts, seq + 1)
+            x, y = w[:, :-1], w[:, 1:]
+            assert (x[:, 1:] == y[:, :-1]).all()
+            for s, row in zip(starts, w, strict=True):
+                assert (row == flat[s:s + seq + 1]).all()
+            seen.extend(idx.tolist())
+        assert len(set(seen)) == len(seen) == n // 8 * 8
+        with pytest.raises(IndexError):
+            r.window_starts([n], seq + 1)
+        docs = IndexSampler(GlobalRandomOrder(r.num_documents, seed=2), 7)
+        got = [i for batch in docs for i in batch.tolist()]
+        assert sorted(got) == list(range(len(ds)))
+        tokens, offsets = r.documents(got[:7])
+        assert (tokens[offsets[0]:offsets[1]] == ds[got[0]]).all()

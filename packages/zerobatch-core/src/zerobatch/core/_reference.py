@@ -851,6 +851,20 @@ class WindowGather:
             self.doc_starts = np.unique(np.concatenate(
                 [c[k] + np.asarray(d, dtype=np.int64)[:-1] for k, d in enumerate(documents)] + [c[:-1]]))
 
+    def gather_ranges(self, starts: Any, stops: Any, out: Any) -> np.ndarray:
+        a, b = as_positions(starts, "starts"), as_positions(stops, "stops")
+        if a.size != b.size:
+            raise ConfigError("stops: one per start", field="stops")
+        if a.size and ((a < 0).any() or (b < a).any() or (b > self.total).any()):
+            raise IndexError(f"a range is not within [0, {self.total})")
+        flat = out.reshape(-1)
+        at = 0
+        for x, y in zip(a.tolist(), b.tolist(), strict=True):
+            if y > x:
+                gather_windows(*self.args, [x], y - x, flat[at:at + y - x], paths=self.paths)
+                at += y - x
+        return out
+
     def boundaries(self, starts: Any, length: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         if self.doc_starts is None:
             raise ConfigError("boundaries: this gatherer has no document indexes", field="documents")

@@ -446,6 +446,69 @@ cdef class WindowGather:
         else:
             with nogil:
                 status = zb_ts_windows(&g, &st[0], count, L, p64, p32)
+        self._raise_status(status, &g, L)
+        return out
+
+    def gather_ranges(self, starts, stops, out):
+        """Copy the token ranges ``[starts[i], stops[i])`` back to back into the flat ``out``.
+
+        Args:
+            starts, stops: integer array-likes of global token positions, ``starts <= stops``.
+            out: C-contiguous ``int64`` or ``int32`` array of ``sum(stops - starts)`` elements.
+
+        Returns:
+            ``out``.
+
+        Raises:
+            IndexError: a range outside ``[0, total)`` or reversed.
+            CorruptError, ReadError, TruncatedError: as :meth:`gather`.
+            ConfigError: an unfit ``out``.
+        """
+        cdef const int64_t[::1] a = as_positions(starts, "starts")
+        cdef const int64_t[::1] b = as_positions(stops, "stops")
+        cdef int64_t count = a.shape[0], i, total = 0
+        if b.shape[0] != count:
+            raise ConfigError("stops: one per start", field="stops")
+        for i in range(count):
+            if a[i] < 0 or b[i] < a[i] or b[i] > self.total:
+                raise IndexError(f"range [{a[i]}, {b[i]}) is not within [0, {self.total})")
+            total += b[i] - a[i]
+        if type(out) is not np.ndarray or not out.flags.c_contiguous or not out.flags.writeable \
+                or (out.dtype is not _INT64 and out.dtype is not _INT32) or out.size != total:
+            raise ConfigError(f"out must be a writable C-contiguous int64 or int32 array of {total} elements",
+                              field="out")
+        if total == 0:
+            return out
+        cdef int64_t[::1] o64
+        cdef int32_t[::1] o32
+        cdef int64_t *p64 = NULL
+        cdef int32_t *p32 = NULL
+        if out.dtype is _INT64:
+            o64 = out.reshape(-1)
+            p64 = &o64[0]
+        else:
+            if self.g.vocab > 2**31:
+                raise ConfigError("out: int32 cannot hold every id of this vocabulary", field="out")
+            o32 = out.reshape(-1)
+            p32 = &o32[0]
+        cdef zb_ts_geometry g = self.g
+        cdef int status = ZB_OK
+        cdef int64_t at = 0, cur = 0
+        with nogil:
+            for i in range(count):
+                cur = b[i] - a[i]
+                if cur > 0:
+                    status = zb_ts_windows(&g, &a[i], 1, b[i] - a[i], NULL if p64 == NULL else p64 + at,
+                                           NULL if p32 == NULL else p32 + at)
+                    if status != ZB_OK:
+                        break
+                    at += b[i] - a[i]
+        self._raise_status(status, &g, cur)
+        return out
+
+    cdef int _raise_status(self, int status, zb_ts_geometry *g, int64_t L) except -1:
+        if status == ZB_OK:
+            return 0
         if status == ZB_E_INDEX:
             raise IndexError(f"a window of {L} tokens falls outside [0, {self.total})")
         if status == ZB_E_IO or status == ZB_E_TRUNCATED:
@@ -455,13 +518,11 @@ cdef class WindowGather:
                                      "file shrank after open)", path=where, field="tokens.bin")
             raise ReadError(f"tokens.bin: read failed: {os.strerror(g.err_errno)}", errno=g.err_errno,
                             path=where, field="tokens.bin")
-        if status == ZB_E_RANGE:
-            shard = _find_shard(g.cum, g.num_shards, g.bad_pos)
-            raise CorruptError(f"token: the id at global position {g.bad_pos} (record "
-                               f"{g.bad_pos - self.c[shard]} of shard {shard}) is not below the "
-                               f"vocabulary size {g.vocab}",
-                               path=None if self.paths is None else self.paths[shard], field="token")
-        return out
+        shard = _find_shard(g.cum, g.num_shards, g.bad_pos)
+        raise CorruptError(f"token: the id at global position {g.bad_pos} (record "
+                           f"{g.bad_pos - self.c[shard]} of shard {shard}) is not below the "
+                           f"vocabulary size {g.vocab}",
+                           path=None if self.paths is None else self.paths[shard], field="token")
 
     def boundaries(self, starts, length):
         """Document boundaries inside a batch of windows, computed without the GIL.

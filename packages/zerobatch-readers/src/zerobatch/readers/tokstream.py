@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from zerobatch.core import WindowGather
-from zerobatch.core._checks import check_count
+from zerobatch.core._checks import as_positions, check_count
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.core.pool import shared_pool
 from zerobatch.formats import tokstream as T
@@ -415,25 +415,103 @@ class TokenStreamReader:
         """One window (see :meth:`windows`)."""
         return self.windows([start], length, dtype=dtype)[0]
 
-    def _locate_document(self, i: Any) -> tuple[_Shard, int]:
-        i = check_count(i, "document", maximum=2**63 - 1)
-        if i >= self.num_documents:
-            raise IndexError(f"document {i} is out of range [0, {self.num_documents})")
-        s = int(np.searchsorted(self.cum_documents, i, side="right") - 1)
-        return self._shards[s], i - int(self.cum_documents[s])
+    def document_spans(self, indices: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, stops)``: global token positions of the documents ``indices`` (``int64``).
+
+        Raises:
+            IndexError: an index outside ``[0, num_documents)``.
+            ConfigError: non-integer indices.
+        """
+        self._ready()
+        idx = as_positions(indices, "indices")
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_documents):
+            raise IndexError(f"a document index is outside [0, {self.num_documents})")
+        shard = np.searchsorted(self.cum_documents, idx, side="right") - 1
+        starts = np.empty(idx.size, dtype=np.int64)
+        stops = np.empty(idx.size, dtype=np.int64)
+        for k in np.unique(shard).tolist():
+            sel = shard == k
+            local = idx[sel] - self.cum_documents[k]
+            docs = self._shards[k].documents
+            base = self.cum_tokens[k]
+            starts[sel] = base + docs[local].astype(np.int64)
+            stops[sel] = base + docs[local + 1].astype(np.int64)
+        return starts, stops
 
     def document_span(self, i: int) -> tuple[int, int]:
         """``(start, stop)``: global token positions of document ``i``."""
-        self._ready()
-        shard, local = self._locate_document(i)
-        k = self._shards.index(shard)
-        base = int(self.cum_tokens[k])
-        return base + int(shard.documents[local]), base + int(shard.documents[local + 1])
+        starts, stops = self.document_spans([i])
+        return int(starts[0]), int(stops[0])
 
     def document(self, i: int, *, dtype: Any = np.int64) -> np.ndarray:
         """The tokens of document ``i`` (a new array)."""
         start, stop = self.document_span(i)
         return self.windows([start], stop - start, dtype=dtype)[0]
+
+    def documents(self, indices: Any, *, pad_to: int | None = None, pad_id: int = 0,
+                  dtype: Any = np.int64) -> tuple[np.ndarray, np.ndarray]:
+        """Whole documents, in document mode.
+
+        Args:
+            indices: document indices (for a shuffle, from an
+                ``IndexSampler(GlobalRandomOrder(reader.num_documents), B)``).
+            pad_to: ``None`` for flat output; else the row length of a padded batch
+                (longer documents are truncated to it).
+            pad_id: the id written into padding.
+            dtype: ``int64`` or ``int32``.
+
+        Returns:
+            Flat: ``(tokens, offsets)``, the documents back to back and ``len + 1``
+            ``int64`` offsets (document ``k`` is ``tokens[offsets[k]:offsets[k + 1]]``).
+            Padded: ``(tokens, mask)``, ``(len, pad_to)`` ids and a boolean mask of the real
+            tokens.
+
+        Raises:
+            IndexError: an index outside ``[0, num_documents)``.
+        """
+        starts, stops = self.document_spans(indices)
+        dt = np.dtype(dtype)
+        if dt not in (np.int64, np.int32):
+            raise ConfigError(f"dtype must be int64 or int32, got {dt}", field="dtype")
+        if pad_to is not None:
+            width = check_count(pad_to, "pad_to")
+            stops = np.minimum(stops, starts + width)
+        lengths = stops - starts
+        flat = np.empty(int(lengths.sum()), dtype=dt)
+        if self._gather is not None and flat.size:
+            self._gather.gather_ranges(starts, stops, flat)
+        if pad_to is None:
+            return flat, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        out = np.full((starts.size, width), pad_id, dtype=dt)
+        mask = np.arange(width)[None, :] < lengths[:, None]
+        out[mask] = flat
+        return out, mask
+
+    @staticmethod
+    def _stride(length: int, stride: int | None) -> tuple[int, int]:
+        length = check_count(length, "length", minimum=1)
+        step = max(length - 1, 1) if stride is None else check_count(stride, "stride", minimum=1)
+        return length, step
+
+    def num_windows(self, length: int, stride: int | None = None) -> int:
+        """How many windows of ``length`` tokens start every ``stride`` tokens (default:
+        ``length - 1``, so next-token windows of ``seq_len + 1`` share one token)."""
+        length, step = self._stride(length, stride)
+        return 0 if self.num_tokens < length else (self.num_tokens - length) // step + 1
+
+    def window_starts(self, indices: Any, length: int, stride: int | None = None) -> np.ndarray:
+        """Global starts of windows ``indices`` (window ``k`` starts at ``k * stride``), e.g.
+        for the indices of an ``IndexSampler(GlobalRandomOrder(reader.num_windows(L)), B)``.
+
+        Raises:
+            IndexError: an index outside ``[0, num_windows(length, stride))``.
+        """
+        length, step = self._stride(length, stride)
+        n = self.num_windows(length, step)
+        idx = as_positions(indices, "indices")
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            raise IndexError(f"a window index is outside [0, {n})")
+        return idx * step
 
     def verify_indexes(self) -> None:
         """Check every index file in full (large ones are checked only at their ends at open).
