@@ -438,3 +438,16 @@ def test_shuffled_windows_and_documents_through_the_samplers(dataset):
         assert sorted(got) == list(range(len(ds)))
         tokens, offsets = r.documents(got[:7])
         assert (tokens[offsets[0]:offsets[1]] == ds[got[0]]).all()
+
+
+def test_boundaries_into_caller_buffers(dataset):
+    folder, _, _ = dataset
+    with TokenStreamReader(folder) as r:
+        starts = np.array([0, 100, 2000])
+        want = r.boundaries(starts, 300)
+        pos, seg, cu = np.empty((3, 300), np.int64), np.empty((3, 300), np.int32), np.empty(901, np.int32)
+        got = r.boundaries(starts, 300, position_ids=pos, segment_ids=seg, cu_seqlens=cu)
+        assert got[0] is pos and got[1] is seg and np.shares_memory(got[2], cu)
+        assert all((a == b).all() for a, b in zip(got[:3], want[:3], strict=True)) and got[3] == want[3]
+        with pytest.raises(ConfigError):
+            r.boundaries(starts, 300, position_ids=np.empty((3, 300), np.int32))

@@ -865,7 +865,8 @@ class WindowGather:
                 at += y - x
         return out
 
-    def boundaries(self, starts: Any, length: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    def boundaries(self, starts: Any, length: Any, position_ids: Any = None, segment_ids: Any = None,
+                   cu_seqlens: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         if self.doc_starts is None:
             raise ConfigError("boundaries: this gatherer has no document indexes", field="documents")
         L = check_count(length, "length", minimum=1)
@@ -884,7 +885,13 @@ class WindowGather:
                 cu.append(w * L + a - p)
                 maxlen = max(maxlen, b - a)
         cu.append(st.size * L)
-        return pos_ids, seg_ids, np.array(cu, dtype=np.int32), maxlen
+        cu_arr = np.array(cu, dtype=np.int32)
+        for buf, val in ((position_ids, pos_ids), (segment_ids, seg_ids), (cu_seqlens, None)):
+            if buf is not None and val is not None:
+                buf.reshape(-1)[:] = val.reshape(-1)
+        if cu_seqlens is not None:
+            cu_seqlens.reshape(-1)[:cu_arr.size] = cu_arr
+        return pos_ids, seg_ids, cu_arr, maxlen
 
     def gather(self, starts: Any, length: Any, out: Any, pool: Any = None) -> np.ndarray:
         return gather_windows(*self.args, starts, length, out, paths=self.paths)

@@ -34,6 +34,7 @@ from posix.unistd cimport pread
 from zerobatch.core._status cimport ZB_E_INDEX, ZB_E_IO, ZB_E_RANGE, ZB_E_TRUNCATED, ZB_OK
 
 cdef extern from "_tokstream.h" nogil:
+    void zb_ts_fill_segment(int64_t *pos, int32_t *seg, int64_t n, int32_t segno)
     void zb_ts_prefetch(const uint8_t *p, int64_t nbytes)
     uint32_t zb_ts_copy_u16_i64(const uint8_t *src, int64_t stride, int64_t *dst, int64_t n)
     uint32_t zb_ts_copy_u16_i32(const uint8_t *src, int64_t stride, int32_t *dst, int64_t n)
@@ -215,9 +216,8 @@ cdef void zb_ts_boundaries(const zb_ts_geometry *g, const int64_t *starts, int64
             if nxt >= end:
                 break
             # a segment ends at nxt
-            for j in range(seg_start, nxt):
-                pos_ids[w * length + (j - pos)] = j - seg_start
-                seg_ids[w * length + (j - pos)] = <int32_t>seg
+            zb_ts_fill_segment(pos_ids + w * length + (seg_start - pos), seg_ids + w * length + (seg_start - pos),
+                               nxt - seg_start, <int32_t>seg)
             if nxt - seg_start > maxlen:
                 maxlen = nxt - seg_start
             seg += 1
@@ -231,9 +231,8 @@ cdef void zb_ts_boundaries(const zb_ts_geometry *g, const int64_t *starts, int64
                 while g.cum[s + 1] == g.cum[s]:
                     s += 1
                 k = 1
-        for j in range(seg_start, end):
-            pos_ids[w * length + (j - pos)] = j - seg_start
-            seg_ids[w * length + (j - pos)] = <int32_t>seg
+        zb_ts_fill_segment(pos_ids + w * length + (seg_start - pos), seg_ids + w * length + (seg_start - pos),
+                           end - seg_start, <int32_t>seg)
         if end - seg_start > maxlen:
             maxlen = end - seg_start
     cu[nseg] = <int32_t>(count * length)
@@ -408,12 +407,7 @@ cdef class WindowGather:
             ConfigError: an unfit ``out`` or non-integer starts.
         """
         cdef int64_t L = length if type(length) is int and length >= 0 else check_count(length, "length")
-        cdef const int64_t[::1] st
-        if type(starts) is np.ndarray and starts.dtype is _INT64 and starts.ndim == 1 \
-                and starts.flags.c_contiguous:
-            st = starts                  # the common case: no conversion
-        else:
-            st = as_positions(starts, "starts")
+        cdef const int64_t[::1] st = _starts(starts)
         cdef int64_t count = st.shape[0], i
         if type(out) is not np.ndarray or not out.flags.c_contiguous or not out.flags.writeable \
                 or (out.dtype is not _INT64 and out.dtype is not _INT32) or out.size != count * L:
@@ -524,7 +518,7 @@ cdef class WindowGather:
                            f"vocabulary size {g.vocab}",
                            path=None if self.paths is None else self.paths[shard], field="token")
 
-    def boundaries(self, starts, length):
+    def boundaries(self, starts, length, position_ids=None, segment_ids=None, cu_seqlens=None):
         """Document boundaries inside a batch of windows, computed without the GIL.
 
         A window is cut into segments at every document start inside it (the first segment
@@ -533,6 +527,9 @@ cdef class WindowGather:
         Args:
             starts: integer array-like of global token positions.
             length: tokens per window.
+            position_ids, segment_ids, cu_seqlens: optional caller buffers (C-contiguous
+                ``int64 (B, L)``, ``int32 (B, L)``, ``int32 (B * L + 1,)``), reused from
+                batch to batch instead of allocating.
 
         Returns:
             ``(position_ids, segment_ids, cu_seqlens, max_seqlen)``: ``int64`` ``(B, L)``
@@ -547,17 +544,18 @@ cdef class WindowGather:
         """
         if self.g.docs == NULL:
             raise ConfigError("boundaries: this gatherer has no document indexes", field="documents")
-        cdef int64_t L = check_count(length, "length", minimum=1)
-        cdef const int64_t[::1] st = as_positions(starts, "starts")
+        cdef int64_t L = length if type(length) is int and length >= 1 else \
+            check_count(length, "length", minimum=1)
+        cdef const int64_t[::1] st = _starts(starts)
         cdef int64_t count = st.shape[0], i
         if count * L >= 2**31:
             raise ConfigError(f"boundaries: {count} x {L} tokens do not fit int32 cu_seqlens", field="length")
         for i in range(count):
             if st[i] < 0 or st[i] > self.total - L:
                 raise IndexError(f"a window of {L} tokens falls outside [0, {self.total})")
-        pos_ids = np.empty((count, L), dtype=np.int64)
-        seg_ids = np.empty((count, L), dtype=np.int32)
-        cu = np.empty(count * L + 1, dtype=np.int32)
+        pos_ids = _buffer(position_ids, (count, L), _INT64, "position_ids")
+        seg_ids = _buffer(segment_ids, (count, L), _INT32, "segment_ids")
+        cu = _buffer(cu_seqlens, (count * L + 1,), _INT32, "cu_seqlens")
         cdef int64_t nseg = 0, maxlen = 0
         if count == 0:
             cu[0] = 0
@@ -568,6 +566,24 @@ cdef class WindowGather:
         with nogil:
             zb_ts_boundaries(&self.g, &st[0], count, L, &pv[0], &sv[0], &cv[0], &nseg, &maxlen)
         return pos_ids, seg_ids, cu[:nseg + 1], int(maxlen)
+
+
+cdef inline object _starts(object starts):
+    # window starts as a flat int64 array: the common case (already one) costs no conversion
+    if type(starts) is np.ndarray and starts.dtype is _INT64 and starts.ndim == 1 \
+            and starts.flags.c_contiguous:
+        return starts
+    return as_positions(starts, "starts")
+
+
+def _buffer(buf, shape, dtype, name):
+    # a caller's buffer of exactly this shape and dtype, or a new array
+    if buf is None:
+        return np.empty(shape, dtype=dtype)
+    if type(buf) is not np.ndarray or buf.dtype is not dtype or buf.shape != shape \
+            or not buf.flags.c_contiguous or not buf.flags.writeable:
+        raise ConfigError(f"{name} must be a writable C-contiguous {dtype} array of shape {shape}", field=name)
+    return buf
 
 
 def gather_windows(bases, cum, itemsize, token_size, vocab, starts, length, out, paths=None):

@@ -317,7 +317,9 @@ class TokenStreamReader:
         pool = shared_pool(self.num_threads - 1) if self.num_threads > 1 else None
         return self._gather.gather(starts, length, out, pool)
 
-    def boundaries(self, starts: Any, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    def boundaries(self, starts: Any, length: int, *, position_ids: np.ndarray | None = None,
+                   segment_ids: np.ndarray | None = None,
+                   cu_seqlens: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """Document boundaries inside the windows ``[start, start + length)``, compiled.
 
         Each window is cut into segments at every document start inside it. Returns
@@ -325,7 +327,9 @@ class TokenStreamReader:
         restarting at 0 at each segment, ``int32 (B, L)`` segment numbers per window,
         ``int32`` cumulative segment starts over the flattened batch ending with ``B * L``
         (the ``cu_seqlens`` of variable-length attention kernels), and the longest segment.
-        For next-token pairs, pass the same ``length`` as the inputs (``seq_len``).
+        For next-token pairs, pass the same ``length`` as the inputs (``seq_len``). The three
+        arrays may be caller buffers reused from batch to batch (see
+        :meth:`zerobatch.core.WindowGather.boundaries`).
 
         Raises:
             IndexError: a window outside ``[0, num_tokens)``.
@@ -333,7 +337,7 @@ class TokenStreamReader:
         self._ready()
         if self._gather is None:
             raise IndexError("the dataset holds no tokens")
-        return self._gather.boundaries(starts, length)
+        return self._gather.boundaries(starts, length, position_ids, segment_ids, cu_seqlens)
 
     def window_metadata(self, start: int, length: int, *, decode: bool = True) -> WindowMetadata:
         """The metadata of the window ``[start, start + length)``.

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Compare TOKSTREAM random windows with the per-sample ``np.memmap`` approach, in one run.
+
+Builds a dataset of ``--tokens`` uint16 tokens in 16 shards (documents of 1-4096 tokens), then
+times, interleaved, the fastest of ``--repeat`` rounds of ``--batches`` batches each:
+
+1. ``TokenStreamReader.windows`` of ``seq_len + 1`` tokens at random starts into a reused
+   ``int64`` (or ``int32``) buffer whose next-token ``x, y`` tensor views are made once
+   (no copy), on one thread and split over two;
+2. the same workload done the usual way: ``np.memmap`` of the token file, per sample
+   ``x = mm[s:s+L].astype(int64)``, ``y = mm[s+1:s+L+1].astype(int64)``, ``torch.stack``;
+3. a bare NumPy ``uint32 -> int64`` conversion of as many tokens (``astype`` of a
+   cache-resident array): the floor any copy-out has to pay;
+4. windows plus their document-boundary outputs (``boundaries``) and the mmap and pread
+   backends side by side.
+
+Every figure is a ratio taken within this one run (machines here are shared and noisy).
+
+Usage::
+
+    python tools/compare_tokstream.py [--tokens 67108864] [--repeat 7] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from zerobatch.readers.tokstream import TokenStreamReader
+from zerobatch.writers.tokstream import TokenStreamWriter
+
+
+def build(folder: str, tokens: int) -> None:
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 50257, tokens).astype(np.uint16)
+    cuts = np.cumsum(rng.integers(1, 4097, tokens // 2048 + 2))
+    cuts = np.concatenate([[0], cuts[cuts < tokens], [tokens]])
+    with TokenStreamWriter(folder, vocab_size=50257, shard_tokens=max(tokens // 16, 1)) as w:
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            w.add_document(data[a:b])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=1 << 26)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--batches", type=int, default=200)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="zb-tokstream-")
+    results: dict[str, float] = {}
+    try:
+        folder = os.path.join(tmp, "d")
+        build(folder, args.tokens)
+        r1 = TokenStreamReader(folder)
+        r2 = TokenStreamReader(folder, num_threads=2)
+        rp = TokenStreamReader(folder, backend="pread")
+        shard0 = os.path.join(folder, r1.manifest.shards[0].name, "tokens.bin")
+        n0 = r1.manifest.shards[0].num_tokens
+        mm = np.memmap(shard0, dtype=np.uint16, mode="r", shape=(n0,))
+        rng = np.random.default_rng(1)
+        for B, L in ((32, 512), (8, 2048)):
+            starts = [rng.integers(0, n0 - L - 1, B) for _ in range(args.batches)]
+            out64 = np.empty((B, L + 1), dtype=np.int64)
+            out32 = np.empty((B, L + 1), dtype=np.int32)
+            src = rng.integers(0, 50257, B * (L + 1)).astype(np.uint32)
+
+            # the caller's buffer is wrapped once: x and y stay zero-copy views of it, and
+            # each batch overwrites it in place (a loader rotates a few such buffers)
+            views = {id(o): (torch.from_numpy(o)[:, :-1], torch.from_numpy(o)[:, 1:]) for o in (out64, out32)}
+
+            def zb(reader: TokenStreamReader, out: np.ndarray) -> None:
+                x, y = views[id(out)]
+                for st in starts:
+                    reader.windows(st, L + 1, out=out)
+
+            pos_buf = np.empty((B, L), dtype=np.int64)
+            seg_buf = np.empty((B, L), dtype=np.int32)
+            cu_buf = np.empty(B * L + 1, dtype=np.int32)
+
+            def zb_bounds() -> None:
+                for st in starts:
+                    r1.windows(st, L + 1, out=out64)
+                    r1.boundaries(st, L, position_ids=pos_buf, segment_ids=seg_buf, cu_seqlens=cu_buf)
+
+            def naive() -> None:
+                for st in starts:
+                    xs = [torch.from_numpy(mm[s:s + L].astype(np.int64)) for s in st]
+                    ys = [torch.from_numpy(mm[s + 1:s + L + 1].astype(np.int64)) for s in st]
+                    torch.stack(xs), torch.stack(ys)
+
+            def bare() -> None:
+                for _ in starts:
+                    src.astype(np.int64)
+
+            cases = {
+                "zb_int64": lambda: zb(r1, out64),
+                "zb_int32": lambda: zb(r1, out32),
+                "zb_int64_2threads": lambda: zb(r2, out64),
+                "zb_int64_pread": lambda: zb(rp, out64),
+                "zb_int64_with_boundaries": zb_bounds,
+                "naive_memmap_stack": naive,
+                "bare_astype": bare,
+            }
+            best = dict.fromkeys(cases, float("inf"))
+            for _ in range(args.repeat):
+                for name, fn in cases.items():
+                    t0 = time.perf_counter()
+                    fn()
+                    best[name] = min(best[name], (time.perf_counter() - t0) / args.batches)
+            tag = f"{B}x{L}"
+            print(f"random windows {tag} (+1 token for next-token pairs), per batch:")
+            for name, t in best.items():
+                results[f"{tag}_{name}_us"] = t * 1e6
+                print(f"  {name:26s} {t * 1e6:9.1f} us")
+            print(f"  -> vs naive memmap + torch.stack: {best['naive_memmap_stack'] / best['zb_int64']:.1f}x faster"
+                  f" (int64 pairs)")
+            print(f"  -> rate vs bare uint32->int64 astype: {best['bare_astype'] / best['zb_int64']:.2f}"
+                  f" (1 thread), {best['bare_astype'] / best['zb_int64_2threads']:.2f} (2 threads)")
+            print(f"  -> boundaries on top of windows: {best['zb_int64_with_boundaries'] / best['zb_int64']:.2f}x"
+                  f" the cost of plain windows")
+        for r in (r1, r2, rp):
+            r.close()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
