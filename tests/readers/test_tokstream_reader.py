@@ -449,5 +449,11 @@ def test_boundaries_into_caller_buffers(dataset):
         got = r.boundaries(starts, 300, position_ids=pos, segment_ids=seg, cu_seqlens=cu)
         assert got[0] is pos and got[1] is seg and np.shares_memory(got[2], cu)
         assert all((a == b).all() for a, b in zip(got[:3], want[:3], strict=True)) and got[3] == want[3]
+        pos32 = np.empty((3, 300), np.int32)
+        lean = r.boundaries(starts, 300, position_ids=pos32, segments=False)
+        assert lean[0] is pos32 and (pos32 == want[0]).all() and lean[1] is None and (lean[2] == want[2]).all()
+        assert r.boundaries(starts, 300, position_dtype=np.int32)[0].dtype == np.int32
         with pytest.raises(ConfigError):
-            r.boundaries(starts, 300, position_ids=np.empty((3, 300), np.int32))
+            r.boundaries(starts, 300, position_ids=np.empty((3, 300), np.float32))
+        with pytest.raises(ConfigError):
+            r.boundaries(starts, 300, segment_ids=np.empty((3, 299), np.int32))

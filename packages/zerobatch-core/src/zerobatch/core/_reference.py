@@ -866,7 +866,8 @@ class WindowGather:
         return out
 
     def boundaries(self, starts: Any, length: Any, position_ids: Any = None, segment_ids: Any = None,
-                   cu_seqlens: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+                   cu_seqlens: Any = None, *, position_dtype: Any = np.int64,
+                   segments: bool = True) -> tuple[np.ndarray, Any, np.ndarray, int]:
         if self.doc_starts is None:
             raise ConfigError("boundaries: this gatherer has no document indexes", field="documents")
         L = check_count(length, "length", minimum=1)
@@ -891,7 +892,8 @@ class WindowGather:
                 buf.reshape(-1)[:] = val.reshape(-1)
         if cu_seqlens is not None:
             cu_seqlens.reshape(-1)[:cu_arr.size] = cu_arr
-        return pos_ids, seg_ids, cu_arr, maxlen
+        pdt = position_ids.dtype if position_ids is not None else np.dtype(position_dtype)
+        return pos_ids.astype(pdt), seg_ids if segments else None, cu_arr, maxlen
 
     def gather(self, starts: Any, length: Any, out: Any, pool: Any = None) -> np.ndarray:
         return gather_windows(*self.args, starts, length, out, paths=self.paths)

@@ -21,13 +21,16 @@ static inline void zb_ts_prefetch(const uint8_t *p, int64_t nbytes) {
     for (int64_t off = 0; off < nbytes; off += 64) __builtin_prefetch(p + off, 0, 0);
 }
 
-/* One segment of the boundary outputs: positions 0..n-1 and a constant segment number. */
-ZB_TS_CLONES static void zb_ts_fill_segment(int64_t *restrict pos, int32_t *restrict seg, int64_t n,
-                                             int32_t segno) {
-    for (int64_t k = 0; k < n; k++) {
-        pos[k] = k;
-        seg[k] = segno;
-    }
+/* One segment of the boundary outputs: positions 0..n-1 (int64 or int32, either may be NULL)
+ * and a constant segment number (seg may be NULL). */
+ZB_TS_CLONES static void zb_ts_fill_segment(int64_t *restrict p64, int32_t *restrict p32, int32_t *restrict seg,
+                                             int64_t n, int32_t segno) {
+    if (p64 != NULL)
+        for (int64_t k = 0; k < n; k++) p64[k] = k;
+    else if (p32 != NULL)
+        for (int64_t k = 0; k < n; k++) p32[k] = (int32_t)k;
+    if (seg != NULL)
+        for (int64_t k = 0; k < n; k++) seg[k] = segno;
 }
 
 #define ZB_TS_COPY(NAME, SRC_T, DST_T)                                                       \

@@ -22,7 +22,10 @@ class WindowGather:
         position_ids: np.ndarray | None = ...,
         segment_ids: np.ndarray | None = ...,
         cu_seqlens: np.ndarray | None = ...,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]: ...
+        *,
+        position_dtype: Any = ...,
+        segments: bool = ...,
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, int]: ...
     def gather(self, starts: Any, length: int, out: np.ndarray, pool: Any = ...) -> np.ndarray: ...
 
 def gather_windows(

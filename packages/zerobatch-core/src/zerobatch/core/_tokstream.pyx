@@ -11,12 +11,13 @@
 #           (shard found by binary search over cum); or
 #           ZB_E_INDEX when a window falls outside [0, total) (out unspecified), or
 #           ZB_E_RANGE when a token id is >= g->vocab (g->bad_pos = its global position).
-#   zb_ts_boundaries(g, starts, count, length, pos_ids, seg_ids, cu, &nseg, &maxlen)
+#   zb_ts_boundaries(g, starts, count, length, pos64, pos32, seg_ids, cu, &nseg, &maxlen)
 #     pre:  the windows were checked (zb_ts_windows's precondition); g->docs[s] holds shard
 #           s's document starts (increasing, first 0, last the shard's token count).
 #     post: for each window, the segments are its runs of tokens from one document (a window
 #           is cut at every document start inside it, and a shard start is a document
-#           start); pos_ids restart at 0 at each segment start, seg_ids count the window's
+#           start); positions (pos64 or pos32, or neither) restart at 0 at each segment
+#           start, seg_ids (unless NULL) count the window's
 #           segments from 0, cu receives the flattened segment starts of the whole batch
 #           followed by count * length, nseg the number of segments, maxlen the longest.
 #   Runs without the GIL and touches no Python object. The copy loops are in _tokstream.h
@@ -34,7 +35,7 @@ from posix.unistd cimport pread
 from zerobatch.core._status cimport ZB_E_INDEX, ZB_E_IO, ZB_E_RANGE, ZB_E_TRUNCATED, ZB_OK
 
 cdef extern from "_tokstream.h" nogil:
-    void zb_ts_fill_segment(int64_t *pos, int32_t *seg, int64_t n, int32_t segno)
+    void zb_ts_fill_segment(int64_t *p64, int32_t *p32, int32_t *seg, int64_t n, int32_t segno)
     void zb_ts_prefetch(const uint8_t *p, int64_t nbytes)
     uint32_t zb_ts_copy_u16_i64(const uint8_t *src, int64_t stride, int64_t *dst, int64_t n)
     uint32_t zb_ts_copy_u16_i32(const uint8_t *src, int64_t stride, int32_t *dst, int64_t n)
@@ -193,8 +194,14 @@ cdef inline int64_t _first_doc_after(const uint64_t *idx, int64_t nd, int64_t lo
     return lo + 1
 
 
+cdef inline void _fill(int64_t *p64, int32_t *p32, int32_t *seg, int64_t at, int64_t n,
+                       int64_t segno) noexcept nogil:
+    zb_ts_fill_segment(NULL if p64 == NULL else p64 + at, NULL if p32 == NULL else p32 + at,
+                       NULL if seg == NULL else seg + at, n, <int32_t>segno)
+
+
 cdef void zb_ts_boundaries(const zb_ts_geometry *g, const int64_t *starts, int64_t count,
-                           int64_t length, int64_t *pos_ids, int32_t *seg_ids, int32_t *cu,
+                           int64_t length, int64_t *pos64, int32_t *pos32, int32_t *seg_ids, int32_t *cu,
                            int64_t *nseg_out, int64_t *maxlen_out) noexcept nogil:
     cdef int64_t w, pos, end, s, k, nxt, seg_start, seg, nseg = 0, maxlen = 0, j, cut, local
     for w in range(count):
@@ -216,8 +223,7 @@ cdef void zb_ts_boundaries(const zb_ts_geometry *g, const int64_t *starts, int64
             if nxt >= end:
                 break
             # a segment ends at nxt
-            zb_ts_fill_segment(pos_ids + w * length + (seg_start - pos), seg_ids + w * length + (seg_start - pos),
-                               nxt - seg_start, <int32_t>seg)
+            _fill(pos64, pos32, seg_ids, w * length + (seg_start - pos), nxt - seg_start, seg)
             if nxt - seg_start > maxlen:
                 maxlen = nxt - seg_start
             seg += 1
@@ -231,8 +237,7 @@ cdef void zb_ts_boundaries(const zb_ts_geometry *g, const int64_t *starts, int64
                 while g.cum[s + 1] == g.cum[s]:
                     s += 1
                 k = 1
-        zb_ts_fill_segment(pos_ids + w * length + (seg_start - pos), seg_ids + w * length + (seg_start - pos),
-                           end - seg_start, <int32_t>seg)
+        _fill(pos64, pos32, seg_ids, w * length + (seg_start - pos), end - seg_start, seg)
         if end - seg_start > maxlen:
             maxlen = end - seg_start
     cu[nseg] = <int32_t>(count * length)
@@ -518,7 +523,8 @@ cdef class WindowGather:
                            f"vocabulary size {g.vocab}",
                            path=None if self.paths is None else self.paths[shard], field="token")
 
-    def boundaries(self, starts, length, position_ids=None, segment_ids=None, cu_seqlens=None):
+    def boundaries(self, starts, length, position_ids=None, segment_ids=None, cu_seqlens=None, *,
+                   position_dtype=np.int64, segments=True):
         """Document boundaries inside a batch of windows, computed without the GIL.
 
         A window is cut into segments at every document start inside it (the first segment
@@ -528,19 +534,23 @@ cdef class WindowGather:
             starts: integer array-like of global token positions.
             length: tokens per window.
             position_ids, segment_ids, cu_seqlens: optional caller buffers (C-contiguous
-                ``int64 (B, L)``, ``int32 (B, L)``, ``int32 (B * L + 1,)``), reused from
-                batch to batch instead of allocating.
+                ``(B, L)`` ``int64`` or ``int32``; ``int32 (B, L)``; ``int32 (B * L + 1,)``),
+                reused from batch to batch instead of allocating.
+            position_dtype: ``int64`` (default) or ``int32`` when no buffer is given.
+            segments: also fill segment ids (``False`` skips them: the outputs are
+                store-bandwidth bound, and ``cu_seqlens`` carries the same information).
 
         Returns:
-            ``(position_ids, segment_ids, cu_seqlens, max_seqlen)``: ``int64`` ``(B, L)``
-            positions restarting at 0 at each segment start; ``int32`` ``(B, L)`` segment
-            numbers within each window; ``int32`` cumulative segment starts over the
-            flattened batch, ending with ``B * L`` (as variable-length attention kernels
-            take them); the longest segment.
+            ``(position_ids, segment_ids, cu_seqlens, max_seqlen)``: positions restarting at
+            0 at each segment start; ``int32`` segment numbers within each window (``None``
+            without ``segments``); ``int32`` cumulative segment starts over the flattened
+            batch, ending with ``B * L`` (as variable-length attention kernels take them);
+            the longest segment.
 
         Raises:
             IndexError: a window outside ``[0, total)``.
-            ConfigError: no document indexes were given, or ``B * L`` does not fit in int32.
+            ConfigError: no document indexes were given, an unfit buffer, or ``B * L`` does
+                not fit in int32.
         """
         if self.g.docs == NULL:
             raise ConfigError("boundaries: this gatherer has no document indexes", field="documents")
@@ -553,18 +563,34 @@ cdef class WindowGather:
         for i in range(count):
             if st[i] < 0 or st[i] > self.total - L:
                 raise IndexError(f"a window of {L} tokens falls outside [0, {self.total})")
-        pos_ids = _buffer(position_ids, (count, L), _INT64, "position_ids")
-        seg_ids = _buffer(segment_ids, (count, L), _INT32, "segment_ids")
+        pdt = position_ids.dtype if isinstance(position_ids, np.ndarray) else np.dtype(position_dtype)
+        if pdt is not _INT64 and pdt is not _INT32:
+            raise ConfigError(f"position_ids must be int64 or int32, got {pdt}", field="position_ids")
+        pos_ids = _buffer(position_ids, (count, L), pdt, "position_ids")
+        seg_ids = _buffer(segment_ids, (count, L), _INT32, "segment_ids") if segments else None
         cu = _buffer(cu_seqlens, (count * L + 1,), _INT32, "cu_seqlens")
         cdef int64_t nseg = 0, maxlen = 0
         if count == 0:
             cu[0] = 0
             return pos_ids, seg_ids, cu[:1], 0
-        cdef int64_t[::1] pv = pos_ids.reshape(-1)
-        cdef int32_t[::1] sv = seg_ids.reshape(-1)
+        cdef int64_t[::1] p64v
+        cdef int32_t[::1] p32v
+        cdef int32_t[::1] sv
+        cdef int64_t *p64 = NULL
+        cdef int32_t *p32 = NULL
+        cdef int32_t *sp = NULL
+        if pdt is _INT64:
+            p64v = pos_ids.reshape(-1)
+            p64 = &p64v[0]
+        else:
+            p32v = pos_ids.reshape(-1)
+            p32 = &p32v[0]
+        if seg_ids is not None:
+            sv = seg_ids.reshape(-1)
+            sp = &sv[0]
         cdef int32_t[::1] cv = cu
         with nogil:
-            zb_ts_boundaries(&self.g, &st[0], count, L, &pv[0], &sv[0], &cv[0], &nseg, &maxlen)
+            zb_ts_boundaries(&self.g, &st[0], count, L, p64, p32, sp, &cv[0], &nseg, &maxlen)
         return pos_ids, seg_ids, cu[:nseg + 1], int(maxlen)
 
 

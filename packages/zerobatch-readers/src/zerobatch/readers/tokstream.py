@@ -318,8 +318,9 @@ class TokenStreamReader:
         return self._gather.gather(starts, length, out, pool)
 
     def boundaries(self, starts: Any, length: int, *, position_ids: np.ndarray | None = None,
-                   segment_ids: np.ndarray | None = None,
-                   cu_seqlens: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+                   segment_ids: np.ndarray | None = None, cu_seqlens: np.ndarray | None = None,
+                   position_dtype: Any = np.int64,
+                   segments: bool = True) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, int]:
         """Document boundaries inside the windows ``[start, start + length)``, compiled.
 
         Each window is cut into segments at every document start inside it. Returns
@@ -328,7 +329,8 @@ class TokenStreamReader:
         ``int32`` cumulative segment starts over the flattened batch ending with ``B * L``
         (the ``cu_seqlens`` of variable-length attention kernels), and the longest segment.
         For next-token pairs, pass the same ``length`` as the inputs (``seq_len``). The three
-        arrays may be caller buffers reused from batch to batch (see
+        arrays may be caller buffers reused from batch to batch; ``position_dtype=np.int32``
+        and ``segments=False`` halve the bytes written (see
         :meth:`zerobatch.core.WindowGather.boundaries`).
 
         Raises:
@@ -337,7 +339,8 @@ class TokenStreamReader:
         self._ready()
         if self._gather is None:
             raise IndexError("the dataset holds no tokens")
-        return self._gather.boundaries(starts, length, position_ids, segment_ids, cu_seqlens)
+        return self._gather.boundaries(starts, length, position_ids, segment_ids, cu_seqlens,
+                                       position_dtype=position_dtype, segments=segments)
 
     def window_metadata(self, start: int, length: int, *, decode: bool = True) -> WindowMetadata:
         """The metadata of the window ``[start, start + length)``.
