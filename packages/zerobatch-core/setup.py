@@ -14,7 +14,7 @@ from setuptools import Extension, setup
 DEBUG = os.environ.get("ZEROBATCH_CYTHON_DEBUG") == "1"
 SRC = "src/zerobatch/core"
 
-KERNELS = ["_hash", "_header", "_pool", "_gather", "_offsets", "_feistel", "_tokstream"]
+KERNELS = ["_hash", "_header", "_pool", "_gather", "_offsets", "_feistel", "_tokstream", "_mapping"]
 
 DIRECTIVES = {
     "language_level": 3,

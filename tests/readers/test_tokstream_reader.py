@@ -457,3 +457,25 @@ def test_boundaries_into_caller_buffers(dataset):
             r.boundaries(starts, 300, position_ids=np.empty((3, 300), np.float32))
         with pytest.raises(ConfigError):
             r.boundaries(starts, 300, segment_ids=np.empty((3, 299), np.int32))
+
+
+def test_hundreds_of_shards_under_a_small_descriptor_limit(tmp_path):
+    """Mappings hold no descriptor: 400 shards open and read under RLIMIT_NOFILE = 64."""
+    from zbtest import run_python
+
+    folder = tmp_path / "many"
+    build(folder, n_docs=400, shard_tokens=1, max_len=20)
+    code = f"""
+import resource, numpy as np
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+from zerobatch.readers.tokstream import TokenStreamReader
+r = TokenStreamReader({str(folder)!r})
+assert len(r.manifest.shards) == 400
+w = r.windows(np.arange(0, r.num_tokens - 50, 7), 50)
+d = r.documents(np.arange(400))[0]
+assert d.size == r.num_tokens
+print("OK", len(r.manifest.shards), w.shape)
+"""
+    res = run_python(code)
+    assert res.returncode == 0, res.stderr
+    assert "OK 400" in res.stdout

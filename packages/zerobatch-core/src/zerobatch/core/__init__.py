@@ -12,7 +12,8 @@ Everything here is imported from this module, never from ``zerobatch.core._<kern
 - gathers: :class:`LLMBatchSlots` (verified batch reads into int64 / int32 / uint32 buffers),
   :func:`widen_u32`, :func:`max_u32`;
 - checksums: :func:`xxh3_64`, :func:`hash_slots`;
-- :mod:`zerobatch.core.io`: atomic writes, safe opens;
+- :mod:`zerobatch.core.io`: atomic writes, safe opens; :class:`FileMapping`: read-only
+  mappings that hold no file descriptor;
 - :mod:`zerobatch.core.pool`: :class:`TaskPool`, worker threads that run gathers with the
   GIL released from start to finish, stopped around ``fork`` and at exit.
 
@@ -30,6 +31,7 @@ PURE_PYTHON = _os.environ.get("ZEROBATCH_PUREPYTHON") == "1"
 if PURE_PYTHON:
     from zerobatch.core._reference import (
         FeistelPermutation,
+        FileMapping,
         LLMBatchSlots,
         WindowGather,
         epoch_seed,
@@ -48,6 +50,7 @@ if PURE_PYTHON:
 else:
     try:
         from zerobatch.core._feistel import FeistelPermutation, epoch_seed, random_draws
+        from zerobatch.core._mapping import FileMapping
         from zerobatch.core._gather import LLMBatchSlots, max_u32, widen_u32
         from zerobatch.core._hash import hash_slots, xxh3_64
         from zerobatch.core._header import llmbatch_geometry, pack_llmbatch_header, parse_llmbatch_header
@@ -66,6 +69,7 @@ from zerobatch.core.pool import TaskPool, shared_pool
 
 __all__ = [
     "FeistelPermutation",
+    "FileMapping",
     "LLMBatchSlots",
     "PURE_PYTHON",
     "TaskPool",

@@ -5,9 +5,11 @@ whole documents, validated at open.
 at open, with a typed error naming the file and the field: a missing or extra file, a file
 whose size disagrees with the manifest, a file from another build (its trailer's build id),
 a document index that does not start at 0, end at the token count or increase, and a
-metadata index that does not start at 0 or end at the size of ``metadata.bin``. Token files
-are memory-mapped read-only; windows are gathered by a compiled kernel with the GIL released,
-which also refuses token ids at or above the vocabulary on first use.
+metadata index that does not start at 0 or end at the size of ``metadata.bin``. Files are
+mapped read-only with mappings that hold no descriptor (a dataset of thousands of shards
+costs no file descriptors with the mmap backend; the pread backend keeps two per shard);
+windows are gathered by a compiled kernel with the GIL released, which also refuses token
+ids at or above the vocabulary on first use.
 """
 
 from __future__ import annotations
@@ -15,14 +17,13 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import mmap
 import os
 import pickle
 from typing import Any
 
 import numpy as np
 
-from zerobatch.core import WindowGather
+from zerobatch.core import FileMapping, WindowGather
 from zerobatch.core._checks import as_positions, check_count
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.core.pool import shared_pool
@@ -52,7 +53,7 @@ class _Shard:
         self.backend = backend
         self.path = os.path.join(folder, entry.name)
         self.build_id = bytes.fromhex(entry.build_id)
-        self._maps: list[mmap.mmap] = []
+        self._maps: list[FileMapping] = []
         self._fds: list[int] = []
         try:
             self._open(manifest)
@@ -96,16 +97,23 @@ class _Shard:
             raise CorruptError(f"trailer: file kind {kind} is not {fname}'s", path=path, field="trailer")
         return fd, want - T.TRAILER_SIZE, path
 
-    def _map(self, fd: int, size: int) -> memoryview:
+    def _map(self, fd: int, size: int, path: str) -> memoryview:
+        """A read-only mapping that holds no descriptor (the caller may close ``fd``)."""
         if size == 0:
             return memoryview(b"")
-        m = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        m = FileMapping(fd, size, path)
         self._maps.append(m)
         return memoryview(m)
 
+    def _release(self, fd: int) -> None:
+        """Close a descriptor this shard no longer needs (its mapping stays valid)."""
+        self._fds.remove(fd)
+        os.close(fd)
+
     def _index(self, fname: str, count: int, end: int, end_name: str) -> np.ndarray:
         fd, size, path = self._open_file(fname)
-        idx = np.frombuffer(self._map(fd, size), dtype="<u8", count=count + 1)
+        idx = np.frombuffer(self._map(fd, size, path), dtype="<u8", count=count + 1)
+        self._release(fd)
         if idx[0] != 0:
             raise CorruptError(f"{fname}[0]: {int(idx[0])}, expected 0", path=path, field=fname)
         if int(idx[-1]) != end:
@@ -128,12 +136,14 @@ class _Shard:
         self._check_listing()
         e = self.entry
         self.dtype = np.dtype(T.record_dtype_descr(manifest.token_dtype, manifest.metadata))
-        fd, size, _ = self._open_file("tokens.bin")
+        fd, size, path = self._open_file("tokens.bin")
         self.tokens_fd = fd
         if self.backend == "mmap":
-            self.tokens = self._map(fd, size)
+            self.tokens = self._map(fd, size, path)
             self.records = np.frombuffer(self.tokens, dtype=self.dtype, count=e.num_tokens)
             self.address = self.records.ctypes.data if size else 0
+            self._release(fd)
+            self.tokens_fd = -1
         else:
             self.tokens, self.records, self.address = None, None, 0
             self._advise_random(fd)
@@ -141,10 +151,12 @@ class _Shard:
         self.metadata_index = None
         self.metadata_bin = memoryview(b"")
         if manifest.metadata:
-            fd, bin_size, _ = self._open_file("metadata.bin")
+            fd, bin_size, path = self._open_file("metadata.bin")
             self.metadata_fd = fd
             if self.backend == "mmap":
-                self.metadata_bin = self._map(fd, bin_size)
+                self.metadata_bin = self._map(fd, bin_size, path)
+                self._release(fd)
+                self.metadata_fd = -1
             else:
                 self._advise_random(fd)
             self.metadata_index = self._index("metadata.index", e.num_metadata, bin_size, "the size of metadata.bin")
