@@ -76,7 +76,7 @@ def main() -> None:
             # each batch overwrites it in place (a loader rotates a few such buffers)
             views = {id(o): (torch.from_numpy(o)[:, :-1], torch.from_numpy(o)[:, 1:]) for o in (out64, out32)}
 
-            def zb(reader: TokenStreamReader, out: np.ndarray) -> None:
+            def zb(reader: TokenStreamReader, out: np.ndarray, starts=starts, L=L, views=views) -> None:
                 x, y = views[id(out)]
                 for st in starts:
                     reader.windows(st, L + 1, out=out)
@@ -87,31 +87,32 @@ def main() -> None:
 
             pos32_buf = np.empty((B, L), dtype=np.int32)
 
-            def zb_bounds() -> None:
+            def zb_bounds(starts=starts, L=L, pos_buf=pos_buf, seg_buf=seg_buf, cu_buf=cu_buf,
+                          out64=out64) -> None:
                 for st in starts:
                     r1.windows(st, L + 1, out=out64)
                     r1.boundaries(st, L, position_ids=pos_buf, segment_ids=seg_buf, cu_seqlens=cu_buf)
 
-            def zb_bounds_lean() -> None:
+            def zb_bounds_lean(starts=starts, L=L, pos32_buf=pos32_buf, cu_buf=cu_buf, out64=out64) -> None:
                 for st in starts:
                     r1.windows(st, L + 1, out=out64)
                     r1.boundaries(st, L, position_ids=pos32_buf, cu_seqlens=cu_buf, segments=False)
 
-            def naive() -> None:
+            def naive(starts=starts, L=L) -> None:
                 for st in starts:
                     xs = [torch.from_numpy(mm[s:s + L].astype(np.int64)) for s in st]
                     ys = [torch.from_numpy(mm[s + 1:s + L + 1].astype(np.int64)) for s in st]
                     torch.stack(xs), torch.stack(ys)
 
-            def bare() -> None:
+            def bare(starts=starts, src=src) -> None:
                 for _ in starts:
                     src.astype(np.int64)
 
             cases = {
-                "zb_int64": lambda: zb(r1, out64),
-                "zb_int32": lambda: zb(r1, out32),
-                "zb_int64_2threads": lambda: zb(r2, out64),
-                "zb_int64_pread": lambda: zb(rp, out64),
+                "zb_int64": lambda out64=out64: zb(r1, out64),
+                "zb_int32": lambda out32=out32: zb(r1, out32),
+                "zb_int64_2threads": lambda out64=out64: zb(r2, out64),
+                "zb_int64_pread": lambda out64=out64: zb(rp, out64),
                 "zb_int64_with_boundaries": zb_bounds,
                 "zb_int64_with_lean_boundaries": zb_bounds_lean,
                 "naive_memmap_stack": naive,

@@ -414,27 +414,14 @@ cdef class WindowGather:
         cdef int64_t L = length if type(length) is int and length >= 0 else check_count(length, "length")
         cdef const int64_t[::1] st = _starts(starts)
         cdef int64_t count = st.shape[0], i
-        if type(out) is not np.ndarray or not out.flags.c_contiguous or not out.flags.writeable \
-                or (out.dtype is not _INT64 and out.dtype is not _INT32) or out.size != count * L:
-            raise ConfigError(f"out must be a writable C-contiguous int64 or int32 array of {count * L} "
-                              "elements", field="out")
+        cdef int64_t *p64 = NULL
+        cdef int32_t *p32 = NULL
+        _out_pointers(out, count * L, self.g.vocab, &p64, &p32)
         if count == 0 or L == 0:
             for i in range(count):
                 if st[i] < 0 or st[i] > self.total:
                     raise IndexError(f"a window start is outside [0, {self.total}]")
             return out
-        cdef int64_t[::1] o64
-        cdef int32_t[::1] o32
-        cdef int64_t *p64 = NULL
-        cdef int32_t *p32 = NULL
-        if out.dtype is _INT64:
-            o64 = out.reshape(-1)
-            p64 = &o64[0]
-        else:
-            if self.g.vocab > 2**31:
-                raise ConfigError("out: int32 cannot hold every id of this vocabulary", field="out")
-            o32 = out.reshape(-1)
-            p32 = &o32[0]
         cdef zb_ts_geometry g = self.g
         cdef int status
         cdef int64_t parts = 1
@@ -472,24 +459,11 @@ cdef class WindowGather:
             if a[i] < 0 or b[i] < a[i] or b[i] > self.total:
                 raise IndexError(f"range [{a[i]}, {b[i]}) is not within [0, {self.total})")
             total += b[i] - a[i]
-        if type(out) is not np.ndarray or not out.flags.c_contiguous or not out.flags.writeable \
-                or (out.dtype is not _INT64 and out.dtype is not _INT32) or out.size != total:
-            raise ConfigError(f"out must be a writable C-contiguous int64 or int32 array of {total} elements",
-                              field="out")
-        if total == 0:
-            return out
-        cdef int64_t[::1] o64
-        cdef int32_t[::1] o32
         cdef int64_t *p64 = NULL
         cdef int32_t *p32 = NULL
-        if out.dtype is _INT64:
-            o64 = out.reshape(-1)
-            p64 = &o64[0]
-        else:
-            if self.g.vocab > 2**31:
-                raise ConfigError("out: int32 cannot hold every id of this vocabulary", field="out")
-            o32 = out.reshape(-1)
-            p32 = &o32[0]
+        _out_pointers(out, total, self.g.vocab, &p64, &p32)
+        if total == 0:
+            return out
         cdef zb_ts_geometry g = self.g
         cdef int status = ZB_OK
         cdef int64_t at = 0, cur = 0
@@ -592,6 +566,28 @@ cdef class WindowGather:
         with nogil:
             zb_ts_boundaries(&self.g, &st[0], count, L, p64, p32, sp, &cv[0], &nseg, &maxlen)
         return pos_ids, seg_ids, cu[:nseg + 1], int(maxlen)
+
+
+cdef int _out_pointers(object out, int64_t n, uint64_t vocab, int64_t **p64, int32_t **p32) except -1:
+    # check a caller's output buffer and point p64 or p32 at its data (left NULL when empty);
+    # the caller holds `out` for as long as the pointer is used
+    if type(out) is not np.ndarray or not out.flags.c_contiguous or not out.flags.writeable \
+            or (out.dtype is not _INT64 and out.dtype is not _INT32) or out.size != n:
+        raise ConfigError(f"out must be a writable C-contiguous int64 or int32 array of {n} elements",
+                          field="out")
+    if out.dtype is _INT32 and vocab > 2**31:
+        raise ConfigError("out: int32 cannot hold every id of this vocabulary", field="out")
+    if n == 0:
+        return 0
+    cdef int64_t[::1] o64
+    cdef int32_t[::1] o32
+    if out.dtype is _INT64:
+        o64 = out.reshape(-1)
+        p64[0] = &o64[0]
+    else:
+        o32 = out.reshape(-1)
+        p32[0] = &o32[0]
+    return 0
 
 
 cdef inline object _starts(object starts):

@@ -22,11 +22,11 @@ build is refused at open after one small read. All integers are little-endian.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import struct
 from typing import Any
 
+from zerobatch.formats._json import loads_strict
 from zerobatch.formats.errors import CorruptError, FormatError, LimitExceededError, UnsupportedVersionError
 
 __all__ = [
@@ -198,30 +198,11 @@ class DatasetManifest:
         }
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise CorruptError(f"{k}: duplicate key", field=k)
-        out[k] = v
-    return out
-
-
-def _no_constants(name: str) -> Any:
-    raise CorruptError(f"{name} is not valid JSON", field="manifest")
-
-
 def _load_json(raw: bytes, path: Any) -> dict[str, Any]:
     if len(raw) > MAX_MANIFEST_BYTES:
         raise LimitExceededError(f"manifest: {len(raw)} bytes exceeds {MAX_MANIFEST_BYTES}", path=path,
                                  field="manifest")
-    try:
-        value = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates,
-                           parse_constant=_no_constants)
-    except CorruptError as exc:
-        raise CorruptError(str(exc), path=path, field=exc.field) from None
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise CorruptError(f"manifest: not valid JSON ({exc})", path=path, field="manifest") from None
+    value = loads_strict(raw, error=CorruptError, field="manifest", path=path)
     if not isinstance(value, dict):
         raise CorruptError("manifest: expected a JSON object", path=path, field="manifest")
     return value

@@ -14,6 +14,7 @@ import dataclasses
 import json
 from typing import Any
 
+from zerobatch.formats._json import loads_strict
 from zerobatch.formats.errors import StateError
 
 __all__ = ["STATE_VERSION", "OrderState", "state_from_json", "state_to_json"]
@@ -156,19 +157,6 @@ def state_to_json(state: dict[str, Any]) -> str:
     return json.dumps(state, allow_nan=False, sort_keys=True)
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise StateError(f"{k}: duplicate key in the saved state", field=k)
-        out[k] = v
-    return out
-
-
-def _no_constants(name: str) -> Any:
-    raise StateError(f"state: {name} is not valid JSON", field="state")
-
-
 def state_from_json(text: str | bytes) -> dict[str, Any]:
     """Parse a serialized state: size-capped, duplicate keys, ``NaN`` and ``Infinity`` refused.
 
@@ -177,17 +165,7 @@ def state_from_json(text: str | bytes) -> dict[str, Any]:
     """
     if len(text) > MAX_STATE_BYTES:
         raise StateError(f"state: {len(text)} bytes exceeds the limit of {MAX_STATE_BYTES}", field="state")
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise StateError(f"state: invalid UTF-8 ({exc})", field="state") from exc
-    try:
-        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
-    except (ValueError, RecursionError) as exc:
-        if isinstance(exc, StateError):
-            raise
-        raise StateError(f"state: invalid JSON ({exc})", field="state") from exc
+    value = loads_strict(text, error=StateError, field="state")
     if not isinstance(value, dict):
         raise StateError("state: expected a JSON object", field="state")
     return value
