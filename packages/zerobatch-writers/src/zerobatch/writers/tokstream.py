@@ -78,14 +78,20 @@ class _HashedFile:
             return
         self.file.write(view)
         self.size += len(view)
-        self._pending += view
         chunk = T.CHECKSUM_CHUNK
-        if len(self._pending) >= chunk:
-            whole = len(self._pending) // chunk * chunk
-            mv = memoryview(self._pending)
-            self._digests.extend(xxh3_64(mv[i:i + chunk]) for i in range(0, whole, chunk))
-            mv.release()
-            del self._pending[:whole]
+        at = 0
+        if self._pending:
+            # complete the chunk begun by earlier writes
+            at = min(chunk - len(self._pending), len(view))
+            self._pending += view[:at]
+            if len(self._pending) < chunk:
+                return
+            self._digests.append(xxh3_64(self._pending))
+            self._pending.clear()
+        # whole chunks are hashed straight from the caller's buffer; only a tail is kept
+        whole = at + (len(view) - at) // chunk * chunk
+        self._digests.extend(xxh3_64(view[i:i + chunk]) for i in range(at, whole, chunk))
+        self._pending += view[whole:]
 
     def checksum(self) -> str:
         digests = self._digests + ([xxh3_64(bytes(self._pending))] if self._pending or not self._digests else [])
