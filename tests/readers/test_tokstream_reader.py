@@ -81,6 +81,36 @@ def test_window_and_document_refusals(dataset):
         r.windows([0], 4)
 
 
+def unfit_buffers(shape, dtype):
+    ro = np.zeros(shape, dtype)
+    ro.flags.writeable = False
+    wide = np.zeros((shape[0], shape[1] * 2) if len(shape) == 2 else shape[0] * 2, dtype)
+    strided = wide[:, ::2] if len(shape) == 2 else wide[::2]
+    return [ro, strided, np.zeros(shape, np.float64), np.zeros(shape, np.uint64), np.zeros(shape, ">i8"),
+            np.zeros(shape, dtype).tolist(), np.zeros(int(np.prod(shape)) + 1, dtype), bytearray(8 * int(np.prod(shape)))]
+
+
+def test_unfit_output_buffers_are_refused_and_nothing_is_written(dataset):
+    folder, ds, flat = dataset
+    with TokenStreamReader(folder) as r:
+        for bad in unfit_buffers((2, 4), np.int64):
+            before = np.array(bad, copy=True) if isinstance(bad, np.ndarray) else None
+            with pytest.raises(ConfigError):
+                r.windows([0, 3], 4, out=bad)
+            if before is not None:
+                assert (np.asarray(bad) == before).all()
+        for name, shape, dtype in (("position_ids", (2, 4), np.int64), ("segment_ids", (2, 4), np.int32),
+                                   ("cu_seqlens", (9,), np.int32)):
+            for bad in unfit_buffers(shape, dtype):
+                with pytest.raises(ConfigError) as e:
+                    r.boundaries([0, 3], 4, **{name: bad})
+                assert e.value.field == name
+        # the same buffers, fit, are filled in place (a 2-D int32 position buffer is fit too)
+        pos, seg, cu = np.empty((2, 4), np.int32), np.empty((2, 4), np.int32), np.empty(9, np.int32)
+        p, s_, c, m = r.boundaries([0, 3], 4, position_ids=pos, segment_ids=seg, cu_seqlens=cu)
+        assert p is pos and s_ is seg and np.shares_memory(c, cu) and m >= 1
+
+
 # ---------------------------------------------------------------------------------------
 # bad input, refused at open (or at first use for token ids), naming the file and field
 
@@ -297,11 +327,15 @@ def test_windows_split_over_threads_equal_one_thread(tmp_path):
     build(folder, n_docs=200, shard_tokens=5000)
     with TokenStreamReader(folder) as one, TokenStreamReader(folder, num_threads=3) as three:
         rng = np.random.default_rng(5)
-        for count in (1, 3, 4, 9, 64):
+        # below 64 Ki tokens a batch stays on the calling thread; 400 x 700 is split in four
+        for count in (1, 3, 4, 9, 64, 190, 400):
             starts = rng.integers(0, one.num_tokens - 700, count)
             assert (three.windows(starts, 700) == one.windows(starts, 700)).all()
-        with pytest.raises(IndexError):
-            three.windows(np.r_[np.zeros(40, np.int64), [one.num_tokens]], 700)
+        for bad_at in (0, 399):
+            starts = np.zeros(400, np.int64)
+            starts[bad_at] = one.num_tokens
+            with pytest.raises(IndexError):
+                three.windows(starts, 700)
 
 
 def test_document_boundaries_match_the_twin_and_the_documents(tmp_path):
@@ -360,6 +394,74 @@ def test_window_metadata_coalesced_and_zero_copy(tmp_path):
                 assert [json.loads(bytes(b)) for b in raw.objects] == meta.objects
             with pytest.raises(IndexError):
                 r.window_metadata(r.num_tokens - 5, 6)
+
+
+def spans_dataset(folder, n_docs=80, shard_tokens=300):
+    # documents with document-level metadata (4 in 5) and span-level concepts (1 in 3), and
+    # the expected metadata object of every token
+    rng = np.random.default_rng(9)
+    want = []
+    with TokenStreamWriter(folder, vocab_size=1000, metadata=True, shard_tokens=shard_tokens) as w:
+        for k in range(n_docs):
+            t = rng.integers(0, 1000, int(rng.integers(5, 60)))
+            sp = [(1, 3, {"concept": f"c{k}"})] if k % 3 == 0 else []
+            w.add_document(t, {"doc": k} if k % 5 else None, spans=sp)
+            per = [{"doc": k} if k % 5 else None] * len(t)
+            for a, b, obj in sp:
+                per[a:b] = [obj] * (b - a)
+            want.extend(per)
+    return want
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_batch_metadata_deduplicated_over_the_batch(tmp_path, backend):
+    folder = tmp_path / "d"
+    want = spans_dataset(folder)
+    rng = np.random.default_rng(4)
+    with TokenStreamReader(folder, backend=backend) as r:
+        for length in (1, 17, 200):
+            starts = np.concatenate([rng.integers(0, r.num_tokens - length + 1, 30),
+                                     [0, r.num_tokens - length, int(r.cum_tokens[1]) - 1]])
+            starts = np.clip(starts, 0, r.num_tokens - length)
+            buf = np.full((starts.size, length), 7, np.int32)
+            meta = r.windows_metadata(starts, length, ids=buf)
+            assert meta.ids is buf and meta.keys.shape == (len(meta.objects), 2)
+            for row, st in zip(meta.ids.tolist(), starts.tolist(), strict=True):
+                assert [None if i < 0 else meta.objects[i] for i in row] == want[st:st + length]
+            # each (shard, id) once in the batch, numbered in order of first appearance
+            assert len({tuple(k) for k in meta.keys.tolist()}) == len(meta.objects)
+            seen = meta.ids.ravel()[meta.ids.ravel() >= 0]
+            assert (np.unique(seen, return_index=True)[0] == np.arange(len(meta.objects))).all()
+            firsts = np.unique(seen, return_index=True)[1]
+            assert (np.diff(firsts) > 0).all()
+            raw = r.windows_metadata(starts, length, decode=False)
+            assert [json.loads(bytes(b)) for b in raw.objects] == meta.objects
+            assert (raw.keys == meta.keys).all()
+        empty = r.windows_metadata(np.zeros(0, np.int64), 5)
+        assert empty.ids.shape == (0, 5) and empty.objects == []
+        with pytest.raises(IndexError):
+            r.windows_metadata([0, r.num_tokens - 4], 5)
+        with pytest.raises(ConfigError) as info:
+            r.windows_metadata([0], 5, ids=np.empty((1, 5), np.int64))
+        assert info.value.field == "ids"
+
+
+def test_metadata_index_entries_are_checked_when_used(tmp_path, monkeypatch):
+    # index files above FULL_INDEX_CHECK_BYTES are checked only at their ends at open: an
+    # entry inside them that points past metadata.bin is refused when a window uses it
+    import zerobatch.readers.tokstream as rt
+
+    folder = tmp_path / "d"
+    spans_dataset(folder, n_docs=10, shard_tokens=10**6)
+    patch_u64(shard_dir(folder) / "metadata.index", 1, 10**9)
+    monkeypatch.setattr(rt, "FULL_INDEX_CHECK_BYTES", 0)
+    with TokenStreamReader(folder) as r:
+        assert r.windows_metadata([r.num_tokens - 3], 3).objects
+        with pytest.raises(CorruptError) as info:
+            r.windows_metadata([0], 3)
+        assert info.value.field == "metadata.index" and info.value.path.endswith("metadata.index")
+        with pytest.raises(CorruptError):
+            r.verify_indexes()
 
 
 def test_metadata_refusals(tmp_path, dataset):

@@ -11,6 +11,12 @@
 #           (shard found by binary search over cum); or
 #           ZB_E_INDEX when a window falls outside [0, total) (out unspecified), or
 #           ZB_E_RANGE when a token id is >= g->vocab (g->bad_pos = its global position).
+#   _ts_windows(g, starts, count, length, out64, out32, scratch, ids, d)
+#     the same, where out64 and out32 may both be NULL (no tokens copied), and with ids
+#     non-NULL (count * length int32) each token's metadata id is also numbered in the same
+#     pass over the records: ids = the index of (shard, id) among d's distinct pairs in
+#     order of first appearance, -1 for no metadata (id 0xFFFFFFFF); ZB_E_FIELD when an id is not below
+#     g->nmeta[shard] (g->bad_pos set), ZB_E_IO (errno ENOMEM) when d cannot grow.
 #   zb_ts_boundaries(g, starts, count, length, pos64, pos32, seg_ids, cu, &nseg, &maxlen)
 #     pre:  the windows were checked (zb_ts_windows's precondition); g->docs[s] holds shard
 #           s's document starts (increasing, first 0, last the shard's token count).
@@ -25,14 +31,16 @@
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 
 from zerobatch.core._pool cimport TaskPool, zb_task
 from libc.errno cimport EINTR, errno
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memset
 from posix.unistd cimport pread
 
-from zerobatch.core._status cimport ZB_E_INDEX, ZB_E_IO, ZB_E_RANGE, ZB_E_TRUNCATED, ZB_OK
+from zerobatch.core._status cimport ZB_E_FIELD, ZB_E_INDEX, ZB_E_IO, ZB_E_RANGE, ZB_E_TRUNCATED, ZB_OK
 
 cdef extern from "_tokstream.h" nogil:
     void zb_ts_fill_segment(int64_t *p64, int32_t *p32, int32_t *seg, int64_t n, int32_t segno)
@@ -41,6 +49,21 @@ cdef extern from "_tokstream.h" nogil:
     uint32_t zb_ts_copy_u16_i32(const uint8_t *src, int64_t stride, int32_t *dst, int64_t n)
     uint32_t zb_ts_copy_u32_i64(const uint8_t *src, int64_t stride, int64_t *dst, int64_t n)
     uint32_t zb_ts_copy_u32_i32(const uint8_t *src, int64_t stride, int32_t *dst, int64_t n)
+    ctypedef struct zb_ts_distinct:
+        int64_t n
+        int64_t *shard
+        uint32_t *mid
+        uint32_t *raw
+    int zb_ts_distinct_init(zb_ts_distinct *d)
+    void zb_ts_distinct_free(zb_ts_distinct *d)
+    void zb_ts_mids_u16(const uint8_t *src, uint32_t *ids, int64_t n)
+    uint32_t zb_ts_copy_meta_u16_i64(const uint8_t *src, int64_t *dst, uint32_t *raw, int64_t n)
+    uint32_t zb_ts_copy_meta_u16_i32(const uint8_t *src, int32_t *dst, uint32_t *raw, int64_t n)
+    uint32_t zb_ts_copy_meta_u32_i64(const uint8_t *src, int64_t *dst, uint32_t *raw, int64_t n)
+    uint32_t zb_ts_copy_meta_u32_i32(const uint8_t *src, int32_t *dst, uint32_t *raw, int64_t n)
+    void zb_ts_mids_u32(const uint8_t *src, uint32_t *ids, int64_t n)
+    int64_t zb_ts_number_ids(const uint32_t *raw, int32_t *ids, int64_t n, int64_t shard, int64_t nmeta,
+                             zb_ts_distinct *d)
 
 import os
 
@@ -71,6 +94,7 @@ cdef struct zb_ts_geometry:
     int64_t token_size
     uint64_t vocab
     int64_t bad_pos
+    const int64_t *nmeta       # per shard: metadata blobs (metadata ids must be below), or NULL
 
 
 cdef inline int64_t _find_shard(const int64_t *cum, int64_t num_shards, int64_t pos) noexcept nogil:
@@ -102,6 +126,11 @@ cdef int _pread_full(int fd, uint8_t *buf, int64_t n, int64_t offset, int *err) 
     return ZB_OK
 
 
+cdef inline void _prefetch_window(const zb_ts_geometry *g, int64_t pos, int64_t length) noexcept nogil:
+    cdef int64_t s = _find_shard(g.cum, g.num_shards, pos)
+    zb_ts_prefetch(g.bases[s] + (pos - g.cum[s]) * g.itemsize, min(length, g.cum[s + 1] - pos) * g.itemsize)
+
+
 cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, int64_t length,
                        int64_t *out64, int32_t *out32) noexcept nogil:
     cdef int status = ZB_OK
@@ -111,14 +140,16 @@ cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, 
         scratch = <uint8_t *>malloc(max(length, 1) * g.itemsize)
         if scratch == NULL:
             g.err_errno = 12   # ENOMEM
+            g.err_shard = -1   # no shard: out of memory
             return ZB_E_IO
-    status = _ts_windows(g, starts, count, length, out64, out32, scratch)
+    status = _ts_windows(g, starts, count, length, out64, out32, scratch, NULL, NULL)
     free(scratch)
     return status
 
 
 cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, int64_t length,
-                     int64_t *out64, int32_t *out32, uint8_t *scratch) noexcept nogil:
+                     int64_t *out64, int32_t *out32, uint8_t *scratch, int32_t *ids,
+                     zb_ts_distinct *d) noexcept nogil:
     cdef int64_t total = g.cum[g.num_shards]
     cdef int st
     cdef int64_t w, pos, s, take, k, done, row
@@ -129,16 +160,15 @@ cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, in
         pos = starts[w]
         if pos < 0 or pos > total - length:
             return ZB_E_INDEX
-    cdef int64_t ahead, ps
+    # random windows are memory-latency bound and the hardware prefetcher only follows a
+    # window once it has started: the first PREFETCH_AHEAD windows are requested up front,
+    # then each step requests the window PREFETCH_AHEAD rows on while this one is copied
+    if scratch == NULL:
+        for w in range(min(count, PREFETCH_AHEAD)):
+            _prefetch_window(g, starts[w], length)
     for w in range(count):
-        # start loading the window PREFETCH_AHEAD rows on while this one is copied: random
-        # windows are memory-latency bound, and the hardware prefetcher only follows a
-        # window once it has started
-        ahead = w + PREFETCH_AHEAD
-        if ahead < count and scratch == NULL:
-            ps = _find_shard(g.cum, g.num_shards, starts[ahead])
-            zb_ts_prefetch(g.bases[ps] + (starts[ahead] - g.cum[ps]) * isz,
-                           min(length, g.cum[ps + 1] - starts[ahead]) * isz)
+        if w + PREFETCH_AHEAD < count and scratch == NULL:
+            _prefetch_window(g, starts[w + PREFETCH_AHEAD], length)
         pos = starts[w]
         row = w * length
         done = 0
@@ -157,7 +187,21 @@ cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, in
                     g.err_shard = s
                     return st
                 src = scratch
-            if g.token_size == 2:
+            if ids != NULL:
+                # tokens and raw metadata ids in one pass, then the ids numbered (_piece_ids)
+                if out64 == NULL and out32 == NULL:
+                    vmax = 0
+                    if g.token_size == 2:
+                        zb_ts_mids_u16(src, d.raw, take)
+                    else:
+                        zb_ts_mids_u32(src, d.raw, take)
+                elif g.token_size == 2:
+                    vmax = zb_ts_copy_meta_u16_i64(src, out64 + row + done, d.raw, take) if out64 != NULL \
+                        else zb_ts_copy_meta_u16_i32(src, out32 + row + done, d.raw, take)
+                else:
+                    vmax = zb_ts_copy_meta_u32_i64(src, out64 + row + done, d.raw, take) if out64 != NULL \
+                        else zb_ts_copy_meta_u32_i32(src, out32 + row + done, d.raw, take)
+            elif g.token_size == 2:
                 if out64 != NULL:
                     vmax = zb_ts_copy_u16_i64(src, isz, out64 + row + done, take)
                 else:
@@ -177,8 +221,26 @@ cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, in
                         g.bad_pos = pos + k
                         break
                 return ZB_E_RANGE
+            if ids != NULL:
+                st = _piece_ids(g, d, s, pos, take, ids + row + done)
+                if st != ZB_OK:
+                    return st
             pos += take
             done += take
+    return ZB_OK
+
+
+cdef int _piece_ids(zb_ts_geometry *g, zb_ts_distinct *d, int64_t s, int64_t pos, int64_t take,
+                    int32_t *ids) noexcept nogil:
+    # number the raw metadata ids of one shard piece (in d.raw, put there by the copy) into ids
+    cdef int64_t r = zb_ts_number_ids(d.raw, ids, take, s, g.nmeta[s], d)
+    if r == -2:
+        g.err_errno = 12
+        g.err_shard = -1
+        return ZB_E_IO
+    if r >= 0:
+        g.bad_pos = pos + r
+        return ZB_E_FIELD
     return ZB_OK
 
 
@@ -259,8 +321,11 @@ cdef int _ts_job_run(void *arg) noexcept nogil:
     return zb_ts_windows(&j.g, j.starts, j.count, j.length, j.out64, j.out32)
 
 
-#: Fewest windows worth handing to another thread.
+#: Fewest windows, and fewest tokens, worth handing to another thread: waking a pool worker
+#: costs about as much as copying 64 Ki random-window tokens here (tools/compare_tokstream.py:
+#: 32 x 513 took 2.7x longer split over two threads than on one; 256 x 513, 1.45x shorter).
 MIN_WINDOWS_PER_PART = 4
+MIN_TOKENS_PER_PART = 1 << 16
 
 
 cdef int _run_split(TaskPool pool, zb_ts_geometry *g, const int64_t *starts, int64_t count,
@@ -332,7 +397,9 @@ cdef class WindowGather:
         ConfigError: inconsistent geometry.
     """
 
-    cdef object _bases, _cum, paths, _docs, _doc_ptrs, _ndocs, _fds
+    cdef object _bases, _cum, paths, _docs, _doc_ptrs, _ndocs, _fds, _nmeta, _midx, _midx_ptrs
+    cdef const int64_t[::1] nm
+    cdef const uint64_t[::1] mp
     cdef const int[::1] fv
     cdef const uint64_t[::1] b
     cdef const int64_t[::1] c
@@ -341,7 +408,8 @@ cdef class WindowGather:
     cdef zb_ts_geometry g
     cdef readonly int64_t total
 
-    def __cinit__(self, bases, cum, itemsize, token_size, vocab, paths=None, documents=None, fds=None):
+    def __cinit__(self, bases, cum, itemsize, token_size, vocab, paths=None, documents=None, fds=None,
+                  metadata_indexes=None):
         self._bases = np.ascontiguousarray(bases, dtype=np.uint64)
         self._cum = np.ascontiguousarray(cum, dtype=np.int64)
         self.b = self._bases
@@ -373,6 +441,21 @@ cdef class WindowGather:
             self._fds = np.ascontiguousarray(fds, dtype=np.intc)
             self.fv = self._fds
             self.g.fds = &self.fv[0]
+        self.g.nmeta = NULL
+        if metadata_indexes is not None:
+            if itemsize == token_size:
+                raise ConfigError("metadata_indexes: the records hold no metadata id", field="metadata_indexes")
+            if len(metadata_indexes) != ns:
+                raise ConfigError("metadata_indexes: one index per shard", field="metadata_indexes")
+            self._midx = [np.ascontiguousarray(x, dtype=np.uint64) for x in metadata_indexes]
+            for i in range(ns):
+                if self._midx[i].ndim != 1 or self._midx[i].shape[0] < 1 or self._midx[i][0] != 0:
+                    raise ConfigError(f"metadata_indexes[{i}]: must start at 0", field="metadata_indexes")
+            self._nmeta = np.array([x.shape[0] - 1 for x in self._midx], dtype=np.int64)
+            self._midx_ptrs = np.array([x.ctypes.data for x in self._midx], dtype=np.uint64)
+            self.nm = self._nmeta
+            self.mp = self._midx_ptrs
+            self.g.nmeta = &self.nm[0]
         self.g.docs = NULL
         self.g.ndocs = NULL
         if documents is not None:
@@ -416,24 +499,156 @@ cdef class WindowGather:
         cdef int64_t count = st.shape[0], i
         cdef int64_t *p64 = NULL
         cdef int32_t *p32 = NULL
-        _out_pointers(out, count * L, self.g.vocab, &p64, &p32)
-        if count == 0 or L == 0:
-            for i in range(count):
-                if st[i] < 0 or st[i] > self.total:
-                    raise IndexError(f"a window start is outside [0, {self.total}]")
-            return out
+        cdef Py_buffer view
+        cdef void *data = _acquire_out(out, &view, count * L, self.g.vocab, count * L, -1)
         cdef zb_ts_geometry g = self.g
-        cdef int status
+        cdef int status = ZB_OK
         cdef int64_t parts = 1
-        if pool is not None:
-            parts = min(pool.num_threads + 1, count // MIN_WINDOWS_PER_PART)
-        if parts > 1:
-            status = _run_split(pool, &g, &st[0], count, L, p64, p32, parts)
-        else:
-            with nogil:
-                status = zb_ts_windows(&g, &st[0], count, L, p64, p32)
+        try:
+            if count == 0 or L == 0:
+                for i in range(count):
+                    if st[i] < 0 or st[i] > self.total:
+                        raise IndexError(f"a window start is outside [0, {self.total}]")
+                return out
+            if view.itemsize == 8:
+                p64 = <int64_t *>data
+            else:
+                p32 = <int32_t *>data
+            if pool is not None:
+                parts = min(pool.num_threads + 1, count // MIN_WINDOWS_PER_PART, count * L // MIN_TOKENS_PER_PART)
+            if parts > 1:
+                status = _run_split(pool, &g, &st[0], count, L, p64, p32, parts)
+            else:
+                with nogil:
+                    status = zb_ts_windows(&g, &st[0], count, L, p64, p32)
+        finally:
+            PyBuffer_Release(&view)
         self._raise_status(status, &g, L)
         return out
+
+    def metadata_ids(self, starts, length, ids=None, out=None):
+        """The per-token metadata of a batch of windows, deduplicated over the batch, GIL released.
+
+        With ``out`` the windows' tokens are copied as well, in the same pass over the
+        records (as :meth:`gather` would, on the calling thread).
+
+        Args:
+            starts: integer array-like of global token positions.
+            length: tokens per window.
+            ids: optional caller buffer, C-contiguous ``int32 (len(starts), length)``.
+            out: optional token output (as for :meth:`gather`).
+
+        Returns:
+            ``(ids, table)``: ``ids[w, k]`` numbers the distinct metadata of token
+            ``starts[w] + k`` (-1: none), in order of first appearance; ``table`` is
+            ``int64 (distinct, 4)``: per distinct metadata its shard, its shard-local id, and
+            the ``[start, stop)`` bytes of its blob in that shard's ``metadata.bin`` (from
+            the shard's metadata index, each checked to be a range of the file).
+
+        Raises:
+            ConfigError: built without ``metadata_counts``; an unfit ``ids`` or ``out``.
+            IndexError: a window outside ``[0, total)``.
+            CorruptError: a metadata id not below its shard's count (field ``metadata_id``);
+                index entries that are not a range of ``metadata.bin`` (field
+                ``metadata.index``); with ``out``, a token id at or above ``vocab`` (field
+                ``token``).
+            ReadError, TruncatedError: as :meth:`gather`.
+        """
+        if self.g.nmeta == NULL:
+            raise ConfigError("metadata_ids: this gatherer has no metadata indexes", field="metadata_indexes")
+        cdef int64_t L = length if type(length) is int and length >= 0 else check_count(length, "length")
+        cdef const int64_t[::1] st = _starts(starts)
+        cdef int64_t count = st.shape[0]
+        tokens = out
+        out = np.empty((count, L), _INT32) if ids is None else ids
+        cdef Py_buffer view, tview
+        cdef int64_t *p64 = NULL
+        cdef int32_t *p32 = NULL
+        cdef int32_t *p
+        cdef uint8_t *scratch = NULL
+        cdef void *tp
+        if tokens is not None:
+            tp = _acquire_out(tokens, &tview, count * L, self.g.vocab, count * L, -1)
+            if tview.itemsize == 8:
+                p64 = <int64_t *>tp
+            else:
+                p32 = <int32_t *>tp
+        try:
+            p = <int32_t *>_acquire(out, &view, _INT32, count, L, "ids")
+        except BaseException:
+            if tokens is not None:
+                PyBuffer_Release(&tview)
+            raise
+        cdef zb_ts_distinct d
+        memset(&d, 0, sizeof(d))
+        cdef zb_ts_geometry g = self.g
+        cdef int status = ZB_OK
+        cdef int64_t i
+        try:
+            if zb_ts_distinct_init(&d) != 0:
+                raise MemoryError()
+            d.raw = <uint32_t *>malloc(max(L, 1) * sizeof(uint32_t))
+            if d.raw == NULL:
+                raise MemoryError()
+            if count and L:
+                with nogil:
+                    if g.fds != NULL:
+                        scratch = <uint8_t *>malloc(L * g.itemsize)
+                        if scratch == NULL:
+                            g.err_errno = 12
+                            g.err_shard = -1
+                            status = ZB_E_IO
+                    if status == ZB_OK:
+                        status = _ts_windows(&g, &st[0], count, L, p64, p32, scratch, p, &d)
+                    free(scratch)
+            else:
+                for i in range(count):
+                    if st[i] < 0 or st[i] > self.total:
+                        raise IndexError(f"a window start is outside [0, {self.total}]")
+            if status == ZB_E_FIELD:
+                shard = _find_shard(g.cum, g.num_shards, g.bad_pos)
+                raise CorruptError(f"metadata_id: the id at global position {g.bad_pos} (record "
+                                   f"{g.bad_pos - self.c[shard]} of shard {shard}) is not below the shard's "
+                                   f"{self.nm[shard]} metadata blobs",
+                                   path=None if self.paths is None else self.paths[shard], field="metadata_id")
+            self._raise_status(status, &g, L)
+            table = np.empty((d.n, 4), np.int64)
+            if d.n:
+                self._blob_table(&d, table)
+        finally:
+            PyBuffer_Release(&view)
+            if tokens is not None:
+                PyBuffer_Release(&tview)
+            zb_ts_distinct_free(&d)
+        return out, table
+
+    cdef int _blob_table(self, zb_ts_distinct *d, object table) except -1:
+        # rows (shard, id, start, stop) of the distinct metadata, the blob range checked
+        cdef Py_buffer view
+        cdef int64_t *t = <int64_t *>_acquire(table, &view, _INT64, d.n, 4, "table")
+        cdef int64_t i, s
+        cdef uint32_t m
+        cdef const uint64_t *idx
+        cdef uint64_t a, b
+        try:
+            for i in range(d.n):
+                s = d.shard[i]
+                m = d.mid[i]
+                idx = <const uint64_t *>self.mp[s]
+                a = idx[m]
+                b = idx[m + 1]
+                if a > b or b > idx[self.nm[s]]:
+                    raise CorruptError(f"metadata.index[{m}:{m + 2}]: [{a}, {b}) is not a range of metadata.bin's "
+                                       f"{idx[self.nm[s]]} bytes", field="metadata.index",
+                                       path=None if self.paths is None else
+                                       os.path.join(os.path.dirname(self.paths[s]), "metadata.index"))
+                t[4 * i] = s
+                t[4 * i + 1] = m
+                t[4 * i + 2] = <int64_t>a
+                t[4 * i + 3] = <int64_t>b
+        finally:
+            PyBuffer_Release(&view)
+        return 0
 
     def gather_ranges(self, starts, stops, out):
         """Copy the token ranges ``[starts[i], stops[i])`` back to back into the flat ``out``.
@@ -461,21 +676,27 @@ cdef class WindowGather:
             total += b[i] - a[i]
         cdef int64_t *p64 = NULL
         cdef int32_t *p32 = NULL
-        _out_pointers(out, total, self.g.vocab, &p64, &p32)
-        if total == 0:
-            return out
+        cdef Py_buffer view
+        cdef void *data = _acquire_out(out, &view, total, self.g.vocab, total, -1)
+        if view.itemsize == 8:
+            p64 = <int64_t *>data
+        else:
+            p32 = <int32_t *>data
         cdef zb_ts_geometry g = self.g
         cdef int status = ZB_OK
         cdef int64_t at = 0, cur = 0
-        with nogil:
-            for i in range(count):
-                cur = b[i] - a[i]
-                if cur > 0:
-                    status = zb_ts_windows(&g, &a[i], 1, b[i] - a[i], NULL if p64 == NULL else p64 + at,
-                                           NULL if p32 == NULL else p32 + at)
-                    if status != ZB_OK:
-                        break
-                    at += b[i] - a[i]
+        try:
+            with nogil:
+                for i in range(count):
+                    cur = b[i] - a[i]
+                    if cur > 0:
+                        status = zb_ts_windows(&g, &a[i], 1, b[i] - a[i], NULL if p64 == NULL else p64 + at,
+                                               NULL if p32 == NULL else p32 + at)
+                        if status != ZB_OK:
+                            break
+                        at += b[i] - a[i]
+        finally:
+            PyBuffer_Release(&view)
         self._raise_status(status, &g, cur)
         return out
 
@@ -484,6 +705,8 @@ cdef class WindowGather:
             return 0
         if status == ZB_E_INDEX:
             raise IndexError(f"a window of {L} tokens falls outside [0, {self.total})")
+        if status == ZB_E_IO and g.err_shard < 0:
+            raise MemoryError("out of memory for a window gather")
         if status == ZB_E_IO or status == ZB_E_TRUNCATED:
             where = None if self.paths is None else self.paths[g.err_shard]
             if status == ZB_E_TRUNCATED:
@@ -537,57 +760,77 @@ cdef class WindowGather:
         for i in range(count):
             if st[i] < 0 or st[i] > self.total - L:
                 raise IndexError(f"a window of {L} tokens falls outside [0, {self.total})")
-        pdt = position_ids.dtype if isinstance(position_ids, np.ndarray) else np.dtype(position_dtype)
+        if type(position_ids) is np.ndarray:
+            pdt = position_ids.dtype
+        else:
+            pdt = position_dtype if type(position_dtype) is np.dtype else np.dtype(position_dtype)
         if pdt is not _INT64 and pdt is not _INT32:
             raise ConfigError(f"position_ids must be int64 or int32, got {pdt}", field="position_ids")
-        pos_ids = _buffer(position_ids, (count, L), pdt, "position_ids")
-        seg_ids = _buffer(segment_ids, (count, L), _INT32, "segment_ids") if segments else None
-        cu = _buffer(cu_seqlens, (count * L + 1,), _INT32, "cu_seqlens")
+        pos_ids = np.empty((count, L), pdt) if position_ids is None else position_ids
+        seg_ids = None
+        if segments:
+            seg_ids = np.empty((count, L), _INT32) if segment_ids is None else segment_ids
+        cu = np.empty(count * L + 1, _INT32) if cu_seqlens is None else cu_seqlens
         cdef int64_t nseg = 0, maxlen = 0
-        if count == 0:
-            cu[0] = 0
-            return pos_ids, seg_ids, cu[:1], 0
-        cdef int64_t[::1] p64v
-        cdef int32_t[::1] p32v
-        cdef int32_t[::1] sv
-        cdef int64_t *p64 = NULL
-        cdef int32_t *p32 = NULL
+        cdef Py_buffer pv, sv, cv
+        cdef void *pp = _acquire(pos_ids, &pv, pdt, count, L, "position_ids")
         cdef int32_t *sp = NULL
-        if pdt is _INT64:
-            p64v = pos_ids.reshape(-1)
-            p64 = &p64v[0]
-        else:
-            p32v = pos_ids.reshape(-1)
-            p32 = &p32v[0]
-        if seg_ids is not None:
-            sv = seg_ids.reshape(-1)
-            sp = &sv[0]
-        cdef int32_t[::1] cv = cu
-        with nogil:
-            zb_ts_boundaries(&self.g, &st[0], count, L, p64, p32, sp, &cv[0], &nseg, &maxlen)
-        return pos_ids, seg_ids, cu[:nseg + 1], int(maxlen)
+        cdef int32_t *cp
+        try:
+            if seg_ids is not None:
+                sp = <int32_t *>_acquire(seg_ids, &sv, _INT32, count, L, "segment_ids")
+            try:
+                cp = <int32_t *>_acquire(cu, &cv, _INT32, count * L + 1, -1, "cu_seqlens")
+                if count == 0:
+                    cp[0] = 0
+                else:
+                    with nogil:
+                        zb_ts_boundaries(&self.g, &st[0], count, L, <int64_t *>pp if pv.itemsize == 8 else NULL,
+                                         <int32_t *>pp if pv.itemsize == 4 else NULL, sp, cp, &nseg, &maxlen)
+                PyBuffer_Release(&cv)
+            finally:
+                if sp != NULL:
+                    PyBuffer_Release(&sv)
+        finally:
+            PyBuffer_Release(&pv)
+        return pos_ids, seg_ids, cu[:nseg + 1], maxlen
 
 
-cdef int _out_pointers(object out, int64_t n, uint64_t vocab, int64_t **p64, int32_t **p32) except -1:
-    # check a caller's output buffer and point p64 or p32 at its data (left NULL when empty);
-    # the caller holds `out` for as long as the pointer is used
-    if type(out) is not np.ndarray or not out.flags.c_contiguous or not out.flags.writeable \
-            or (out.dtype is not _INT64 and out.dtype is not _INT32) or out.size != n:
+cdef void *_acquire(object buf, Py_buffer *view, object dtype, int64_t rows, int64_t cols,
+                   str name) except NULL:
+    # hold a caller's output array through the buffer protocol (no memoryview objects: this
+    # is per batch, and the checks cost less than a microsecond): a writable C-contiguous
+    # ndarray of `dtype` holding rows * cols elements, shaped (rows, cols) when cols >= 0.
+    # The caller releases `view` (PyBuffer_Release) once the pointer is no longer used.
+    cdef int64_t n = rows if cols < 0 else rows * cols
+    cdef bint ok = type(buf) is np.ndarray and (<object>buf).dtype is dtype
+    if ok:
+        try:
+            PyObject_GetBuffer(buf, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+        except (BufferError, ValueError):
+            ok = False
+    if ok:
+        if view.len != n * view.itemsize or (cols >= 0 and (view.ndim != 2 or view.shape[0] != rows
+                                                             or view.shape[1] != cols)):
+            PyBuffer_Release(view)
+            ok = False
+    if not ok:
+        shape = f"{n} elements" if cols < 0 else f"shape ({rows}, {cols})"
+        raise ConfigError(f"{name} must be a writable C-contiguous {np.dtype(dtype)} array of {shape}",
+                          field=name)
+    return view.buf
+
+
+cdef void *_acquire_out(object out, Py_buffer *view, int64_t n, uint64_t vocab, int64_t rows,
+                        int64_t cols) except NULL:
+    # the token output of gather / gather_ranges: int64, or int32 when the vocabulary fits
+    dtype = out.dtype if type(out) is np.ndarray and out.dtype is _INT32 else _INT64
+    if dtype is _INT32 and vocab > 2**31:
+        raise ConfigError("out: int32 cannot hold every id of this vocabulary", field="out")
+    if type(out) is np.ndarray and (<object>out).size != n:
         raise ConfigError(f"out must be a writable C-contiguous int64 or int32 array of {n} elements",
                           field="out")
-    if out.dtype is _INT32 and vocab > 2**31:
-        raise ConfigError("out: int32 cannot hold every id of this vocabulary", field="out")
-    if n == 0:
-        return 0
-    cdef int64_t[::1] o64
-    cdef int32_t[::1] o32
-    if out.dtype is _INT64:
-        o64 = out.reshape(-1)
-        p64[0] = &o64[0]
-    else:
-        o32 = out.reshape(-1)
-        p32[0] = &o32[0]
-    return 0
+    return _acquire(out, view, dtype, n, -1, "out")
 
 
 cdef inline object _starts(object starts):
@@ -596,16 +839,6 @@ cdef inline object _starts(object starts):
             and starts.flags.c_contiguous:
         return starts
     return as_positions(starts, "starts")
-
-
-def _buffer(buf, shape, dtype, name):
-    # a caller's buffer of exactly this shape and dtype, or a new array
-    if buf is None:
-        return np.empty(shape, dtype=dtype)
-    if type(buf) is not np.ndarray or buf.dtype is not dtype or buf.shape != shape \
-            or not buf.flags.c_contiguous or not buf.flags.writeable:
-        raise ConfigError(f"{name} must be a writable C-contiguous {dtype} array of shape {shape}", field=name)
-    return buf
 
 
 def gather_windows(bases, cum, itemsize, token_size, vocab, starts, length, out, paths=None):

@@ -15,11 +15,13 @@ ids at or above the vocabulary on first use.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import io
 import json
 import os
 import pickle
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, overload
 
 import numpy as np
 
@@ -37,12 +39,69 @@ __all__ = ["TokenStreamReader", "WindowMetadata"]
 FULL_INDEX_CHECK_BYTES = 64 << 20
 
 
+class MetadataObjects(Sequence[Any]):
+    """The distinct metadata objects of a batch, each decoded when first accessed.
+
+    A sequence: ``objects[i]`` is the object that ``ids == i`` refers to. Blobs are
+    ``memoryview`` slices of ``metadata.bin`` (of the mapping, or of the batch's reads in
+    the pread backend), never copied; with ``decode`` each is decoded on first access and
+    kept, so a training step that reads only the ids pays for no Python objects.
+    """
+
+    __slots__ = ("_blob", "_decode", "_cache", "_n")
+
+    def __init__(self, n: int, blob: Callable[[int], memoryview], decode: Callable[[memoryview], Any] | None):
+        self._n = n
+        self._blob = blob
+        self._decode = decode
+        self._cache: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Any]: ...
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        i = operator.index(i)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"metadata object {i} of {self._n}")
+        if i not in self._cache:
+            blob = self._blob(i)
+            self._cache[i] = blob if self._decode is None else self._decode(blob)
+        return self._cache[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(other) == self._n and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"MetadataObjects({self._n} objects)"
+
+
 @dataclasses.dataclass(frozen=True)
 class WindowMetadata:
-    """The metadata of one window: per-token indices into ``objects`` (-1: none)."""
+    """The metadata of one window, or of a batch of windows.
+
+    ``ids`` holds one ``int32`` per token (shape ``(length,)`` for a window, ``(B, length)``
+    for a batch): an index into ``objects``, or -1 where no metadata covers the token.
+    ``objects`` (:class:`MetadataObjects`) are the distinct metadata in order of first
+    appearance, decoded on access; ``keys`` names each as ``(shard, shard-local metadata
+    id)`` (``int64 (len(objects), 2)``), stable across batches, so a caller may cache
+    decoded objects by key.
+    """
 
     ids: np.ndarray
-    objects: list[Any]
+    objects: MetadataObjects
+    keys: np.ndarray
 
 
 class _Shard:
@@ -198,6 +257,17 @@ class _Shard:
             return self.metadata_bin[start:stop]
         return memoryview(self._pread(self.metadata_fd, stop - start, start, "metadata.bin"))
 
+    def read_blobs(self, ranges: list[tuple[int, int]]) -> list[memoryview]:
+        """The ``[start, stop)`` ranges of ``metadata.bin`` (checked ones), read with one
+        ``pread`` spanning them unless that would read over four times their bytes (plus
+        64 KiB), else one read each; returned as slices, without copying."""
+        first = min(a for a, _ in ranges)
+        last = max(b for _, b in ranges)
+        if last - first <= 4 * sum(b - a for a, b in ranges) + (64 << 10):
+            data = self.read_metadata(first, last)
+            return [data[a - first:b - first] for a, b in ranges]
+        return [self.read_metadata(a, b) for a, b in ranges]
+
     def verify_indexes(self) -> None:
         self._check_monotonic(self.documents, "documents.index", os.path.join(self.path, "documents.index"))
         if self.metadata_index is not None:
@@ -286,7 +356,8 @@ class TokenStreamReader:
                                         self.cum_tokens, self.itemsize, self.token_dtype.itemsize,
                                         self.vocab_size, [os.path.join(s.path, "tokens.bin") for s in self._shards],
                                         [s.documents for s in self._shards],
-                                        None if backend == "mmap" else [s.tokens_fd for s in self._shards])
+                                        None if backend == "mmap" else [s.tokens_fd for s in self._shards],
+                                        [s.metadata_index for s in self._shards] if m.metadata else None)
         self.closed = False
 
     def __len__(self) -> int:
@@ -354,67 +425,85 @@ class TokenStreamReader:
         return self._gather.boundaries(starts, length, position_ids, segment_ids, cu_seqlens,
                                        position_dtype=position_dtype, segments=segments)
 
-    def window_metadata(self, start: int, length: int, *, decode: bool = True) -> WindowMetadata:
-        """The metadata of the window ``[start, start + length)``.
+    def windows_metadata(self, starts: Any, length: int, *, ids: np.ndarray | None = None,
+                         out: np.ndarray | None = None, decode: bool = True) -> WindowMetadata:
+        """The metadata of a batch of windows ``[start, start + length)``.
 
-        For each shard piece of the window the distinct metadata ids are read with one
-        coalesced index read (the ids between the smallest and the largest) and one data
-        read (the bytes between their first and last blob), then split into blobs by
-        ``memoryview`` slices, without copying.
+        The per-token metadata ids of every window are read and deduplicated over the batch
+        in one compiled call without the GIL (:meth:`zerobatch.core.WindowGather.metadata_ids`:
+        a run of tokens under one metadata object costs one lookup); given ``out``, the same
+        pass also copies the windows' tokens into it, as :meth:`windows` would, so tokens and
+        metadata cost one read of the records. Then, per shard, the
+        index entries of the distinct ids are read at once (one coalesced ``metadata.index``
+        access) and their blobs are taken from ``metadata.bin`` as ``memoryview`` slices
+        without copying: slices of the mapping (mmap backend), or of one ``pread`` covering
+        them (pread backend; separate reads where they lie far apart).
 
         Args:
-            start, length: the window (global token positions).
+            starts: integer array-like of global token positions.
+            length: tokens per window (``seq_len + 1`` to match next-token windows).
+            ids: optional caller buffer, C-contiguous ``int32 (len(starts), length)``.
+            out: optional token buffer, as for :meth:`windows` (filled in the same pass).
             decode: decode each blob with the dataset's codec (``json``, ``numpy``,
-                ``bytes``; ``pickle`` only if the dataset was written with it); else return
-                the blobs as ``memoryview`` slices of the mapped ``metadata.bin``.
+                ``bytes``; ``pickle`` only if the dataset was written with it); else the
+                objects are the blobs as ``memoryview`` slices.
 
         Returns:
-            :class:`WindowMetadata`: ``ids`` (``int64``, one per token: an index into
-            ``objects``, or -1 where no metadata covers the token) and ``objects`` (the
-            distinct metadata, in order of first appearance).
+            :class:`WindowMetadata` with ``ids`` of shape ``(len(starts), length)``.
 
         Raises:
-            ConfigError: the dataset has no metadata.
-            IndexError: the window is outside ``[0, num_tokens)``.
-            CorruptError: a token's metadata id is not below its shard's metadata count.
+            ConfigError: the dataset has no metadata; an unfit ``ids``.
+            IndexError: a window outside ``[0, num_tokens)``.
+            CorruptError: a token's metadata id not below its shard's metadata count (field
+                ``metadata_id``), or index entries that do not fit ``metadata.bin`` (field
+                ``metadata.index``).
         """
         self._ready()
         if not self.manifest.metadata:
             raise ConfigError("the dataset has no metadata", path=self.folder, field="metadata")
+        if self._gather is None:
+            if np.size(starts):
+                raise IndexError("the dataset holds no tokens")
+            return WindowMetadata(np.empty((0, check_count(length, "length")), np.int32), [], np.empty((0, 2), np.int64))
+        ids, table = self._gather.metadata_ids(starts, length, ids, out)
+        decoder = self._decode if decode else None
+        if self.backend == "mmap":
+            bins = [sh.metadata_bin for sh in self._shards]
+
+            def blob(i: int) -> memoryview:
+                k, _, a, b = table[i].tolist()
+                return bins[k][a:b]
+        else:
+            blob = self._read_blobs(table)
+        return WindowMetadata(ids, MetadataObjects(len(table), blob, decoder), table[:, :2])
+
+    def _read_blobs(self, table: np.ndarray) -> Callable[[int], memoryview]:
+        """pread backend: the blobs of ``table``, read now (one read per shard where they lie
+        close together; else one per blob), then handed out as slices."""
+        got: list[memoryview] = [memoryview(b"")] * len(table)
+        rows = table.tolist()
+        by_shard: dict[int, list[int]] = {}
+        for i, (k, _, _, _) in enumerate(rows):
+            by_shard.setdefault(k, []).append(i)
+        for k, sel in by_shard.items():
+            got_k = self._shards[k].read_blobs([(rows[i][2], rows[i][3]) for i in sel])
+            for i, b in zip(sel, got_k, strict=True):
+                got[i] = b
+        return got.__getitem__
+
+
+    def window_metadata(self, start: int, length: int, *, decode: bool = True) -> WindowMetadata:
+        """The metadata of the window ``[start, start + length)`` (see :meth:`windows_metadata`).
+
+        Returns:
+            :class:`WindowMetadata` with ``ids`` of shape ``(length,)``.
+        """
         start = check_count(start, "start")
         length = check_count(length, "length")
-        if start + length > self.num_tokens:
+        if self.manifest.metadata and start + length > self.num_tokens:
             raise IndexError(f"window [{start}, {start + length}) is outside [0, {self.num_tokens})")
-        ids = np.full(length, -1, dtype=np.int64)
-        objects: list[Any] = []
-        pos, done = start, 0
-        while done < length:
-            k = int(np.searchsorted(self.cum_tokens, pos, side="right") - 1)
-            shard = self._shards[k]
-            local = pos - int(self.cum_tokens[k])
-            take = min(length - done, int(self.cum_tokens[k + 1]) - pos)
-            mids = shard.read_records(local, take)["metadata_id"]
-            present = mids != T.NO_METADATA
-            if present.any():
-                distinct, inverse = np.unique(mids[present], return_inverse=True)
-                hi = int(distinct[-1])
-                if hi >= shard.entry.num_metadata:
-                    raise CorruptError(f"metadata_id: {hi} at record {local + int(np.argmax(mids == hi))} is "
-                                       f"not below the shard's {shard.entry.num_metadata} metadata blobs",
-                                       path=os.path.join(shard.path, "tokens.bin"), field="metadata_id")
-                lo = int(distinct[0])
-                offsets = np.asarray(shard.metadata_index[lo:hi + 2], dtype=np.int64)   # one index read
-                data = shard.read_metadata(int(offsets[0]), int(offsets[-1]))          # one data read
-                rel = offsets - offsets[0]
-                base = len(objects)
-                for d in distinct.tolist():
-                    blob = data[int(rel[d - lo]):int(rel[d - lo + 1])]
-                    objects.append(self._decode(blob) if decode else blob)
-                piece = ids[done:done + take]
-                piece[present] = base + inverse
-            pos += take
-            done += take
-        return WindowMetadata(ids, objects)
+        m = self.windows_metadata(np.array([start], np.int64), length, decode=decode)
+        return WindowMetadata(m.ids[0], m.objects, m.keys)
 
     def _decode(self, blob: memoryview) -> Any:
         codec = self.manifest.codec
