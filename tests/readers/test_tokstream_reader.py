@@ -396,14 +396,14 @@ def test_window_metadata_coalesced_and_zero_copy(tmp_path):
                 r.window_metadata(r.num_tokens - 5, 6)
 
 
-def spans_dataset(folder, n_docs=80, shard_tokens=300):
+def spans_dataset(folder, n_docs=80, shard_tokens=300, vocab=1000, max_len=60):
     # documents with document-level metadata (4 in 5) and span-level concepts (1 in 3), and
     # the expected metadata object of every token
     rng = np.random.default_rng(9)
     want = []
-    with TokenStreamWriter(folder, vocab_size=1000, metadata=True, shard_tokens=shard_tokens) as w:
+    with TokenStreamWriter(folder, vocab_size=vocab, metadata=True, shard_tokens=shard_tokens) as w:
         for k in range(n_docs):
-            t = rng.integers(0, 1000, int(rng.integers(5, 60)))
+            t = rng.integers(0, vocab, int(rng.integers(5, max_len)))
             sp = [(1, 3, {"concept": f"c{k}"})] if k % 3 == 0 else []
             w.add_document(t, {"doc": k} if k % 5 else None, spans=sp)
             per = [{"doc": k} if k % 5 else None] * len(t)
@@ -413,12 +413,37 @@ def spans_dataset(folder, n_docs=80, shard_tokens=300):
     return want
 
 
+@pytest.fixture(params=["avx512", "portable"])
+def meta_path(request):
+    # the metadata numbering runs on AVX-512 where the CPU has it; both paths must agree
+    from zerobatch.core import _tokstream
+
+    if request.param == "avx512" and _tokstream._meta_path(True) != "avx512":
+        pytest.skip("this CPU has no AVX-512BW")
+    _tokstream._meta_path(request.param == "avx512")
+    yield request.param
+    _tokstream._meta_path(True)
+
+
+@pytest.mark.parametrize("vocab", [1000, 100_000])
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
-def test_batch_metadata_deduplicated_over_the_batch(tmp_path, backend):
+def test_batch_metadata_deduplicated_over_the_batch(tmp_path, backend, vocab, meta_path):
     folder = tmp_path / "d"
-    want = spans_dataset(folder)
+    want = spans_dataset(folder, vocab=vocab, max_len=120)
+    flat = np.concatenate([TokenStreamReader(folder).document(i) for i in range(80)])
     rng = np.random.default_rng(4)
     with TokenStreamReader(folder, backend=backend) as r:
+        assert r.token_dtype == (np.uint16 if vocab < 2**16 else np.uint32)
+        for length in (1, 15, 16, 17, 33, 200, 513):
+            starts = np.concatenate([rng.integers(0, r.num_tokens - length + 1, 30),
+                                     [0, r.num_tokens - length, int(r.cum_tokens[1]) - 1]])
+            starts = np.clip(starts, 0, r.num_tokens - length)
+            for dtype in (np.int64, np.int32):
+                toks = np.empty((starts.size, length), dtype)
+                meta = r.windows_metadata(starts, length, out=toks)
+                for row, trow, st in zip(meta.ids.tolist(), toks, starts.tolist(), strict=True):
+                    assert [None if i < 0 else meta.objects[i] for i in row] == want[st:st + length]
+                    assert (trow == flat[st:st + length]).all()
         for length in (1, 17, 200):
             starts = np.concatenate([rng.integers(0, r.num_tokens - length + 1, 30),
                                      [0, r.num_tokens - length, int(r.cum_tokens[1]) - 1]])
@@ -444,6 +469,33 @@ def test_batch_metadata_deduplicated_over_the_batch(tmp_path, backend):
         with pytest.raises(ConfigError) as info:
             r.windows_metadata([0], 5, ids=np.empty((1, 5), np.int64))
         assert info.value.field == "ids"
+
+
+def test_metadata_faults_found_by_the_batch_path_name_the_place(tmp_path, meta_path):
+    # a metadata id past the shard's count, or a token past the vocabulary, anywhere in a
+    # 16-record block (the AVX-512 path) or in the tail (the portable one)
+    for at in (0, 5, 16, 31, 47, 100):
+        folder = tmp_path / f"d{at}"
+        spans_dataset(folder, n_docs=30, shard_tokens=10**6, max_len=120)
+        path = shard_dir(folder) / "tokens.bin"
+        with open(path, "r+b") as f:
+            f.seek(6 * at + 2)
+            f.write(np.array([2**31], dtype="<u4").tobytes())
+        with TokenStreamReader(folder) as r:
+            with pytest.raises(CorruptError) as info:
+                r.windows_metadata([0], 120, out=np.empty((1, 120), np.int64))
+            assert info.value.field == "metadata_id" and f"global position {at} " in str(info.value)
+            assert r.windows_metadata([at + 1], 100).ids.shape == (1, 100)
+        with open(path, "r+b") as f:
+            f.seek(6 * at + 2)
+            f.write(np.array([0], dtype="<u4").tobytes())
+            f.seek(6 * at)
+            f.write(np.array([60000], dtype="<u2").tobytes())
+        with TokenStreamReader(folder) as r:
+            r.windows_metadata([0], 120)            # ids alone read no token
+            with pytest.raises(CorruptError) as info:
+                r.windows_metadata([0], 120, out=np.empty((1, 120), np.int32))
+            assert info.value.field == "token" and f"global position {at} " in str(info.value)
 
 
 def test_metadata_index_entries_are_checked_when_used(tmp_path, monkeypatch):

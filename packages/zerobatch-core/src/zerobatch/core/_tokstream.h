@@ -239,4 +239,173 @@ static int64_t zb_ts_number_ids(const uint32_t *raw, int32_t *ids, int64_t n, in
     return -1;
 }
 
+static inline int64_t zb_ts_meta_piece_portable(const uint8_t *src, int token_size, int64_t *dst64,
+                                                int32_t *dst32, int32_t *ids, int64_t n, int64_t shard,
+                                                int64_t nmeta, zb_ts_distinct *d, uint32_t *vmax) {
+    uint32_t m = 0;
+    if (dst64 == NULL && dst32 == NULL) {
+        if (token_size == 2) zb_ts_mids_u16(src, d->raw, n);
+        else zb_ts_mids_u32(src, d->raw, n);
+    } else if (token_size == 2) {
+        m = dst64 != NULL ? zb_ts_copy_meta_u16_i64(src, dst64, d->raw, n) : zb_ts_copy_meta_u16_i32(src, dst32, d->raw, n);
+    } else {
+        m = dst64 != NULL ? zb_ts_copy_meta_u32_i64(src, dst64, d->raw, n) : zb_ts_copy_meta_u32_i32(src, dst32, d->raw, n);
+    }
+    *vmax = m > *vmax ? m : *vmax;
+    return zb_ts_number_ids(d->raw, ids, n, shard, nmeta, d);
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define ZB_TS_AVX512 __attribute__((target("avx512f,avx512bw")))
+
+/* The block loop of zb_ts_meta_piece on AVX-512: 16 records per step. The tokens and the
+ * metadata ids are picked out of the 6- or 8-byte records with one two-register permute
+ * each; the ids are compared with the current run's id in one mask compare, and a block
+ * without a change stores its 16 numbers with one store. Only a block where a document or
+ * span starts is numbered lane by lane. Returns as zb_ts_number_ids; *done receives the
+ * records handled (a multiple of 16; the caller does the rest). */
+ZB_TS_AVX512 static int64_t zb_ts_meta_blocks_avx512(const uint8_t *src, int token_size, int64_t *dst64,
+                                                     int32_t *dst32, int32_t *ids, int64_t n, int64_t shard,
+                                                     int64_t nmeta, zb_ts_distinct *d, uint64_t vocab,
+                                                     uint32_t *vmax, int64_t *done) {
+    const int stride = token_size == 2 ? 6 : 8;
+    __m512i tok_idx, mid_idx;
+    uint16_t tw[32], mw[32];
+    uint32_t td[16], md[16];
+    if (token_size == 2) {
+        /* words of 16 records: token j at word 3j, its id at words 3j+1 (low), 3j+2 (high);
+         * the two loads hold words 0-31 and 16-47, so word w >= 32 is table entry w + 16 */
+#define ZB_TS_W(w) (uint16_t)((w) < 32 ? (w) : (w) + 16)
+        for (int j = 0; j < 16; j++) {
+            tw[j] = tw[j + 16] = ZB_TS_W(3 * j);
+            mw[2 * j] = ZB_TS_W(3 * j + 1);
+            mw[2 * j + 1] = ZB_TS_W(3 * j + 2);
+        }
+#undef ZB_TS_W
+        tok_idx = _mm512_loadu_si512(tw);
+        mid_idx = _mm512_loadu_si512(mw);
+    } else {
+        /* dwords of 16 records: token j at dword 2j, its id at 2j+1 */
+        for (int j = 0; j < 16; j++) {
+            td[j] = (uint32_t)(2 * j);
+            md[j] = (uint32_t)(2 * j + 1);
+        }
+        tok_idx = _mm512_loadu_si512(td);
+        mid_idx = _mm512_loadu_si512(md);
+    }
+    /* tokens above `top` are out of the vocabulary: flagged per block in a mask accumulated in a
+     * general register (a vector maximum would be kept in memory across the lookup calls) */
+    const uint64_t top = vocab - 1;
+    const __m512i topv = token_size == 2 ? _mm512_set1_epi16((short)(top < 0xFFFF ? top : 0xFFFF))
+                                         : _mm512_set1_epi32((int)(uint32_t)(top < 0xFFFFFFFFu ? top : 0xFFFFFFFFu));
+    uint64_t over = 0;
+    uint32_t cur = ZB_TS_NO_METADATA;
+    int32_t num = -1;
+    __m512i curv = _mm512_set1_epi32((int)cur), numv = _mm512_set1_epi32(num);
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        const uint8_t *p = src + k * stride;
+        /* 16 records: 96 bytes (6-byte records: two overlapping loads) or 128 bytes */
+        __m512i a = _mm512_loadu_si512(p);
+        __m512i b = _mm512_loadu_si512(p + (stride == 6 ? 32 : 64));
+        __m512i mids, toks;
+        if (token_size == 2) {
+            mids = _mm512_permutex2var_epi16(a, mid_idx, b);
+            toks = _mm512_permutex2var_epi16(a, tok_idx, b);
+            over |= _mm512_cmpgt_epu16_mask(toks, topv);
+            __m256i t16 = _mm512_castsi512_si256(toks);
+            if (dst64 != NULL) {
+                _mm512_storeu_si512(dst64 + k, _mm512_cvtepu16_epi64(_mm256_castsi256_si128(t16)));
+                _mm512_storeu_si512(dst64 + k + 8, _mm512_cvtepu16_epi64(_mm256_extracti128_si256(t16, 1)));
+            } else if (dst32 != NULL) {
+                _mm512_storeu_si512(dst32 + k, _mm512_cvtepu16_epi32(t16));
+            }
+        } else {
+            mids = _mm512_permutex2var_epi32(a, mid_idx, b);
+            toks = _mm512_permutex2var_epi32(a, tok_idx, b);
+            over |= _mm512_cmpgt_epu32_mask(toks, topv);
+            if (dst64 != NULL) {
+                _mm512_storeu_si512(dst64 + k, _mm512_cvtepu32_epi64(_mm512_castsi512_si256(toks)));
+                _mm512_storeu_si512(dst64 + k + 8, _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(toks, 1)));
+            } else if (dst32 != NULL) {
+                _mm512_storeu_si512(dst32 + k, toks);
+            }
+        }
+        /* the lanes where the id differs from the one before (lane 0: from the current run) */
+        __mmask16 change = _mm512_cmpneq_epu32_mask(mids, _mm512_alignr_epi32(mids, curv, 15));
+        if (change == 0) {
+            _mm512_storeu_si512(ids + k, numv);
+            continue;
+        }
+        /* a run starts at each set bit: look its id up once and give it the lanes from there
+         * on (in registers: a lane store then scalar loads would stall store forwarding) */
+        __m512i numbers = numv;
+        while (change) {
+            int j = __builtin_ctz(change);
+            change &= (__mmask16)(change - 1);
+            cur = (uint32_t)_mm_cvtsi128_si32(_mm512_castsi512_si128(
+                _mm512_permutexvar_epi32(_mm512_set1_epi32(j), mids)));
+            if (cur == ZB_TS_NO_METADATA) {
+                num = -1;
+            } else if ((int64_t)cur >= nmeta) {
+                *done = k;
+                return k + j;
+            } else {
+                num = zb_ts_distinct_id(d, shard, cur);
+                if (num == -2) return -2;
+            }
+            numbers = _mm512_mask_mov_epi32(numbers, (__mmask16)(0xFFFFu << j), _mm512_set1_epi32(num));
+        }
+        _mm512_storeu_si512(ids + k, numbers);
+        curv = _mm512_set1_epi32((int)cur);
+        numv = _mm512_set1_epi32(num);
+    }
+    /* a token out of the vocabulary: report the largest possible id, the caller finds it */
+    if (over && (dst64 != NULL || dst32 != NULL)) *vmax = 0xFFFFFFFFu;
+    *done = k;
+    return -1;
+}
+#endif
+
+/* Whether zb_ts_meta_piece takes the AVX-512 block loop: -1 until first use (then decided by
+ * the CPU), 0 forces the portable path (tests run both). */
+static int zb_ts_meta_simd = -1;
+
+static int zb_ts_meta_simd_available(void) {
+#if defined(__GNUC__) && defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+#else
+    return 0;
+#endif
+}
+
+/* One shard piece of a window with metadata: copy its n tokens into dst64 or dst32 (unless
+ * both are NULL) and number each record's metadata id into ids (the number of its distinct
+ * (shard, id) pair, -1 for none), in one pass over the records. The AVX-512 block loop
+ * where the CPU has it, the portable two-step path (strided copy, then run-by-run
+ * numbering) elsewhere and for the last records. Returns -1, or the first record whose id is
+ * not below nmeta, or -2 when out of memory; *vmax receives the largest token id copied, or
+ * 0xFFFFFFFF when one is not below vocab. */
+static int64_t zb_ts_meta_piece(const uint8_t *src, int token_size, int64_t *dst64, int32_t *dst32,
+                                int32_t *ids, int64_t n, int64_t shard, int64_t nmeta, zb_ts_distinct *d,
+                                uint64_t vocab, uint32_t *vmax) {
+    int64_t done = 0, r;
+    *vmax = 0;
+#if defined(__GNUC__) && defined(__x86_64__)
+    if (zb_ts_meta_simd < 0) zb_ts_meta_simd = zb_ts_meta_simd_available();
+    if (zb_ts_meta_simd > 0 && n >= 16) {
+        r = zb_ts_meta_blocks_avx512(src, token_size, dst64, dst32, ids, n, shard, nmeta, d, vocab, vmax, &done);
+        if (r != -1) return r;
+    }
+#endif
+    if (done == n) return -1;
+    const int stride = token_size == 2 ? 6 : 8;
+    r = zb_ts_meta_piece_portable(src + done * stride, token_size, dst64 == NULL ? NULL : dst64 + done,
+                                  dst32 == NULL ? NULL : dst32 + done, ids + done, n - done, shard, nmeta, d,
+                                  vmax);
+    return r < 0 ? r : r + done;
+}
+
 #endif /* ZB_TOKSTREAM_H */

@@ -56,14 +56,11 @@ cdef extern from "_tokstream.h" nogil:
         uint32_t *raw
     int zb_ts_distinct_init(zb_ts_distinct *d)
     void zb_ts_distinct_free(zb_ts_distinct *d)
-    void zb_ts_mids_u16(const uint8_t *src, uint32_t *ids, int64_t n)
-    uint32_t zb_ts_copy_meta_u16_i64(const uint8_t *src, int64_t *dst, uint32_t *raw, int64_t n)
-    uint32_t zb_ts_copy_meta_u16_i32(const uint8_t *src, int32_t *dst, uint32_t *raw, int64_t n)
-    uint32_t zb_ts_copy_meta_u32_i64(const uint8_t *src, int64_t *dst, uint32_t *raw, int64_t n)
-    uint32_t zb_ts_copy_meta_u32_i32(const uint8_t *src, int32_t *dst, uint32_t *raw, int64_t n)
-    void zb_ts_mids_u32(const uint8_t *src, uint32_t *ids, int64_t n)
-    int64_t zb_ts_number_ids(const uint32_t *raw, int32_t *ids, int64_t n, int64_t shard, int64_t nmeta,
-                             zb_ts_distinct *d)
+    int zb_ts_meta_simd
+    int zb_ts_meta_simd_available()
+    int64_t zb_ts_meta_piece(const uint8_t *src, int token_size, int64_t *dst64, int32_t *dst32, int32_t *ids,
+                             int64_t n, int64_t shard, int64_t nmeta, zb_ts_distinct *d, uint64_t vocab,
+                             uint32_t *vmax)
 
 import os
 
@@ -155,6 +152,8 @@ cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, in
     cdef int64_t w, pos, s, take, k, done, row
     cdef const uint8_t *src
     cdef uint64_t v, vmax
+    cdef uint32_t vmax32 = 0
+    cdef int64_t r
     cdef int64_t isz = g.itemsize
     for w in range(count):
         pos = starts[w]
@@ -188,19 +187,18 @@ cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, in
                     return st
                 src = scratch
             if ids != NULL:
-                # tokens and raw metadata ids in one pass, then the ids numbered (_piece_ids)
-                if out64 == NULL and out32 == NULL:
-                    vmax = 0
-                    if g.token_size == 2:
-                        zb_ts_mids_u16(src, d.raw, take)
-                    else:
-                        zb_ts_mids_u32(src, d.raw, take)
-                elif g.token_size == 2:
-                    vmax = zb_ts_copy_meta_u16_i64(src, out64 + row + done, d.raw, take) if out64 != NULL \
-                        else zb_ts_copy_meta_u16_i32(src, out32 + row + done, d.raw, take)
-                else:
-                    vmax = zb_ts_copy_meta_u32_i64(src, out64 + row + done, d.raw, take) if out64 != NULL \
-                        else zb_ts_copy_meta_u32_i32(src, out32 + row + done, d.raw, take)
+                # tokens and numbered metadata ids in one pass over the records
+                r = zb_ts_meta_piece(src, <int>g.token_size, NULL if out64 == NULL else out64 + row + done,
+                                     NULL if out32 == NULL else out32 + row + done, ids + row + done, take, s,
+                                     g.nmeta[s], d, g.vocab, &vmax32)
+                vmax = vmax32
+                if r == -2:
+                    g.err_errno = 12
+                    g.err_shard = -1
+                    return ZB_E_IO
+                if r >= 0:
+                    g.bad_pos = pos + r
+                    return ZB_E_FIELD
             elif g.token_size == 2:
                 if out64 != NULL:
                     vmax = zb_ts_copy_u16_i64(src, isz, out64 + row + done, take)
@@ -221,26 +219,8 @@ cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, in
                         g.bad_pos = pos + k
                         break
                 return ZB_E_RANGE
-            if ids != NULL:
-                st = _piece_ids(g, d, s, pos, take, ids + row + done)
-                if st != ZB_OK:
-                    return st
             pos += take
             done += take
-    return ZB_OK
-
-
-cdef int _piece_ids(zb_ts_geometry *g, zb_ts_distinct *d, int64_t s, int64_t pos, int64_t take,
-                    int32_t *ids) noexcept nogil:
-    # number the raw metadata ids of one shard piece (in d.raw, put there by the copy) into ids
-    cdef int64_t r = zb_ts_number_ids(d.raw, ids, take, s, g.nmeta[s], d)
-    if r == -2:
-        g.err_errno = 12
-        g.err_shard = -1
-        return ZB_E_IO
-    if r >= 0:
-        g.bad_pos = pos + r
-        return ZB_E_FIELD
     return ZB_OK
 
 
@@ -839,6 +819,17 @@ cdef inline object _starts(object starts):
             and starts.flags.c_contiguous:
         return starts
     return as_positions(starts, "starts")
+
+
+def _meta_path(simd=None):
+    """The metadata numbering path: ``"avx512"`` or ``"portable"``; ``simd=False`` forces the
+    portable one, ``True`` restores the CPU's choice (for tests: both must agree)."""
+    global zb_ts_meta_simd
+    if simd is not None:
+        zb_ts_meta_simd = -1 if simd else 0
+    if zb_ts_meta_simd < 0:
+        zb_ts_meta_simd = zb_ts_meta_simd_available()
+    return "avx512" if zb_ts_meta_simd > 0 else "portable"
 
 
 def gather_windows(bases, cum, itemsize, token_size, vocab, starts, length, out, paths=None):
