@@ -9,12 +9,21 @@ times, interleaved, the fastest of ``--repeat`` rounds of ``--batches`` batches 
    (no copy), on one thread and split over two;
 2. the same workload done the usual way: ``np.memmap`` of the token file, per sample
    ``x = mm[s:s+L].astype(int64)``, ``y = mm[s+1:s+L+1].astype(int64)``, ``torch.stack``;
-3. a bare NumPy ``uint32 -> int64`` conversion of as many tokens (``astype`` of a
-   cache-resident array): the floor any copy-out has to pay;
+3. a bare NumPy ``uint32 -> int64`` conversion of as many tokens (``np.copyto`` from a
+   cache-resident array into a preallocated one, so that no allocation is timed): the floor
+   any copy-out has to pay;
 4. windows plus their document-boundary outputs (``boundaries``: full, and lean with
-   ``int32`` positions and no segment ids), and the mmap and pread backends side by side.
+   ``int32`` positions and no segment ids), and the mmap and pread backends side by side;
+5. on a second dataset with per-token metadata (document-level objects and span-level
+   concepts, 6-byte records): plain windows, windows with their metadata in one pass
+   (``windows_metadata(..., out=)``: tokens, per-token ids numbered over the batch, and the
+   distinct blobs located; objects decoded only when touched), and with every object
+   decoded from JSON;
+6. large batches (256 x 2048) on one thread and split over two.
 
 Every figure is a ratio taken within this one run (machines here are shared and noisy).
+OpenBLAS threads are limited to one: NumPy's idle BLAS workers otherwise spin on the
+second core of this 2-core machine and skew every timing.
 
 Usage::
 
@@ -26,6 +35,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import shutil
 import tempfile
 import time
@@ -45,6 +56,29 @@ def build(folder: str, tokens: int) -> None:
     with TokenStreamWriter(folder, vocab_size=50257, shard_tokens=max(tokens // 16, 1)) as w:
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
             w.add_document(data[a:b])
+
+
+def build_metadata(folder: str, tokens: int) -> None:
+    rng = np.random.default_rng(2)
+    data = rng.integers(0, 50257, tokens).astype(np.uint16)
+    cuts = np.cumsum(rng.integers(1, 4097, tokens // 2048 + 2))
+    cuts = np.concatenate([[0], cuts[cuts < tokens], [tokens]])
+    with TokenStreamWriter(folder, vocab_size=50257, metadata=True, shard_tokens=max(tokens // 16, 1)) as w:
+        for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
+            n = int(b - a)
+            spans = [(n // 3, n // 3 + 10, {"concept": f"c{i % 1000}"})] if n > 40 else []
+            w.add_document(data[a:b], {"source": "web", "doc": i}, spans=spans)
+
+
+def timed(cases: dict, repeat: int, batches: int) -> dict[str, float]:
+    """Fastest of ``repeat`` interleaved rounds, per batch, in seconds."""
+    best = dict.fromkeys(cases, float("inf"))
+    for _ in range(repeat):
+        for name, fn in cases.items():
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], (time.perf_counter() - t0) / batches)
+    return best
 
 
 def main() -> None:
@@ -104,9 +138,11 @@ def main() -> None:
                     ys = [torch.from_numpy(mm[s + 1:s + L + 1].astype(np.int64)) for s in st]
                     torch.stack(xs), torch.stack(ys)
 
-            def bare(starts=starts, src=src) -> None:
+            dst = np.empty(src.shape, np.int64)
+
+            def bare(starts=starts, src=src, dst=dst) -> None:
                 for _ in starts:
-                    src.astype(np.int64)
+                    np.copyto(dst, src, casting="unsafe")
 
             cases = {
                 "zb_int64": lambda out64=out64: zb(r1, out64),
@@ -116,14 +152,9 @@ def main() -> None:
                 "zb_int64_with_boundaries": zb_bounds,
                 "zb_int64_with_lean_boundaries": zb_bounds_lean,
                 "naive_memmap_stack": naive,
-                "bare_astype": bare,
+                "bare_convert": bare,
             }
-            best = dict.fromkeys(cases, float("inf"))
-            for _ in range(args.repeat):
-                for name, fn in cases.items():
-                    t0 = time.perf_counter()
-                    fn()
-                    best[name] = min(best[name], (time.perf_counter() - t0) / args.batches)
+            best = timed(cases, args.repeat, args.batches)
             tag = f"{B}x{L}"
             print(f"random windows {tag} (+1 token for next-token pairs), per batch:")
             for name, t in best.items():
@@ -131,12 +162,62 @@ def main() -> None:
                 print(f"  {name:26s} {t * 1e6:9.1f} us")
             print(f"  -> vs naive memmap + torch.stack: {best['naive_memmap_stack'] / best['zb_int64']:.1f}x faster"
                   f" (int64 pairs)")
-            print(f"  -> rate vs bare uint32->int64 astype: {best['bare_astype'] / best['zb_int64']:.2f}"
-                  f" (1 thread), {best['bare_astype'] / best['zb_int64_2threads']:.2f} (2 threads)")
+            print(f"  -> rate vs bare uint32->int64 conversion: {best['bare_convert'] / best['zb_int64']:.2f}"
+                  f" (1 thread), {best['bare_convert'] / best['zb_int64_2threads']:.2f} (reader with 2 threads:"
+                  f" batches under 64 Ki tokens stay on one)")
             print(f"  -> windows + boundaries: {best['zb_int64_with_boundaries'] / best['zb_int64']:.2f}x the cost of "
                   f"plain windows (int64 positions + segment ids + cu_seqlens); "
                   f"{best['zb_int64_with_lean_boundaries'] / best['zb_int64']:.2f}x (int32 positions + cu_seqlens)")
-        for r in (r1, r2, rp):
+        # large batches: the reader splits them over its threads
+        B, L, nb = 256, 2048, max(args.batches // 10, 4)
+        starts = [rng.integers(0, r1.num_tokens - L - 1, B) for _ in range(nb)]
+        out = np.empty((B, L + 1), dtype=np.int64)
+        src = rng.integers(0, 50257, B * (L + 1)).astype(np.uint32)
+        dst = np.empty(src.shape, np.int64)
+        best = timed({
+            "zb_int64": lambda: [r1.windows(st, L + 1, out=out) for st in starts],
+            "zb_int64_2threads": lambda: [r2.windows(st, L + 1, out=out) for st in starts],
+            "bare_convert": lambda: [np.copyto(dst, src, casting="unsafe") for _ in starts],
+        }, args.repeat, nb)
+        print(f"random windows {B}x{L} (+1), per batch, whole dataset:")
+        for name, t in best.items():
+            results[f"{B}x{L}_{name}_us"] = t * 1e6
+            print(f"  {name:26s} {t * 1e6:9.1f} us")
+        print(f"  -> rate vs bare conversion: {best['bare_convert'] / best['zb_int64']:.2f} (1 thread), "
+              f"{best['bare_convert'] / best['zb_int64_2threads']:.2f} (2 threads)")
+
+        # per-token metadata
+        mfolder = os.path.join(tmp, "m")
+        build_metadata(mfolder, args.tokens)
+        rm = TokenStreamReader(mfolder)
+        B, L = 32, 512
+        starts = [rng.integers(0, rm.num_tokens - L - 1, B) for _ in range(args.batches)]
+        out = np.empty((B, L + 1), dtype=np.int64)
+        ids = np.empty((B, L + 1), dtype=np.int32)
+        distinct = []
+
+        def with_metadata(decode_all: bool) -> None:
+            for st in starts:
+                m = rm.windows_metadata(st, L + 1, ids=ids, out=out)
+                if decode_all:
+                    list(m.objects)
+                else:
+                    distinct.append(len(m.objects))
+
+        best = timed({
+            "zb_int64": lambda: [rm.windows(st, L + 1, out=out) for st in starts],
+            "zb_int64_with_metadata": lambda: with_metadata(False),
+            "zb_int64_with_metadata_decoded": lambda: with_metadata(True),
+        }, args.repeat, args.batches)
+        print(f"random windows {B}x{L} (+1) with per-token metadata (6-byte records; "
+              f"{np.mean(distinct):.0f} distinct objects per batch), per batch:")
+        for name, t in best.items():
+            results[f"meta_{B}x{L}_{name}_us"] = t * 1e6
+            print(f"  {name:32s} {t * 1e6:9.1f} us")
+        print(f"  -> windows + metadata (ids numbered over the batch, blobs located, decoded on access): "
+              f"{best['zb_int64_with_metadata'] / best['zb_int64']:.2f}x the cost of plain windows; "
+              f"every object decoded from JSON: {best['zb_int64_with_metadata_decoded'] / best['zb_int64']:.2f}x")
+        for r in (r1, r2, rp, rm):
             r.close()
         if args.json:
             with open(args.json, "w") as f:
