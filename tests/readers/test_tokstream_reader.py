@@ -13,7 +13,9 @@ import pytest
 
 import zerobatch.core._reference as ref
 from zerobatch.formats import tokstream as T
-from zerobatch.formats.errors import ConfigError, CorruptError, FormatError, NotFoundError, TruncatedError
+from zerobatch.core import xxh3_64
+from zerobatch.formats.errors import (ConfigError, CorruptError, FormatError, IntegrityError, NotFoundError,
+                                      TruncatedError)
 from zerobatch.readers.tokstream import TokenStreamReader
 from zerobatch.writers.tokstream import ShardWriter, TokenStreamWriter, assemble
 
@@ -222,9 +224,19 @@ def test_token_ids_at_or_above_the_vocabulary_fail_on_first_use(dataset):
     with open(path, "r+b") as f:
         f.seek(2 * 5)
         f.write(np.array([60000], dtype="<u2").tobytes())
-    with TokenStreamReader(folder) as r:              # opening does not read tokens
+    # checksums on (the default): the changed chunk fails its check on first use; opening
+    # reads no token, and the other shards still read
+    with TokenStreamReader(folder) as r:
         pos = int(r.cum_tokens[1]) + 5
         assert (r.windows([0], 10)[0] == flat[:10]).all()
+        with pytest.raises(IntegrityError) as info:
+            r.windows([pos - 3], 8)
+        assert info.value.field == "xxh3" and info.value.path == str(path) and "chunk 0" in str(info.value)
+        with pytest.raises(IntegrityError):       # a failed chunk stays unchecked: it fails again
+            r.windows([pos - 3], 8)
+        assert (r.windows([0], 10)[0] == flat[:10]).all()
+    # checksums off: the vocabulary check still refuses the id, naming the place
+    with TokenStreamReader(folder, verify=False) as r:
         with pytest.raises(CorruptError) as info:
             r.windows([pos - 3], 8)
         assert info.value.field == "token" and info.value.path == str(path)
@@ -267,21 +279,42 @@ def test_manifest_garbage(dataset, text):
 # scale
 
 
+ZERO_CHUNK_DIGEST = None
+
+
 def sparse_shard(folder, name, num_tokens, vocab):
-    """A shard of ``num_tokens`` zero tokens (a sparse file: no disk used) in one document."""
+    """A shard of ``num_tokens`` zero tokens (a sparse file: no disk used) in one document,
+    with the chunk digests a writer would have recorded."""
+    global ZERO_CHUNK_DIGEST
+    if ZERO_CHUNK_DIGEST is None:
+        ZERO_CHUNK_DIGEST = xxh3_64(bytes(T.CHECKSUM_CHUNK))
     d = folder / name
     d.mkdir(parents=True)
     build_id = os.urandom(16)
+    size = 2 * num_tokens
     with open(d / "tokens.bin", "wb") as f:
-        f.truncate(2 * num_tokens)
-        f.seek(2 * num_tokens)
+        f.truncate(size)
+        f.seek(size)
         f.write(T.pack_trailer(build_id, T.FILE_KINDS["tokens.bin"]))
+    index = np.array([0, num_tokens], dtype="<u8").tobytes()
     with open(d / "documents.index", "wb") as f:
-        f.write(np.array([0, num_tokens], dtype="<u8").tobytes())
+        f.write(index)
         f.write(T.pack_trailer(build_id, T.FILE_KINDS["documents.index"]))
+    assert size % T.CHECKSUM_CHUNK == 0
+    tok_digests = np.full(size // T.CHECKSUM_CHUNK, ZERO_CHUNK_DIGEST, dtype="<u8")
+    idx_digests = np.array([xxh3_64(index)], dtype="<u8")
+    sums = np.concatenate([tok_digests, idx_digests]).tobytes()
+    with open(d / "checksums.bin", "wb") as f:
+        f.write(sums)
+        f.write(T.pack_trailer(build_id, T.FILE_KINDS["checksums.bin"]))
+
+    def hexsum(digests):
+        return f"{xxh3_64(np.asarray(digests, dtype='<u8').tobytes()):016x}"
+
     entry = T.ShardEntry(name, build_id.hex(), num_tokens, 1, 0, {
-        "tokens.bin": T.FileEntry(2 * num_tokens, "0" * 16),   # not verified at open
-        "documents.index": T.FileEntry(16, "0" * 16)})
+        "tokens.bin": T.FileEntry(size, hexsum(tok_digests)),
+        "documents.index": T.FileEntry(16, hexsum(idx_digests)),
+        "checksums.bin": T.FileEntry(len(sums), hexsum([xxh3_64(sums)]))})
     record = {"format": T.FORMAT_NAME, "version": T.VERSION, "token_dtype": "uint16", "vocab_size": vocab,
               "metadata": False, "eod_token": None, "codec": None, "shard": entry.to_dict()}
     (d / "shard.json").write_text(json.dumps(record))
@@ -482,6 +515,9 @@ def test_metadata_faults_found_by_the_batch_path_name_the_place(tmp_path, meta_p
             f.seek(6 * at + 2)
             f.write(np.array([2**31], dtype="<u4").tobytes())
         with TokenStreamReader(folder) as r:
+            with pytest.raises(IntegrityError):      # checksums find it first
+                r.windows_metadata([0], 120)
+        with TokenStreamReader(folder, verify=False) as r:
             with pytest.raises(CorruptError) as info:
                 r.windows_metadata([0], 120, out=np.empty((1, 120), np.int64))
             assert info.value.field == "metadata_id" and f"global position {at} " in str(info.value)
@@ -491,7 +527,7 @@ def test_metadata_faults_found_by_the_batch_path_name_the_place(tmp_path, meta_p
             f.write(np.array([0], dtype="<u4").tobytes())
             f.seek(6 * at)
             f.write(np.array([60000], dtype="<u2").tobytes())
-        with TokenStreamReader(folder) as r:
+        with TokenStreamReader(folder, verify=False) as r:
             r.windows_metadata([0], 120)            # ids alone read no token
             with pytest.raises(CorruptError) as info:
                 r.windows_metadata([0], 120, out=np.empty((1, 120), np.int32))
@@ -507,7 +543,10 @@ def test_metadata_index_entries_are_checked_when_used(tmp_path, monkeypatch):
     spans_dataset(folder, n_docs=10, shard_tokens=10**6)
     patch_u64(shard_dir(folder) / "metadata.index", 1, 10**9)
     monkeypatch.setattr(rt, "FULL_INDEX_CHECK_BYTES", 0)
-    with TokenStreamReader(folder) as r:
+    with pytest.raises(IntegrityError) as info:      # checksums check index files in full at open
+        TokenStreamReader(folder)
+    assert info.value.path.endswith("metadata.index")
+    with TokenStreamReader(folder, verify=False) as r:
         assert r.windows_metadata([r.num_tokens - 3], 3).objects
         with pytest.raises(CorruptError) as info:
             r.windows_metadata([0], 3)
@@ -527,7 +566,7 @@ def test_metadata_refusals(tmp_path, dataset):
     with open(d / "tokens.bin", "r+b") as f:
         f.seek(2)                            # metadata_id of record 0 (after its u16 token)
         f.write(np.array([10**6], dtype="<u4").tobytes())
-    with TokenStreamReader(mfolder) as r:
+    with TokenStreamReader(mfolder, verify=False) as r:
         with pytest.raises(CorruptError) as info:
             r.window_metadata(0, 5)
         assert info.value.field == "metadata_id" and info.value.path.endswith("tokens.bin")

@@ -31,7 +31,7 @@ def test_round_trip_without_metadata(tmp_path):
     assert m["num_tokens"] == sum(map(len, ds)) and m["num_documents"] == 50
     assert len(m["shards"]) > 1 and all(s["num_tokens"] >= 2000 for s in m["shards"][:-1])
     shard = tmp_path / "d" / m["shards"][0]["name"]
-    assert sorted(os.listdir(shard)) == ["documents.index", "shard.json", "tokens.bin"]
+    assert sorted(os.listdir(shard)) == ["checksums.bin", "documents.index", "shard.json", "tokens.bin"]
     # the payload is a plain NumPy array from byte 0; the trailer follows it
     n0 = m["shards"][0]["num_tokens"]
     first = np.memmap(shard / "tokens.bin", dtype="<u2", mode="r", shape=(n0,))

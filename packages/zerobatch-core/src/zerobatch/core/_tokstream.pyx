@@ -287,6 +287,38 @@ cdef void zb_ts_boundaries(const zb_ts_geometry *g, const int64_t *starts, int64
     maxlen_out[0] = maxlen
 
 
+cdef int64_t _ts_unverified(const zb_ts_geometry *g, uint8_t **ok, int chunk_shift, const int64_t *starts,
+                            const int64_t *stops, int64_t count, int64_t length, int64_t *miss,
+                            int64_t cap) noexcept nogil:
+    # the (shard, chunk) pairs of tokens.bin that the ranges [starts[i], stops[i]) (or
+    # [starts[i], starts[i] + length)) touch and ok[shard][chunk] does not mark, at most cap
+    # of them, as miss[2k], miss[2k + 1]; ranges outside [0, total) are skipped (the gather
+    # that follows refuses them)
+    cdef int64_t total = g.cum[g.num_shards]
+    cdef int64_t i, pos, end, s, b0, b1, c, n = 0
+    for i in range(count):
+        pos = starts[i]
+        end = pos + length if stops == NULL else stops[i]
+        if pos < 0 or end > total or end <= pos:
+            continue
+        s = _find_shard(g.cum, g.num_shards, pos)
+        while pos < end:
+            while g.cum[s + 1] <= pos:
+                s += 1
+            b0 = (pos - g.cum[s]) * g.itemsize
+            b1 = (min(end, g.cum[s + 1]) - g.cum[s]) * g.itemsize
+            for c in range(b0 >> chunk_shift, ((b1 - 1) >> chunk_shift) + 1):
+                if not ok[s][c]:
+                    ok[s][c] = 2          # listed (reset to 0 if its check fails)
+                    miss[2 * n] = s
+                    miss[2 * n + 1] = c
+                    n += 1
+                    if n == cap:
+                        return n
+            pos = min(end, g.cum[s + 1])
+    return n
+
+
 cdef struct zb_ts_job:
     zb_ts_geometry g
     const int64_t *starts
@@ -378,6 +410,10 @@ cdef class WindowGather:
     """
 
     cdef object _bases, _cum, paths, _docs, _doc_ptrs, _ndocs, _fds, _nmeta, _midx, _midx_ptrs
+    cdef object _okmaps, _ok_ptrs, _verifier
+    cdef const uint64_t[::1] okp
+    cdef int chunk_shift
+    cdef readonly int64_t pending
     cdef const int64_t[::1] nm
     cdef const uint64_t[::1] mp
     cdef const int[::1] fv
@@ -389,7 +425,7 @@ cdef class WindowGather:
     cdef readonly int64_t total
 
     def __cinit__(self, bases, cum, itemsize, token_size, vocab, paths=None, documents=None, fds=None,
-                  metadata_indexes=None):
+                  metadata_indexes=None, chunk_counts=None, verifier=None, chunk_bytes=1 << 24):
         self._bases = np.ascontiguousarray(bases, dtype=np.uint64)
         self._cum = np.ascontiguousarray(cum, dtype=np.int64)
         self.b = self._bases
@@ -421,6 +457,18 @@ cdef class WindowGather:
             self._fds = np.ascontiguousarray(fds, dtype=np.intc)
             self.fv = self._fds
             self.g.fds = &self.fv[0]
+        self.pending = 0
+        if chunk_counts is not None:
+            if len(chunk_counts) != ns or not callable(verifier):
+                raise ConfigError("chunk_counts: one count per shard, with a verifier", field="chunk_counts")
+            if chunk_bytes < 1 or chunk_bytes & (chunk_bytes - 1):
+                raise ConfigError("chunk_bytes must be a power of two", field="chunk_bytes")
+            self.chunk_shift = (<int64_t>chunk_bytes).bit_length() - 1
+            self._okmaps = [np.zeros(max(int(n), 1), np.uint8) for n in chunk_counts]
+            self._ok_ptrs = np.array([m.ctypes.data for m in self._okmaps], dtype=np.uint64)
+            self.okp = self._ok_ptrs
+            self._verifier = verifier
+            self.pending = sum(int(n) for n in chunk_counts)
         self.g.nmeta = NULL
         if metadata_indexes is not None:
             if itemsize == token_size:
@@ -455,6 +503,43 @@ cdef class WindowGather:
             self.g.docs = <const uint64_t **>&self.dp[0]
             self.g.ndocs = &self.nd[0]
 
+    cdef int _verify(self, const int64_t *starts, const int64_t *stops, int64_t count, int64_t length) except -1:
+        # check every tokens.bin chunk these ranges touch that no earlier call checked: the
+        # verifier hashes it against its digest (raising on a mismatch); once every chunk of
+        # the dataset is checked this costs nothing
+        if self.pending == 0 or count == 0:
+            return 0
+        cdef int64_t miss[512]
+        cdef int64_t n, k
+        cdef uint8_t **ok = <uint8_t **>&self.okp[0]
+        while True:
+            with nogil:
+                n = _ts_unverified(&self.g, ok, self.chunk_shift, starts, stops, count, length, miss, 256)
+            if n == 0:
+                return 0
+            for k in range(n):
+                try:
+                    self._verifier(miss[2 * k], miss[2 * k + 1])
+                except BaseException:
+                    for k in range(n):
+                        if ok[miss[2 * k]][miss[2 * k + 1]] == 2:
+                            ok[miss[2 * k]][miss[2 * k + 1]] = 0
+                    raise
+                ok[miss[2 * k]][miss[2 * k + 1]] = 1
+                self.pending -= 1
+
+    def mark_checked(self, shard):
+        """Record every ``tokens.bin`` chunk of ``shard`` as checked (after a full verify)."""
+        if self._okmaps is None:
+            return
+        m = self._okmaps[shard]
+        self.pending -= int((m != 1).sum())
+        m[:] = 1
+
+    def chunk_checked(self, shard, chunk):
+        """Whether chunk ``chunk`` of shard ``shard``'s ``tokens.bin`` has been checked."""
+        return self._okmaps is not None and bool(self._okmaps[shard][chunk] == 1)
+
     def gather(self, starts, length, out, TaskPool pool=None):
         """Copy the windows ``[starts[w], starts[w] + length)`` into the rows of ``out``.
 
@@ -480,6 +565,8 @@ cdef class WindowGather:
         cdef int64_t *p64 = NULL
         cdef int32_t *p32 = NULL
         cdef Py_buffer view
+        if count and L and self.pending:
+            self._verify(&st[0], NULL, count, L)
         cdef void *data = _acquire_out(out, &view, count * L, self.g.vocab, count * L, -1)
         cdef zb_ts_geometry g = self.g
         cdef int status = ZB_OK
@@ -539,6 +626,8 @@ cdef class WindowGather:
         cdef int64_t L = length if type(length) is int and length >= 0 else check_count(length, "length")
         cdef const int64_t[::1] st = _starts(starts)
         cdef int64_t count = st.shape[0]
+        if count and L and self.pending:
+            self._verify(&st[0], NULL, count, L)
         tokens = out
         out = np.empty((count, L), _INT32) if ids is None else ids
         cdef Py_buffer view, tview
@@ -654,6 +743,8 @@ cdef class WindowGather:
             if a[i] < 0 or b[i] < a[i] or b[i] > self.total:
                 raise IndexError(f"range [{a[i]}, {b[i]}) is not within [0, {self.total})")
             total += b[i] - a[i]
+        if count and self.pending:
+            self._verify(&a[0], &b[0], count, 0)
         cdef int64_t *p64 = NULL
         cdef int32_t *p32 = NULL
         cdef Py_buffer view

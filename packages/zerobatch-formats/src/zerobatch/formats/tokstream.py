@@ -32,9 +32,11 @@ from zerobatch.formats.errors import CorruptError, FormatError, LimitExceededErr
 __all__ = [
     "CODECS",
     "CHECKSUM_CHUNK",
+    "DATA_FILES",
     "FILE_KINDS",
     "FORMAT_NAME",
     "MANIFEST_NAME",
+    "MAX_INDEX_ENTRIES_PER_SHARD",
     "MAX_MANIFEST_BYTES",
     "MAX_METADATA_PER_SHARD",
     "MAX_SHARDS",
@@ -48,6 +50,9 @@ __all__ = [
     "FileEntry",
     "ShardEntry",
     "pack_trailer",
+    "chunk_digest_ranges",
+    "data_files",
+    "num_chunks",
     "parse_manifest",
     "parse_shard_manifest",
     "record_dtype_descr",
@@ -62,8 +67,10 @@ FORMAT_NAME = "zerobatch-tokstream"
 VERSION = 1
 MANIFEST_NAME = "manifest.json"
 SHARD_MANIFEST_NAME = "shard.json"
-#: Data files of a shard and their kind codes in the trailer.
-FILE_KINDS = {"tokens.bin": 1, "documents.index": 2, "metadata.index": 3, "metadata.bin": 4}
+#: Files of a shard and their kind codes in the trailer.
+FILE_KINDS = {"tokens.bin": 1, "documents.index": 2, "metadata.index": 3, "metadata.bin": 4, "checksums.bin": 5}
+#: The data files, in the order ``checksums.bin`` lists their chunk digests.
+DATA_FILES = ("tokens.bin", "documents.index", "metadata.index", "metadata.bin")
 #: Trailer: magic, shard build id (16 bytes), file kind (u32), reserved (u32, zero).
 TRAILER_STRUCT = "<8s16sII"
 TRAILER_SIZE = struct.calcsize(TRAILER_STRUCT)
@@ -76,8 +83,12 @@ MAX_METADATA_PER_SHARD = NO_METADATA - 1
 MAX_SHARDS = 1 << 20
 #: Largest manifest accepted (about 300 bytes per shard).
 MAX_MANIFEST_BYTES = 1 << 30
-#: File checksums are XXH3-64 over the XXH3-64 digests of consecutive chunks of this size.
+#: File checksums are XXH3-64 over the XXH3-64 digests of consecutive chunks of this size
+#: (``checksums.bin`` keeps the chunk digests, so a reader checks each chunk on first use).
 CHECKSUM_CHUNK = 1 << 24
+#: Documents (and metadata blobs) per shard a writer puts in one shard: keeps every index
+#: file within 64 MiB, so a reader checks each index in full at open.
+MAX_INDEX_ENTRIES_PER_SHARD = (1 << 23) - 1
 #: Metadata serializers a writer may record; a reader needs the same one to decode.
 CODECS = ("json", "numpy", "bytes", "pickle")
 
@@ -287,6 +298,27 @@ def _options(f: _Fields) -> dict[str, Any]:
             "codec": codec}
 
 
+def num_chunks(size: int) -> int:
+    """Checksum chunks of a payload of ``size`` bytes (an empty payload has one, of 0 bytes)."""
+    return max(1, -(-size // CHECKSUM_CHUNK))
+
+
+def data_files(metadata: bool) -> tuple[str, ...]:
+    """The data files of a shard, in ``checksums.bin`` order."""
+    return DATA_FILES if metadata else DATA_FILES[:2]
+
+
+def chunk_digest_ranges(files: dict[str, FileEntry], metadata: bool) -> dict[str, tuple[int, int]]:
+    """Per data file, the ``[first, stop)`` positions of its chunk digests in ``checksums.bin``
+    (u64 entries)."""
+    out, at = {}, 0
+    for fname in data_files(metadata):
+        n = num_chunks(files[fname].size)
+        out[fname] = (at, at + n)
+        at += n
+    return out
+
+
 def record_itemsize(token_dtype: str, metadata: bool) -> int:
     """Bytes per ``tokens.bin`` record: 2 or 4 for the token, plus 4 for a metadata id."""
     return (2 if token_dtype == "uint16" else 4) + (4 if metadata else 0)
@@ -302,7 +334,7 @@ def _shard(d: Any, path: Any, prefix: str, metadata: bool, itemsize: int) -> Sha
     num_documents = f.int("num_documents", 0, num_tokens)
     num_metadata = f.int("num_metadata", 0, MAX_METADATA_PER_SHARD if metadata else 0)
     raw_files = f.dict("files")
-    wanted = {"tokens.bin", "documents.index"} | ({"metadata.index", "metadata.bin"} if metadata else set())
+    wanted = set(data_files(metadata)) | {"checksums.bin"}
     if set(raw_files) != wanted:
         extra = sorted(set(raw_files) ^ wanted)
         raise CorruptError(f"{prefix}files: expected {sorted(wanted)}, differs in {extra}", path=path,
@@ -316,6 +348,7 @@ def _shard(d: Any, path: Any, prefix: str, metadata: bool, itemsize: int) -> Sha
     expected = {"tokens.bin": num_tokens * itemsize, "documents.index": (num_documents + 1) * 8}
     if metadata:
         expected["metadata.index"] = (num_metadata + 1) * 8
+    expected["checksums.bin"] = 8 * sum(num_chunks(files[f].size) for f in data_files(metadata))
     for fname, size in expected.items():
         if files[fname].size != size:
             raise CorruptError(f"{prefix}files.{fname}.size: {files[fname].size} bytes does not match the "

@@ -10,6 +10,12 @@ mapped read-only with mappings that hold no descriptor (a dataset of thousands o
 costs no file descriptors with the mmap backend; the pread backend keeps two per shard);
 windows are gathered by a compiled kernel with the GIL released, which also refuses token
 ids at or above the vocabulary on first use.
+
+Checksums (``verify=True``, the default): each shard's ``checksums.bin`` holds the XXH3
+digest of every 16 MiB chunk of its data files. The index files are checked in full at open
+(a writer keeps each within 64 MiB); a chunk of ``tokens.bin`` or ``metadata.bin`` is checked
+the first time a read touches it, so a flipped bit is an :class:`IntegrityError` naming the
+file and the chunk, never a wrong token. :meth:`TokenStreamReader.verify` checks everything.
 """
 
 from __future__ import annotations
@@ -25,18 +31,43 @@ from typing import Any, overload
 
 import numpy as np
 
-from zerobatch.core import FileMapping, WindowGather
+from zerobatch.core import FileMapping, WindowGather, xxh3_64
 from zerobatch.core._checks import as_positions, check_count
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.core.pool import shared_pool
 from zerobatch.formats import tokstream as T
-from zerobatch.formats.errors import ConfigError, CorruptError, NotFoundError, ReadError, TruncatedError
+from zerobatch.formats.errors import (ConfigError, CorruptError, IntegrityError, NotFoundError, ReadError,
+                                     TruncatedError, ZerobatchError)
 
 __all__ = ["TokenStreamReader", "WindowMetadata"]
 
 #: Index files up to this size are validated in full at open (monotonic offsets); larger
 #: ones are checked at their ends at open and in full by :meth:`TokenStreamReader.verify`.
 FULL_INDEX_CHECK_BYTES = 64 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyReport:
+    """What :meth:`TokenStreamReader.verify` found.
+
+    Attributes:
+        folder: the dataset.
+        shards, files: how many shards and files were checked.
+        bytes_checked: payload bytes hashed.
+        problems: ``(path, message)`` per fault: a chunk whose digest differs, a digest list
+            that disagrees with the manifest, an index that does not increase, a token id at
+            or above the vocabulary (the first per shard and kind).
+    """
+
+    folder: str
+    shards: int
+    files: int
+    bytes_checked: int
+    problems: tuple[tuple[str, str], ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
 
 
 class MetadataObjects(Sequence[Any]):
@@ -107,9 +138,14 @@ class WindowMetadata:
 class _Shard:
     """One shard's open files: the token mapping and the two index arrays."""
 
-    def __init__(self, folder: str, entry: T.ShardEntry, manifest: T.DatasetManifest, backend: str) -> None:
+    def __init__(self, folder: str, entry: T.ShardEntry, manifest: T.DatasetManifest, backend: str,
+                 verify: bool = True) -> None:
         self.entry = entry
         self.backend = backend
+        self.verify = verify
+        self._lists_ok: set[str] = set()
+        self._meta_ok: np.ndarray | None = None
+        self._index_bytes: dict[str, memoryview] = {}
         self.path = os.path.join(folder, entry.name)
         self.build_id = bytes.fromhex(entry.build_id)
         self._maps: list[FileMapping] = []
@@ -171,7 +207,9 @@ class _Shard:
 
     def _index(self, fname: str, count: int, end: int, end_name: str) -> np.ndarray:
         fd, size, path = self._open_file(fname)
-        idx = np.frombuffer(self._map(fd, size, path), dtype="<u8", count=count + 1)
+        raw = self._map(fd, size, path)
+        self._index_bytes[fname] = raw
+        idx = np.frombuffer(raw, dtype="<u8", count=count + 1)
         self._release(fd)
         if idx[0] != 0:
             raise CorruptError(f"{fname}[0]: {int(idx[0])}, expected 0", path=path, field=fname)
@@ -191,10 +229,106 @@ class _Shard:
             raise CorruptError(f"{fname}[{k}]: {int(idx[k])} does not {'increase' if strict else 'grow'} "
                                f"from {int(idx[k - 1])}", path=path, field=fname)
 
+    def digests(self, fname: str) -> np.ndarray:
+        """The chunk digests of data file ``fname``, checked (once) against the manifest's
+        checksum of that file.
+
+        Raises:
+            IntegrityError: ``checksums.bin`` does not hold the digests the manifest records.
+        """
+        a, b = self._ranges[fname]
+        sums = self.sums[a:b]
+        if fname not in self._lists_ok:
+            got = f"{xxh3_64(sums.tobytes()):016x}"
+            if got != self.entry.files[fname].xxh3:
+                raise IntegrityError(f"checksums.bin: the chunk digests of {fname} hash to {got}, the manifest "
+                                     f"records {self.entry.files[fname].xxh3}",
+                                     path=os.path.join(self.path, "checksums.bin"), field=f"{fname}.xxh3")
+            self._lists_ok.add(fname)
+        return sums
+
+    def chunk(self, fname: str, c: int) -> Any:
+        """The bytes of chunk ``c`` of data file ``fname`` (a view of the mapping, or a read)."""
+        size = self.entry.files[fname].size
+        a, b = c * T.CHECKSUM_CHUNK, min((c + 1) * T.CHECKSUM_CHUNK, size)
+        if fname in self._index_bytes:
+            return self._index_bytes[fname][a:b]
+        if self.backend == "mmap":
+            return (self.tokens if fname == "tokens.bin" else self.metadata_bin)[a:b]
+        fd = self.tokens_fd if fname == "tokens.bin" else self.metadata_fd
+        return memoryview(self._pread(fd, b - a, a, fname))
+
+    def check_chunk(self, fname: str, c: int) -> None:
+        """Hash chunk ``c`` of ``fname`` and compare it with its digest.
+
+        Raises:
+            IntegrityError: naming the file, the chunk and its byte range.
+        """
+        want = int(self.digests(fname)[c])
+        got = xxh3_64(self.chunk(fname, c))
+        if got != want:
+            a = c * T.CHECKSUM_CHUNK
+            b = min(a + T.CHECKSUM_CHUNK, self.entry.files[fname].size)
+            raise IntegrityError(f"{fname}: chunk {c} (bytes [{a}, {b})) does not match its checksum "
+                                 f"({got:016x}, expected {want:016x})", path=os.path.join(self.path, fname),
+                                 field="xxh3")
+
+    def check_file(self, fname: str) -> list[str]:
+        """Hash every chunk of ``fname``: the messages of the chunks that differ from their
+        digests (``checksums.bin``: its own checksum in the manifest).
+
+        Raises:
+            IntegrityError: the digest list of ``fname`` disagrees with the manifest.
+            ReadError, TruncatedError: a read failed (pread backend).
+        """
+        size = self.entry.files[fname].size
+        if fname == "checksums.bin":
+            raw = self.sums.view(np.uint8)
+            digests = [xxh3_64(raw[a:a + T.CHECKSUM_CHUNK]) for a in range(0, max(size, 1), T.CHECKSUM_CHUNK)]
+            got = f"{xxh3_64(np.asarray(digests, dtype='<u8').tobytes()):016x}"
+            want = self.entry.files[fname].xxh3
+            return [] if got == want else [f"checksums.bin: hashes to {got}, the manifest records {want}"]
+        out = []
+        for c in range(T.num_chunks(size)):
+            try:
+                self.check_chunk(fname, c)
+            except IntegrityError as exc:
+                out.append(str(exc))
+        return out
+
+    def max_token(self) -> int:
+        """The largest token id in ``tokens.bin`` (read in blocks of 4 Mi records)."""
+        top, n, step = 0, self.entry.num_tokens, 1 << 22
+        for a in range(0, n, step):
+            rec = self.read_records(a, min(step, n - a))
+            tok = rec["token"] if rec.dtype.names else rec
+            if tok.size:
+                top = max(top, int(tok.max()))
+        return top
+
+    def _check_whole(self, fname: str) -> None:
+        for c in range(T.num_chunks(self.entry.files[fname].size)):
+            self.check_chunk(fname, c)
+
+    def check_metadata_range(self, a: int, b: int) -> None:
+        """Check the ``metadata.bin`` chunks under bytes ``[a, b)`` not checked before."""
+        ok = self._meta_ok
+        if ok is None or b <= a:
+            return
+        for c in range(a // T.CHECKSUM_CHUNK, (b - 1) // T.CHECKSUM_CHUNK + 1):
+            if not ok[c]:
+                self.check_chunk("metadata.bin", c)
+                ok[c] = 1
+
     def _open(self, manifest: T.DatasetManifest) -> None:
         self._check_listing()
         e = self.entry
         self.dtype = np.dtype(T.record_dtype_descr(manifest.token_dtype, manifest.metadata))
+        # the chunk digests of every data file (checked against the manifest on first use)
+        fd, size, path = self._open_file("checksums.bin")
+        self.sums = np.frombuffer(self._map(fd, size, path), dtype="<u8")
+        self._release(fd)
+        self._ranges = T.chunk_digest_ranges(e.files, manifest.metadata)
         fd, size, path = self._open_file("tokens.bin")
         self.tokens_fd = fd
         if self.backend == "mmap":
@@ -207,6 +341,8 @@ class _Shard:
             self.tokens, self.records, self.address = None, None, 0
             self._advise_random(fd)
         self.documents = self._index("documents.index", e.num_documents, e.num_tokens, "num_tokens")
+        if self.verify:
+            self._check_whole("documents.index")
         self.metadata_index = None
         self.metadata_bin = memoryview(b"")
         if manifest.metadata:
@@ -219,6 +355,9 @@ class _Shard:
             else:
                 self._advise_random(fd)
             self.metadata_index = self._index("metadata.index", e.num_metadata, bin_size, "the size of metadata.bin")
+            if self.verify:
+                self._check_whole("metadata.index")
+                self._meta_ok = np.zeros(T.num_chunks(bin_size), np.uint8)
 
     @staticmethod
     def _advise_random(fd: int) -> None:
@@ -302,6 +441,9 @@ class TokenStreamReader:
         num_threads: threads a batch of windows is split over (the calling thread plus
             ``num_threads - 1`` workers of the shared pool, all without the GIL); 1 copies
             on the calling thread only.
+        verify: check checksums: index files in full at open, each 16 MiB chunk of token
+            and metadata data the first time a read touches it (``IntegrityError`` naming
+            the file and the chunk). ``False`` skips them (trusted data, or to measure).
 
     Attributes:
         num_tokens, num_documents: totals over all shards (64-bit).
@@ -314,8 +456,12 @@ class TokenStreamReader:
             the error names the file and the field.
     """
 
-    def __init__(self, folder: str | os.PathLike[str], *, backend: str = "mmap", num_threads: int = 1) -> None:
+    def __init__(self, folder: str | os.PathLike[str], *, backend: str = "mmap", num_threads: int = 1,
+                 verify: bool = True) -> None:
         self.folder = os.path.abspath(os.fspath(folder))
+        if not isinstance(verify, bool):
+            raise ConfigError(f"verify must be True or False, got {verify!r}", field="verify")
+        self.verify_checksums = verify
         if backend not in ("mmap", "pread"):
             raise ConfigError(f"backend must be 'mmap' or 'pread', got {backend!r}", field="backend")
         self.backend = backend
@@ -340,7 +486,7 @@ class TokenStreamReader:
         self._shards: list[_Shard] = []
         try:
             for entry in m.shards:
-                self._shards.append(_Shard(self.folder, entry, m, backend))
+                self._shards.append(_Shard(self.folder, entry, m, backend, verify))
         except BaseException:
             self.close()
             raise
@@ -357,8 +503,13 @@ class TokenStreamReader:
                                         self.vocab_size, [os.path.join(s.path, "tokens.bin") for s in self._shards],
                                         [s.documents for s in self._shards],
                                         None if backend == "mmap" else [s.tokens_fd for s in self._shards],
-                                        [s.metadata_index for s in self._shards] if m.metadata else None)
+                                        [s.metadata_index for s in self._shards] if m.metadata else None,
+                                        [T.num_chunks(e.files["tokens.bin"].size) for e in m.shards] if verify else None,
+                                        self._check_tokens_chunk if verify else None, T.CHECKSUM_CHUNK)
         self.closed = False
+
+    def _check_tokens_chunk(self, shard: int, chunk: int) -> None:
+        self._shards[shard].check_chunk("tokens.bin", chunk)
 
     def __len__(self) -> int:
         """Tokens in the dataset."""
@@ -470,8 +621,11 @@ class TokenStreamReader:
         if self.backend == "mmap":
             bins = [sh.metadata_bin for sh in self._shards]
 
+            shards = self._shards
+
             def blob(i: int) -> memoryview:
                 k, _, a, b = table[i].tolist()
+                shards[k].check_metadata_range(a, b)
                 return bins[k][a:b]
         else:
             blob = self._read_blobs(table)
@@ -486,6 +640,8 @@ class TokenStreamReader:
         for i, (k, _, _, _) in enumerate(rows):
             by_shard.setdefault(k, []).append(i)
         for k, sel in by_shard.items():
+            for i in sel:
+                self._shards[k].check_metadata_range(rows[i][2], rows[i][3])
             got_k = self._shards[k].read_blobs([(rows[i][2], rows[i][3]) for i in sel])
             for i, b in zip(sel, got_k, strict=True):
                 got[i] = b
@@ -621,6 +777,50 @@ class TokenStreamReader:
             raise IndexError(f"a window index is outside [0, {n})")
         return idx * step
 
+    def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+        """Check the whole dataset and report every fault found (nothing is raised for them).
+
+        Every chunk of every shard file is hashed and compared with its digest (and the
+        digest lists with the manifest, and ``checksums.bin`` with its own checksum), every
+        index is checked to increase, and every token id to be below the vocabulary.
+        Checked chunks of ``tokens.bin`` are not checked again by later reads.
+
+        Args:
+            progress: called as ``progress(bytes_done, bytes_total)`` after each chunk.
+
+        Returns:
+            A :class:`VerifyReport`; ``report.ok`` when nothing was found.
+        """
+        self._ready()
+        problems: list[tuple[str, str]] = []
+        total = sum(f.size for e in self.manifest.shards for f in e.files.values())
+        done = files = 0
+        for k, sh in enumerate(self._shards):
+            for fname in (*T.data_files(self.manifest.metadata), "checksums.bin"):
+                files += 1
+                path = os.path.join(sh.path, fname)
+                try:
+                    bad = sh.check_file(fname)
+                except ZerobatchError as exc:
+                    problems.append((path, str(exc)))
+                    bad = []
+                problems.extend((path, msg) for msg in bad)
+                done += sh.entry.files[fname].size
+                if progress is not None:
+                    progress(done, total)
+            try:
+                sh.verify_indexes()
+            except CorruptError as exc:
+                problems.append((exc.path or sh.path, str(exc)))
+            top = sh.max_token()
+            if top >= self.vocab_size:
+                problems.append((os.path.join(sh.path, "tokens.bin"),
+                                 f"token: id {top} is not below the vocabulary size {self.vocab_size}"))
+            if self._gather is not None and self.verify_checksums and not any(p == os.path.join(sh.path, "tokens.bin")
+                                                                             for p, _ in problems):
+                self._gather.mark_checked(k)
+        return VerifyReport(self.folder, len(self._shards), files, done, tuple(problems))
+
     def verify_indexes(self) -> None:
         """Check every index file in full (large ones are checked only at their ends at open).
 
@@ -641,6 +841,22 @@ class TokenStreamReader:
 
     def __enter__(self) -> TokenStreamReader:
         return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled as its folder and options: each process (spawn / forkserver workers) maps
+        # the files itself; the build id makes sure it finds the same dataset.
+        return {"folder": self.folder, "backend": self.backend, "num_threads": self.num_threads,
+                "verify": self.verify_checksums, "build_id": self.manifest.build_id}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["folder"], backend=state["backend"], num_threads=state["num_threads"],
+                      verify=state["verify"])
+        if self.manifest.build_id != state["build_id"]:
+            build = self.manifest.build_id
+            self.close()
+            raise CorruptError(f"build_id: the dataset is now build {build}, the pickled reader read build "
+                               f"{state['build_id']}", path=os.path.join(state["folder"], T.MANIFEST_NAME),
+                               field="build_id")
 
     def __exit__(self, *exc: object) -> None:
         self.close()

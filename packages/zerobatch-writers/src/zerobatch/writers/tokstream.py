@@ -93,9 +93,13 @@ class _HashedFile:
         self._digests.extend(xxh3_64(view[i:i + chunk]) for i in range(at, whole, chunk))
         self._pending += view[whole:]
 
+    def digests(self) -> np.ndarray:
+        """The chunk digests of the payload (``T.num_chunks(size)`` of them, as ``<u8``)."""
+        tail = [xxh3_64(bytes(self._pending))] if self._pending or not self._digests else []
+        return np.asarray(self._digests + tail, dtype="<u8")
+
     def checksum(self) -> str:
-        digests = self._digests + ([xxh3_64(bytes(self._pending))] if self._pending or not self._digests else [])
-        return f"{xxh3_64(np.asarray(digests, dtype='<u8').tobytes()):016x}"
+        return f"{xxh3_64(self.digests().tobytes()):016x}"
 
     def commit(self) -> T.FileEntry:
         entry = T.FileEntry(self.size, self.checksum())
@@ -154,7 +158,7 @@ class ShardWriter:
         self._meta_offset = 0
         self._files: dict[str, _HashedFile] = {}
         try:
-            for fname in ("tokens.bin", "documents.index") + (("metadata.index", "metadata.bin") if self.metadata else ()):
+            for fname in T.data_files(self.metadata):
                 self._files[fname] = _HashedFile(os.path.join(self.path, fname), self._build, T.FILE_KINDS[fname])
         except BaseException:
             self.abort()
@@ -181,8 +185,8 @@ class ShardWriter:
         return arr
 
     def _add_metadata(self, obj: Any) -> int:
-        if self.num_metadata >= T.MAX_METADATA_PER_SHARD:
-            raise LimitExceededError(f"metadata: a shard holds at most {T.MAX_METADATA_PER_SHARD} blobs",
+        if self.num_metadata >= T.MAX_INDEX_ENTRIES_PER_SHARD:
+            raise LimitExceededError(f"metadata: a shard holds at most {T.MAX_INDEX_ENTRIES_PER_SHARD} blobs",
                                      field="metadata")
         blob = serialize_metadata(obj, self.codec or "json")
         self._files["metadata.bin"].write(blob)
@@ -213,6 +217,9 @@ class ShardWriter:
         """
         if self.closed:
             raise ConfigError("the shard is closed", path=self.path, field="shard")
+        if self.num_documents >= T.MAX_INDEX_ENTRIES_PER_SHARD:
+            raise LimitExceededError(f"documents: a shard holds at most {T.MAX_INDEX_ENTRIES_PER_SHARD} documents",
+                                     field="documents")
         arr = self._tokens(tokens)
         n = arr.size
         if not self.metadata and (metadata is not None or spans):
@@ -230,6 +237,9 @@ class ShardWriter:
                                       f"within the document's {n} tokens", field="spans")
                 checked.append((int(a), int(b), obj))
                 prev = int(b)
+        if self.num_metadata + len(checked) + (metadata is not None) > T.MAX_INDEX_ENTRIES_PER_SHARD:
+            raise LimitExceededError(f"metadata: a shard holds at most {T.MAX_INDEX_ENTRIES_PER_SHARD} blobs",
+                                     field="metadata")
         rec = np.empty(n, dtype=self.dtype)
         if self.metadata:
             rec["token"] = arr
@@ -260,6 +270,12 @@ class ShardWriter:
         try:
             self._files["documents.index"].write(np.array([self.num_tokens], dtype="<u8"))
             files = {fname: f.commit() for fname, f in self._files.items()}
+            # the chunk digests of every data file, so that a reader checks chunks on first use
+            sums = _HashedFile(os.path.join(self.path, "checksums.bin"), self._build, T.FILE_KINDS["checksums.bin"])
+            self._files["checksums.bin"] = sums
+            for fname in T.data_files(self.metadata):
+                sums.write(self._files[fname].digests())
+            files["checksums.bin"] = sums.commit()
         except BaseException:
             self.abort()
             raise
@@ -376,8 +392,12 @@ class TokenStreamWriter:
         """Append one document (see :meth:`ShardWriter.add_document`)."""
         if self._shard is None:
             raise ConfigError("the writer is closed", path=self.folder, field="writer")
-        if self._shard.num_tokens >= self.shard_tokens:
-            self._shard.close()
+        sh = self._shard
+        blobs = (metadata is not None) + len(spans or ())
+        if sh.num_documents and (sh.num_tokens >= self.shard_tokens
+                                 or sh.num_documents >= T.MAX_INDEX_ENTRIES_PER_SHARD
+                                 or sh.num_metadata + blobs > T.MAX_INDEX_ENTRIES_PER_SHARD):
+            sh.close()
             self._open_shard()
         self._shard.add_document(tokens, metadata, spans=spans)
 
