@@ -102,7 +102,7 @@ def test_verify_reports_every_damaged_chunk(tmp_path):
     assert not report.ok
     paths = {p for p, _ in report.problems}
     assert {str(tokens), str(mbin), str(sums)} <= paths
-    assert seen[-1][0] == seen[-1][1] and all(a <= b for (a, _), (b, _) in zip(seen, seen[1:]))
+    assert seen[-1][0] == seen[-1][1] and all(a <= b for (a, _), (b, _) in zip(seen, seen[1:], strict=False))
 
 
 def test_truncation_at_every_byte_and_zero_filled_tails(tmp_path):
