@@ -652,22 +652,36 @@ def test_boundaries_into_caller_buffers(dataset):
             r.boundaries(starts, 300, segment_ids=np.empty((3, 299), np.int32))
 
 
-def test_hundreds_of_shards_under_a_small_descriptor_limit(tmp_path):
-    """Mappings hold no descriptor: 400 shards open and read under RLIMIT_NOFILE = 64."""
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_hundreds_of_shards_under_a_small_descriptor_limit(tmp_path, backend):
+    """400 shards open and read under RLIMIT_NOFILE = 64: mappings hold no descriptor, and
+    the pread backend keeps at most 16 open (a quarter of the limit), least recently used
+    closed first; a window over more shards than that is read piece by piece."""
     from zbtest import run_python
 
     folder = tmp_path / "many"
     build(folder, n_docs=400, shard_tokens=1, max_len=20)
+    with TokenStreamReader(folder) as r:
+        want_w = r.windows(np.arange(0, r.num_tokens - 50, 7), 50)
+        want_long = r.windows([3], 600)          # spans more shards than descriptors
+    np.save(tmp_path / "want_w.npy", want_w)
+    np.save(tmp_path / "want_long.npy", want_long)
     code = f"""
-import resource, numpy as np
+import os, resource, numpy as np
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 from zerobatch.readers.tokstream import TokenStreamReader
-r = TokenStreamReader({str(folder)!r})
+r = TokenStreamReader({str(folder)!r}, backend={backend!r})
 assert len(r.manifest.shards) == 400
 w = r.windows(np.arange(0, r.num_tokens - 50, 7), 50)
+assert (w == np.load({str(tmp_path / "want_w.npy")!r})).all()
+assert (r.windows([3], 600) == np.load({str(tmp_path / "want_long.npy")!r})).all()
 d = r.documents(np.arange(400))[0]
 assert d.size == r.num_tokens
-print("OK", len(r.manifest.shards), w.shape)
+assert r.verify().ok
+open_fds = len(os.listdir("/proc/self/fd"))
+assert open_fds < 30, open_fds
+r.close()
+print("OK", len(r.manifest.shards), w.shape, open_fds)
 """
     res = run_python(code)
     assert res.returncode == 0, res.stderr

@@ -26,6 +26,8 @@ import io
 import json
 import os
 import pickle
+import resource
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, overload
 
@@ -36,8 +38,8 @@ from zerobatch.core._checks import as_positions, check_count
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.core.pool import shared_pool
 from zerobatch.formats import tokstream as T
-from zerobatch.formats.errors import (ConfigError, CorruptError, IntegrityError, NotFoundError, ReadError,
-                                     TruncatedError, ZerobatchError)
+from zerobatch.formats.errors import (ConfigError, CorruptError, IntegrityError, LimitExceededError, NotFoundError,
+                                     ReadError, TruncatedError, ZerobatchError)
 
 __all__ = ["TokenStreamReader", "WindowMetadata"]
 
@@ -146,6 +148,8 @@ class _Shard:
         self._lists_ok: set[str] = set()
         self._meta_ok: np.ndarray | None = None
         self._index_bytes: dict[str, memoryview] = {}
+        self.fd_cache: _FdCache | None = None      # pread backend: descriptors on demand
+        self.index = -1
         self.path = os.path.join(folder, entry.name)
         self.build_id = bytes.fromhex(entry.build_id)
         self._maps: list[FileMapping] = []
@@ -255,8 +259,12 @@ class _Shard:
             return self._index_bytes[fname][a:b]
         if self.backend == "mmap":
             return (self.tokens if fname == "tokens.bin" else self.metadata_bin)[a:b]
-        fd = self.tokens_fd if fname == "tokens.bin" else self.metadata_fd
-        return memoryview(self._pread(fd, b - a, a, fname))
+        # a descriptor of its own: the cache's may be pinned for the gather that asked for this
+        fd = self.reopen(fname)
+        try:
+            return memoryview(self._pread(fd, b - a, a, fname))
+        finally:
+            os.close(fd)
 
     def check_chunk(self, fname: str, c: int) -> None:
         """Hash chunk ``c`` of ``fname`` and compare it with its digest.
@@ -338,8 +346,10 @@ class _Shard:
             self._release(fd)
             self.tokens_fd = -1
         else:
+            # pread backend: checked now, opened again on demand through the reader's cache
             self.tokens, self.records, self.address = None, None, 0
-            self._advise_random(fd)
+            self._release(fd)
+            self.tokens_fd = -1
         self.documents = self._index("documents.index", e.num_documents, e.num_tokens, "num_tokens")
         if self.verify:
             self._check_whole("documents.index")
@@ -350,14 +360,24 @@ class _Shard:
             self.metadata_fd = fd
             if self.backend == "mmap":
                 self.metadata_bin = self._map(fd, bin_size, path)
-                self._release(fd)
-                self.metadata_fd = -1
-            else:
-                self._advise_random(fd)
+            self._release(fd)
+            self.metadata_fd = -1
             self.metadata_index = self._index("metadata.index", e.num_metadata, bin_size, "the size of metadata.bin")
             if self.verify:
                 self._check_whole("metadata.index")
                 self._meta_ok = np.zeros(T.num_chunks(bin_size), np.uint8)
+
+    def reopen(self, fname: str) -> int:
+        """A new descriptor of ``fname`` (pread backend), checked again as at open (size,
+        trailer, build id, kind) so that a replaced file is refused; ``POSIX_FADV_RANDOM``."""
+        fd, _, _ = self._open_file(fname)
+        self._fds.remove(fd)
+        self._advise_random(fd)
+        return fd
+
+    def fd(self, fname: str) -> int:
+        assert self.fd_cache is not None
+        return self.fd_cache.get(self, fname)
 
     @staticmethod
     def _advise_random(fd: int) -> None:
@@ -387,14 +407,14 @@ class _Shard:
         """Records ``[local, local + count)`` of ``tokens.bin`` (a view, or a fresh read)."""
         if self.records is not None:
             return self.records[local:local + count]
-        raw = self._pread(self.tokens_fd, count * self.dtype.itemsize, local * self.dtype.itemsize, "tokens.bin")
+        raw = self._pread(self.fd("tokens.bin"), count * self.dtype.itemsize, local * self.dtype.itemsize, "tokens.bin")
         return np.frombuffer(raw, dtype=self.dtype)
 
     def read_metadata(self, start: int, stop: int) -> memoryview:
         """Bytes ``[start, stop)`` of ``metadata.bin`` (a view of the mapping, or one read)."""
         if self.backend == "mmap":
             return self.metadata_bin[start:stop]
-        return memoryview(self._pread(self.metadata_fd, stop - start, start, "metadata.bin"))
+        return memoryview(self._pread(self.fd("metadata.bin"), stop - start, start, "metadata.bin"))
 
     def read_blobs(self, ranges: list[tuple[int, int]]) -> list[memoryview]:
         """The ``[start, stop)`` ranges of ``metadata.bin`` (checked ones), read with one
@@ -429,6 +449,50 @@ class _Shard:
         self._fds.clear()
 
 
+class _FdCache:
+    """Descriptors of the pread backend's data files, at most ``limit`` open (least recently
+    used closed first), so a dataset of thousands of shards reads under a small
+    ``RLIMIT_NOFILE``. The token file descriptors are mirrored into ``table`` (one per shard,
+    -1 when closed), which the compiled gather reads; :meth:`pin` opens a batch's shards."""
+
+    def __init__(self, limit: int, table: np.ndarray) -> None:
+        self.limit = limit
+        self.table = table
+        self.open: OrderedDict[tuple[int, str], int] = OrderedDict()
+
+    def get(self, shard: _Shard, fname: str, keep: frozenset[int] = frozenset()) -> int:
+        key = (shard.index, fname)
+        fd = self.open.get(key)
+        if fd is not None:
+            self.open.move_to_end(key)
+            return fd
+        while len(self.open) >= self.limit:
+            victim = next((k for k in self.open if k[0] not in keep), None)
+            if victim is None:
+                break
+            self._close(victim)
+        fd = shard.reopen(fname)
+        self.open[key] = fd
+        if fname == "tokens.bin":
+            self.table[shard.index] = fd
+        return fd
+
+    def _close(self, key: tuple[int, str]) -> None:
+        fd = self.open.pop(key)
+        if key[1] == "tokens.bin":
+            self.table[key[0]] = -1
+        os.close(fd)
+
+    def pin(self, shards: list[_Shard], indices: np.ndarray) -> None:
+        keep = frozenset(indices.tolist())
+        for k in keep:
+            self.get(shards[k], "tokens.bin", keep)
+
+    def close(self) -> None:
+        for key in list(self.open):
+            self._close(key)
+
+
 class TokenStreamReader:
     """A TOKSTREAM dataset opened for reading: windows and documents, in global positions.
 
@@ -444,6 +508,9 @@ class TokenStreamReader:
         verify: check checksums: index files in full at open, each 16 MiB chunk of token
             and metadata data the first time a read touches it (``IntegrityError`` naming
             the file and the chunk). ``False`` skips them (trusted data, or to measure).
+        max_open_files: pread backend: descriptors kept open at most (least recently used
+            closed first); default a quarter of ``RLIMIT_NOFILE``, at most 1024. A batch
+            touching more shards than that is read shard piece by shard piece.
 
     Attributes:
         num_tokens, num_documents: totals over all shards (64-bit).
@@ -457,7 +524,7 @@ class TokenStreamReader:
     """
 
     def __init__(self, folder: str | os.PathLike[str], *, backend: str = "mmap", num_threads: int = 1,
-                 verify: bool = True) -> None:
+                 verify: bool = True, max_open_files: int | None = None) -> None:
         self.folder = os.path.abspath(os.fspath(folder))
         if not isinstance(verify, bool):
             raise ConfigError(f"verify must be True or False, got {verify!r}", field="verify")
@@ -484,9 +551,18 @@ class TokenStreamReader:
         self.token_dtype = np.dtype(m.token_dtype)
         self.itemsize = T.record_itemsize(m.token_dtype, m.metadata)
         self._shards: list[_Shard] = []
+        self._fd_table = np.full(len(m.shards), -1, dtype=np.intc)
+        self._fd_cache: _FdCache | None = None
+        if backend == "pread":
+            if max_open_files is None:
+                soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+                max_open_files = 1024 if soft == resource.RLIM_INFINITY else max(2, min(1024, soft // 4))
+            self._fd_cache = _FdCache(check_count(max_open_files, "max_open_files", minimum=2), self._fd_table)
         try:
-            for entry in m.shards:
-                self._shards.append(_Shard(self.folder, entry, m, backend, verify))
+            for k, entry in enumerate(m.shards):
+                sh = _Shard(self.folder, entry, m, backend, verify)
+                sh.index, sh.fd_cache = k, self._fd_cache
+                self._shards.append(sh)
         except BaseException:
             self.close()
             raise
@@ -502,7 +578,7 @@ class TokenStreamReader:
                                         self.cum_tokens, self.itemsize, self.token_dtype.itemsize,
                                         self.vocab_size, [os.path.join(s.path, "tokens.bin") for s in self._shards],
                                         [s.documents for s in self._shards],
-                                        None if backend == "mmap" else [s.tokens_fd for s in self._shards],
+                                        None if backend == "mmap" else self._fd_table,
                                         [s.metadata_index for s in self._shards] if m.metadata else None,
                                         [T.num_chunks(e.files["tokens.bin"].size) for e in m.shards] if verify else None,
                                         self._check_tokens_chunk if verify else None, T.CHECKSUM_CHUNK)
@@ -549,7 +625,50 @@ class TokenStreamReader:
                 raise IndexError("the dataset holds no tokens")
             return out
         pool = shared_pool(self.num_threads - 1) if self.num_threads > 1 else None
+        if self._fd_cache is not None:
+            starts = as_positions(starts, "starts")
+            if not self._pin(starts, starts + check_count(length, "length")):
+                for w, st in enumerate(starts.tolist()):     # more shards than descriptors
+                    self._ranges_piecewise([st], [st + length], out[w].reshape(-1))
+                return out
         return self._gather.gather(starts, length, out, pool)
+
+    def _pin(self, starts: np.ndarray, stops: np.ndarray) -> bool:
+        """pread backend: open the token files of the shards ``[starts, stops)`` touch;
+        False when they are more than the descriptor limit (then nothing is pinned)."""
+        if starts.size == 0:
+            return True
+        first = np.searchsorted(self.cum_tokens, np.clip(starts, 0, self.num_tokens), side="right") - 1
+        last = np.searchsorted(self.cum_tokens, np.clip(np.maximum(stops - 1, starts), 0, self.num_tokens),
+                               side="right") - 1
+        span = last - first
+        if span.max() == 0:
+            touched = np.unique(np.clip(first, 0, len(self._shards) - 1))
+        else:
+            touched = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist(),
+                                                                                     strict=True)]))
+            touched = touched[(touched >= 0) & (touched < len(self._shards))]
+        assert self._fd_cache is not None
+        if touched.size > self._fd_cache.limit:
+            return False
+        self._fd_cache.pin(self._shards, touched)
+        return True
+
+    def _ranges_piecewise(self, starts: list[int], stops: list[int], flat: np.ndarray) -> None:
+        """pread backend, a batch over more shards than descriptors: each range is read one
+        shard piece at a time."""
+        assert self._gather is not None
+        at = 0
+        for a, b in zip(starts, stops, strict=True):
+            if a < 0 or b > self.num_tokens or b < a:
+                raise IndexError(f"range [{a}, {b}) is not within [0, {self.num_tokens})")
+            while a < b:
+                k = int(np.searchsorted(self.cum_tokens, a, side="right")) - 1
+                e = min(b, int(self.cum_tokens[k + 1]))
+                self._pin(np.array([a]), np.array([e]))
+                self._gather.gather_ranges([a], [e], flat[at:at + e - a])
+                at += e - a
+                a = e
 
     def boundaries(self, starts: Any, length: int, *, position_ids: np.ndarray | None = None,
                    segment_ids: np.ndarray | None = None, cu_seqlens: np.ndarray | None = None,
@@ -616,6 +735,12 @@ class TokenStreamReader:
             if np.size(starts):
                 raise IndexError("the dataset holds no tokens")
             return WindowMetadata(np.empty((0, check_count(length, "length")), np.int32), [], np.empty((0, 2), np.int64))
+        if self._fd_cache is not None:
+            starts = as_positions(starts, "starts")
+            if not self._pin(starts, starts + check_count(length, "length")):
+                raise LimitExceededError(f"windows_metadata: the batch touches more shards than max_open_files "
+                                         f"({self._fd_cache.limit}); use smaller batches or a higher limit",
+                                         field="max_open_files")
         ids, table = self._gather.metadata_ids(starts, length, ids, out)
         decoder = self._decode if decode else None
         if self.backend == "mmap":
@@ -743,7 +868,10 @@ class TokenStreamReader:
         lengths = stops - starts
         flat = np.empty(int(lengths.sum()), dtype=dt)
         if self._gather is not None and flat.size:
-            self._gather.gather_ranges(starts, stops, flat)
+            if self._fd_cache is not None and not self._pin(starts, stops):
+                self._ranges_piecewise(starts.tolist(), stops.tolist(), flat)
+            else:
+                self._gather.gather_ranges(starts, stops, flat)
         if pad_to is None:
             return flat, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         out = np.full((starts.size, width), pad_id, dtype=dt)
@@ -834,6 +962,8 @@ class TokenStreamReader:
     def close(self) -> None:
         """Release every file (arrays still viewing a mapping keep it alive)."""
         self._gather = None
+        if getattr(self, "_fd_cache", None) is not None:
+            self._fd_cache.close()
         for s in getattr(self, "_shards", []):
             s.close()
         self._shards = []
