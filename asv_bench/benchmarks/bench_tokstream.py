@@ -135,8 +135,9 @@ class Backends:
 
 
 class Extras:
-    """Metadata (8 windows), document boundaries and documents (32) for a 32 x 512 batch,
-    on the dataset with metadata."""
+    """Metadata (8 windows one by one; 32 as one batch, beside plain windows of the same
+    dataset), document boundaries and documents (32) for a 32 x 512 batch, on the dataset with
+    metadata."""
 
     def setup_cache(self):
         return _build(metadata=True)
@@ -149,7 +150,10 @@ class Extras:
         self.seg = np.empty((32, 512), dtype=np.int32)
         self.cu = np.empty(32 * 512 + 1, dtype=np.int32)
         self.docs = np.random.default_rng(2).integers(0, self.reader.num_documents, 32)
+        self.out = np.empty((32, 513), dtype=np.int64)
+        self.ids = np.empty((32, 513), dtype=np.int32)
         self.reader.windows(self.starts, 513)
+        self.reader.windows_metadata(self.starts, 513, ids=self.ids, out=self.out)
         self.reader.documents(self.docs)
 
     def time_boundaries(self, folder):
@@ -164,7 +168,14 @@ class Extras:
 
     def time_window_metadata_decoded(self, folder):
         for s in self.starts[:8].tolist():
-            self.reader.window_metadata(s, 513)
+            list(self.reader.window_metadata(s, 513).objects)
+
+    def time_windows_with_metadata(self, folder):
+        # the whole batch: tokens and numbered metadata ids in one pass, blobs located
+        self.reader.windows_metadata(self.starts, 513, ids=self.ids, out=self.out)
+
+    def time_windows_plain_same_dataset(self, folder):
+        self.reader.windows(self.starts, 513, out=self.out)
 
     def time_documents_flat(self, folder):
         self.reader.documents(self.docs)
