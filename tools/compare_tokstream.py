@@ -12,8 +12,9 @@ times, interleaved, the fastest of ``--repeat`` rounds of ``--batches`` batches 
 3. a bare NumPy ``uint32 -> int64`` conversion of as many tokens (``np.copyto`` from a
    cache-resident array into a preallocated one, so that no allocation is timed): the floor
    any copy-out has to pay;
-4. windows plus their document-boundary outputs (``boundaries``: full, and lean with
-   ``int32`` positions and no segment ids), and the mmap and pread backends side by side;
+4. windows plus their document-boundary outputs (``boundaries`` after ``windows``, and
+   ``windows_with_boundaries`` in one pass; full, and lean with ``int32`` positions and no
+   segment ids), and the mmap and pread backends side by side;
 5. on a second dataset with per-token metadata (document-level objects and span-level
    concepts, 6-byte records): plain windows, windows with their metadata in one pass
    (``windows_metadata(..., out=)``: tokens, per-token ids numbered over the batch, and the
@@ -132,6 +133,16 @@ def main() -> None:
                     r1.windows(st, L + 1, out=out64)
                     r1.boundaries(st, L, position_ids=pos32_buf, cu_seqlens=cu_buf, segments=False)
 
+            def zb_fused(starts=starts, L=L, pos_buf=pos_buf, seg_buf=seg_buf, cu_buf=cu_buf, out64=out64) -> None:
+                for st in starts:
+                    r1.windows_with_boundaries(st, L + 1, out=out64, position_ids=pos_buf, segment_ids=seg_buf,
+                                               cu_seqlens=cu_buf)
+
+            def zb_fused_lean(starts=starts, L=L, pos32_buf=pos32_buf, cu_buf=cu_buf, out64=out64) -> None:
+                for st in starts:
+                    r1.windows_with_boundaries(st, L + 1, out=out64, position_ids=pos32_buf, cu_seqlens=cu_buf,
+                                               segments=False)
+
             def naive(starts=starts, L=L) -> None:
                 for st in starts:
                     xs = [torch.from_numpy(mm[s:s + L].astype(np.int64)) for s in st]
@@ -151,6 +162,8 @@ def main() -> None:
                 "zb_int64_pread": lambda out64=out64: zb(rp, out64),
                 "zb_int64_with_boundaries": zb_bounds,
                 "zb_int64_with_lean_boundaries": zb_bounds_lean,
+                "zb_int64_fused_boundaries": zb_fused,
+                "zb_int64_fused_lean_boundaries": zb_fused_lean,
                 "naive_memmap_stack": naive,
                 "bare_convert": bare,
             }
@@ -165,9 +178,11 @@ def main() -> None:
             print(f"  -> rate vs bare uint32->int64 conversion: {best['bare_convert'] / best['zb_int64']:.2f}"
                   f" (1 thread), {best['bare_convert'] / best['zb_int64_2threads']:.2f} (reader with 2 threads:"
                   f" batches under 64 Ki tokens stay on one)")
-            print(f"  -> windows + boundaries: {best['zb_int64_with_boundaries'] / best['zb_int64']:.2f}x the cost of "
-                  f"plain windows (int64 positions + segment ids + cu_seqlens); "
-                  f"{best['zb_int64_with_lean_boundaries'] / best['zb_int64']:.2f}x (int32 positions + cu_seqlens)")
+            print(f"  -> windows + boundaries, two calls: {best['zb_int64_with_boundaries'] / best['zb_int64']:.2f}x "
+                  f"the cost of plain windows (int64 positions + segment ids + cu_seqlens), "
+                  f"{best['zb_int64_with_lean_boundaries'] / best['zb_int64']:.2f}x (int32 positions + cu_seqlens); "
+                  f"one pass (windows_with_boundaries): {best['zb_int64_fused_boundaries'] / best['zb_int64']:.2f}x, "
+                  f"{best['zb_int64_fused_lean_boundaries'] / best['zb_int64']:.2f}x")
         # large batches: the reader splits them over its threads
         B, L, nb = 256, 2048, max(args.batches // 10, 4)
         starts = [rng.integers(0, r1.num_tokens - L - 1, B) for _ in range(nb)]

@@ -633,6 +633,46 @@ def test_shuffled_windows_and_documents_through_the_samplers(dataset):
         assert (tokens[offsets[0]:offsets[1]] == ds[got[0]]).all()
 
 
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_windows_with_boundaries_in_one_pass_match_the_twin(tmp_path, backend):
+    folder = tmp_path / "d"
+    build(folder, n_docs=120, shard_tokens=400, max_len=90)
+    with TokenStreamReader(folder, backend=backend) as r:
+        twin = ref.WindowGather([s.records if s.records is not None else np.fromfile(os.path.join(s.path, "tokens.bin"),
+                                 dtype=s.dtype, count=s.entry.num_tokens) for s in r._shards],
+                                r.cum_tokens, r.itemsize, 2, r.vocab_size, documents=[s.documents for s in r._shards])
+        rng = np.random.default_rng(8)
+        for length, bl in ((2, None), (65, None), (65, 65), (513, 100)):
+            starts = np.concatenate([rng.integers(0, r.num_tokens - length + 1, 30), [0, r.num_tokens - length]])
+            for dt, pdt, segs in ((np.int64, np.int64, True), (np.int32, np.int32, False)):
+                got = r.windows_with_boundaries(starts, length, dtype=dt, boundaries_length=bl, position_dtype=pdt,
+                                                segments=segs)
+                want = twin.gather_with_boundaries(starts, length, np.empty((starts.size, length), dt), bl,
+                                                   position_dtype=pdt, segments=segs)
+                assert got[0].dtype == dt and got[1].dtype == pdt
+                for g, w in zip(got, want, strict=True):
+                    assert (g is None and w is None) or (np.asarray(g) == np.asarray(w)).all()
+        with pytest.raises(ConfigError):
+            r.windows_with_boundaries([0], 10, boundaries_length=11)
+        with pytest.raises(IndexError):
+            r.windows_with_boundaries([r.num_tokens - 5], 10)
+
+
+@pytest.mark.parametrize("vocab", [1000, 100_000])
+def test_metadata_ids_match_the_twin(tmp_path, vocab, meta_path):
+    folder = tmp_path / "d"
+    spans_dataset(folder, vocab=vocab, max_len=150)
+    with TokenStreamReader(folder) as r:
+        twin = ref.WindowGather([s.records for s in r._shards], r.cum_tokens, r.itemsize, r.token_dtype.itemsize,
+                                r.vocab_size, metadata_indexes=[s.metadata_index for s in r._shards])
+        rng = np.random.default_rng(3)
+        for length in (1, 16, 47, 300):
+            starts = rng.integers(0, r.num_tokens - length + 1, 25)
+            ids, table = r._gather.metadata_ids(starts, length, None, np.empty((25, length), np.int64))
+            tids, ttable = twin.metadata_ids(starts, length)
+            assert (ids == tids).all() and (table == ttable).all()
+
+
 def test_boundaries_into_caller_buffers(dataset):
     folder, _, _ = dataset
     with TokenStreamReader(folder) as r:

@@ -842,9 +842,10 @@ class WindowGather:
     """Twin of :class:`zerobatch.core._tokstream.WindowGather`."""
 
     def __init__(self, bases: Any, cum: Any, itemsize: int, token_size: int, vocab: int,
-                 paths: Any = None, documents: Any = None) -> None:
+                 paths: Any = None, documents: Any = None, fds: Any = None, metadata_indexes: Any = None) -> None:
         self.args = (bases, cum, itemsize, token_size, vocab)
         self.paths = paths
+        self.midx = None if metadata_indexes is None else [np.asarray(x, dtype=np.uint64) for x in metadata_indexes]
         self.total = int(np.asarray(cum)[-1])
         self.doc_starts = None
         if documents is not None:
@@ -898,6 +899,61 @@ class WindowGather:
 
     def gather(self, starts: Any, length: Any, out: Any, pool: Any = None) -> np.ndarray:
         return gather_windows(*self.args, starts, length, out, paths=self.paths)
+
+    def metadata_ids(self, starts: Any, length: Any, ids: Any = None, out: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        if self.midx is None:
+            raise ConfigError("metadata_ids: this gatherer has no metadata indexes", field="metadata_indexes")
+        L = check_count(length, "length")
+        st = as_positions(starts, "starts")
+        if st.size and (st.min() < 0 or st.max() > self.total - L):
+            raise IndexError(f"a window of {L} tokens falls outside [0, {self.total})")
+        if out is not None:
+            self.gather(st, L, out)
+        bases, cum, itemsize, token_size, _ = self.args
+        c = np.asarray(cum, dtype=np.int64)
+        mids = np.concatenate([_records(b, int(c[k + 1] - c[k]), itemsize, token_size)["metadata_id"]
+                               for k, b in enumerate(bases)])
+        res = np.empty((st.size, L), np.int32) if ids is None else ids
+        numbers: dict[tuple[int, int], int] = {}
+        for w, p in enumerate(st.tolist()):
+            for k in range(L):
+                m = int(mids[p + k])
+                if m == 0xFFFFFFFF:
+                    res[w, k] = -1
+                    continue
+                s = int(np.searchsorted(c, p + k, side="right") - 1)
+                if m >= self.midx[s].size - 1:
+                    raise CorruptError(f"metadata_id: the id at global position {p + k} is not below the shard's "
+                                       f"{self.midx[s].size - 1} metadata blobs", field="metadata_id")
+                res[w, k] = numbers.setdefault((s, m), len(numbers))
+        table = np.array([(s, m, int(self.midx[s][m]), int(self.midx[s][m + 1])) for (s, m) in numbers],
+                         dtype=np.int64).reshape(-1, 4)
+        return res, table
+
+    def gather_with_boundaries(self, starts: Any, length: Any, out: Any, bounds_length: Any = None,
+                               position_ids: Any = None, segment_ids: Any = None, cu_seqlens: Any = None, *,
+                               position_dtype: Any = np.int64, segments: bool = True) -> tuple:
+        L = check_count(length, "length", minimum=1)
+        BL = L - 1 if bounds_length is None else check_count(bounds_length, "bounds_length")
+        if not 1 <= BL <= L:
+            raise ConfigError(f"bounds_length must be in [1, {L}], got {BL}", field="bounds_length")
+        self.gather(starts, L, out)
+        return (out, *self.boundaries(starts, BL, position_ids, segment_ids, cu_seqlens,
+                                      position_dtype=position_dtype, segments=segments))
+
+
+def _records(base: Any, n: int, itemsize: int, token_size: int) -> np.ndarray:
+    """A shard's records as a structured array (``token``, ``metadata_id``), from an address
+    or a buffer."""
+    import ctypes
+
+    rec = np.dtype([("token", f"<u{token_size}"), ("metadata_id", "<u4")])
+    if rec.itemsize != itemsize:
+        raise ConfigError(f"itemsize {itemsize}: these records hold no metadata id", field="itemsize")
+    if isinstance(base, (int, np.integer)):
+        raw = (ctypes.c_uint8 * (n * itemsize)).from_address(int(base)) if n else b""
+        return np.frombuffer(raw, dtype=rec, count=n)
+    return np.frombuffer(base, dtype=rec, count=n)
 
 
 def gather_windows(bases: Any, cum: Any, itemsize: int, token_size: int, vocab: int, starts: Any,

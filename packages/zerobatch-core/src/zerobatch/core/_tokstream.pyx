@@ -146,7 +146,7 @@ cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, 
 
 cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, int64_t length,
                      int64_t *out64, int32_t *out32, uint8_t *scratch, int32_t *ids,
-                     zb_ts_distinct *d) noexcept nogil:
+                     zb_ts_distinct *d, zb_ts_bounds *bounds=NULL) noexcept nogil:
     cdef int64_t total = g.cum[g.num_shards]
     cdef int st
     cdef int64_t w, pos, s, take, k, done, row
@@ -221,6 +221,11 @@ cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, in
                 return ZB_E_RANGE
             pos += take
             done += take
+        if bounds != NULL:
+            # this window's boundary outputs while the next windows' loads are in flight
+            _bounds_window(g, bounds, w, starts[w])
+    if bounds != NULL:
+        bounds.cu[bounds.nseg] = <int32_t>(count * bounds.length)
     return ZB_OK
 
 
@@ -242,49 +247,62 @@ cdef inline void _fill(int64_t *p64, int32_t *p32, int32_t *seg, int64_t at, int
                        NULL if seg == NULL else seg + at, n, <int32_t>segno)
 
 
-cdef void zb_ts_boundaries(const zb_ts_geometry *g, const int64_t *starts, int64_t count,
-                           int64_t length, int64_t *pos64, int32_t *pos32, int32_t *seg_ids, int32_t *cu,
-                           int64_t *nseg_out, int64_t *maxlen_out) noexcept nogil:
-    cdef int64_t w, pos, end, s, k, nxt, seg_start, seg, nseg = 0, maxlen = 0, j, cut, local
-    for w in range(count):
-        pos = starts[w]
-        end = pos + length
-        seg_start = pos
-        seg = 0
-        cu[nseg] = <int32_t>(w * length)
-        nseg += 1
-        s = _find_shard(g.cum, g.num_shards, pos)
-        local = pos - g.cum[s]
-        k = _first_doc_after(g.docs[s], g.ndocs[s], local)
-        while True:
-            # the next document start after pos: in this shard, else the next non-empty shard
-            if k < g.ndocs[s]:
-                nxt = g.cum[s] + <int64_t>g.docs[s][k]
-            else:
-                nxt = g.cum[s + 1]
-            if nxt >= end:
-                break
-            # a segment ends at nxt
-            _fill(pos64, pos32, seg_ids, w * length + (seg_start - pos), nxt - seg_start, seg)
-            if nxt - seg_start > maxlen:
-                maxlen = nxt - seg_start
-            seg += 1
-            seg_start = nxt
-            cu[nseg] = <int32_t>(w * length + (nxt - pos))
-            nseg += 1
-            if k < g.ndocs[s]:
-                k += 1
-            else:
+cdef struct zb_ts_bounds:
+    # the document-boundary outputs of a batch (see zb_ts_boundaries), filled window by window
+    int64_t length             # tokens per window they cover (at most the window's length)
+    int64_t *pos64
+    int32_t *pos32
+    int32_t *seg
+    int32_t *cu
+    int64_t nseg
+    int64_t maxlen
+
+
+cdef void _bounds_window(const zb_ts_geometry *g, zb_ts_bounds *b, int64_t w, int64_t pos) noexcept nogil:
+    # the segments of window w, which covers [pos, pos + b.length)
+    cdef int64_t length = b.length
+    cdef int64_t end = pos + length, seg_start = pos, seg = 0, s, k, nxt, local
+    b.cu[b.nseg] = <int32_t>(w * length)
+    b.nseg += 1
+    s = _find_shard(g.cum, g.num_shards, pos)
+    local = pos - g.cum[s]
+    k = _first_doc_after(g.docs[s], g.ndocs[s], local)
+    while True:
+        # the next document start after pos: in this shard, else the next non-empty shard
+        if k < g.ndocs[s]:
+            nxt = g.cum[s] + <int64_t>g.docs[s][k]
+        else:
+            nxt = g.cum[s + 1]
+        if nxt >= end:
+            break
+        # a segment ends at nxt
+        _fill(b.pos64, b.pos32, b.seg, w * length + (seg_start - pos), nxt - seg_start, seg)
+        if nxt - seg_start > b.maxlen:
+            b.maxlen = nxt - seg_start
+        seg += 1
+        seg_start = nxt
+        b.cu[b.nseg] = <int32_t>(w * length + (nxt - pos))
+        b.nseg += 1
+        if k < g.ndocs[s]:
+            k += 1
+        else:
+            s += 1
+            while g.cum[s + 1] == g.cum[s]:
                 s += 1
-                while g.cum[s + 1] == g.cum[s]:
-                    s += 1
-                k = 1
-        _fill(pos64, pos32, seg_ids, w * length + (seg_start - pos), end - seg_start, seg)
-        if end - seg_start > maxlen:
-            maxlen = end - seg_start
-    cu[nseg] = <int32_t>(count * length)
-    nseg_out[0] = nseg
-    maxlen_out[0] = maxlen
+            k = 1
+    _fill(b.pos64, b.pos32, b.seg, w * length + (seg_start - pos), end - seg_start, seg)
+    if end - seg_start > b.maxlen:
+        b.maxlen = end - seg_start
+
+
+cdef void zb_ts_boundaries(const zb_ts_geometry *g, const int64_t *starts, int64_t count,
+                           zb_ts_bounds *b) noexcept nogil:
+    cdef int64_t w
+    b.nseg = 0
+    b.maxlen = 0
+    for w in range(count):
+        _bounds_window(g, b, w, starts[w])
+    b.cu[b.nseg] = <int32_t>(count * b.length)
 
 
 cdef int64_t _ts_unverified(const zb_ts_geometry *g, uint8_t **ok, int chunk_shift, const int64_t *starts,
@@ -825,46 +843,120 @@ cdef class WindowGather:
         cdef int64_t L = length if type(length) is int and length >= 1 else \
             check_count(length, "length", minimum=1)
         cdef const int64_t[::1] st = _starts(starts)
-        cdef int64_t count = st.shape[0], i
-        if count * L >= 2**31:
-            raise ConfigError(f"boundaries: {count} x {L} tokens do not fit int32 cu_seqlens", field="length")
+        cdef int64_t count = st.shape[0]
+        return self._bounded(st, count, L, L, None, position_ids, segment_ids, cu_seqlens, position_dtype,
+                             segments)[1:]
+
+    def gather_with_boundaries(self, starts, length, out, bounds_length=None, position_ids=None,
+                               segment_ids=None, cu_seqlens=None, *, position_dtype=np.int64, segments=True):
+        """:meth:`gather` and :meth:`boundaries` in one pass on the calling thread: each
+        window's boundary outputs are computed right after its tokens are copied, while the
+        next windows' loads are in flight.
+
+        Args:
+            starts, length, out: as for :meth:`gather`.
+            bounds_length: tokens per window the boundaries cover (default ``length - 1``:
+                the inputs of next-token pairs; at most ``length``).
+            position_ids, segment_ids, cu_seqlens, position_dtype, segments: as for
+                :meth:`boundaries`, shaped by ``bounds_length``.
+
+        Returns:
+            ``(out, position_ids, segment_ids, cu_seqlens, max_seqlen)``.
+
+        Raises:
+            As :meth:`gather` and :meth:`boundaries`.
+        """
+        if self.g.docs == NULL:
+            raise ConfigError("boundaries: this gatherer has no document indexes", field="documents")
+        cdef int64_t L = length if type(length) is int and length >= 1 else \
+            check_count(length, "length", minimum=1)
+        cdef int64_t BL = L - 1 if bounds_length is None else check_count(bounds_length, "bounds_length")
+        if BL < 1 or BL > L:
+            raise ConfigError(f"bounds_length must be in [1, {L}], got {BL}", field="bounds_length")
+        cdef const int64_t[::1] st = _starts(starts)
+        cdef int64_t count = st.shape[0]
+        return self._bounded(st, count, L, BL, out, position_ids, segment_ids, cu_seqlens, position_dtype,
+                             segments)
+
+    cdef object _bounded(self, const int64_t[::1] st, int64_t count, int64_t L, int64_t BL, object out,
+                         object position_ids, object segment_ids, object cu_seqlens, object position_dtype,
+                         bint segments):
+        # boundaries over BL tokens of each window, and with `out` the windows' L tokens too
+        cdef int64_t i
+        if count * BL >= 2**31:
+            raise ConfigError(f"boundaries: {count} x {BL} tokens do not fit int32 cu_seqlens", field="length")
         for i in range(count):
             if st[i] < 0 or st[i] > self.total - L:
                 raise IndexError(f"a window of {L} tokens falls outside [0, {self.total})")
+        if out is not None and count and self.pending:
+            self._verify(&st[0], NULL, count, L)
         if type(position_ids) is np.ndarray:
             pdt = position_ids.dtype
         else:
             pdt = position_dtype if type(position_dtype) is np.dtype else np.dtype(position_dtype)
         if pdt is not _INT64 and pdt is not _INT32:
             raise ConfigError(f"position_ids must be int64 or int32, got {pdt}", field="position_ids")
-        pos_ids = np.empty((count, L), pdt) if position_ids is None else position_ids
+        pos_ids = np.empty((count, BL), pdt) if position_ids is None else position_ids
         seg_ids = None
         if segments:
-            seg_ids = np.empty((count, L), _INT32) if segment_ids is None else segment_ids
-        cu = np.empty(count * L + 1, _INT32) if cu_seqlens is None else cu_seqlens
-        cdef int64_t nseg = 0, maxlen = 0
-        cdef Py_buffer pv, sv, cv
-        cdef void *pp = _acquire(pos_ids, &pv, pdt, count, L, "position_ids")
-        cdef int32_t *sp = NULL
-        cdef int32_t *cp
+            seg_ids = np.empty((count, BL), _INT32) if segment_ids is None else segment_ids
+        cu = np.empty(count * BL + 1, _INT32) if cu_seqlens is None else cu_seqlens
+        cdef zb_ts_bounds b
+        memset(&b, 0, sizeof(b))
+        b.length = BL
+        cdef Py_buffer pv, sv, cv, tv
+        cdef bint have_s = False, have_c = False, have_t = False
+        cdef void *pp
+        cdef void *tp
+        cdef int64_t *t64 = NULL
+        cdef int32_t *t32 = NULL
+        cdef zb_ts_geometry g = self.g
+        cdef int status = ZB_OK
+        cdef uint8_t *scratch = NULL
+        pp = _acquire(pos_ids, &pv, pdt, count, BL, "position_ids")
         try:
+            if pv.itemsize == 8:
+                b.pos64 = <int64_t *>pp
+            else:
+                b.pos32 = <int32_t *>pp
             if seg_ids is not None:
-                sp = <int32_t *>_acquire(seg_ids, &sv, _INT32, count, L, "segment_ids")
-            try:
-                cp = <int32_t *>_acquire(cu, &cv, _INT32, count * L + 1, -1, "cu_seqlens")
-                if count == 0:
-                    cp[0] = 0
+                b.seg = <int32_t *>_acquire(seg_ids, &sv, _INT32, count, BL, "segment_ids")
+                have_s = True
+            b.cu = <int32_t *>_acquire(cu, &cv, _INT32, count * BL + 1, -1, "cu_seqlens")
+            have_c = True
+            if out is not None:
+                tp = _acquire_out(out, &tv, count * L, self.g.vocab, count * L, -1)
+                have_t = True
+                if tv.itemsize == 8:
+                    t64 = <int64_t *>tp
                 else:
-                    with nogil:
-                        zb_ts_boundaries(&self.g, &st[0], count, L, <int64_t *>pp if pv.itemsize == 8 else NULL,
-                                         <int32_t *>pp if pv.itemsize == 4 else NULL, sp, cp, &nseg, &maxlen)
-                PyBuffer_Release(&cv)
-            finally:
-                if sp != NULL:
-                    PyBuffer_Release(&sv)
+                    t32 = <int32_t *>tp
+            if count == 0:
+                b.cu[0] = 0
+            elif out is None:
+                with nogil:
+                    zb_ts_boundaries(&g, &st[0], count, &b)
+            else:
+                with nogil:
+                    if g.fds != NULL:
+                        scratch = <uint8_t *>malloc(L * g.itemsize)
+                        if scratch == NULL:
+                            g.err_errno = 12
+                            g.err_shard = -1
+                            status = ZB_E_IO
+                    if status == ZB_OK:
+                        status = _ts_windows(&g, &st[0], count, L, t64, t32, scratch, NULL, NULL, &b)
+                    free(scratch)
         finally:
             PyBuffer_Release(&pv)
-        return pos_ids, seg_ids, cu[:nseg + 1], maxlen
+            if have_s:
+                PyBuffer_Release(&sv)
+            if have_c:
+                PyBuffer_Release(&cv)
+            if have_t:
+                PyBuffer_Release(&tv)
+        self._raise_status(status, &g, L)
+        return out, pos_ids, seg_ids, cu[:b.nseg + 1], b.maxlen
 
 
 cdef void *_acquire(object buf, Py_buffer *view, object dtype, int64_t rows, int64_t cols,

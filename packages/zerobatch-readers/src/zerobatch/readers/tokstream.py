@@ -29,7 +29,7 @@ import pickle
 import resource
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 
@@ -81,13 +81,24 @@ class MetadataObjects(Sequence[Any]):
     kept, so a training step that reads only the ids pays for no Python objects.
     """
 
-    __slots__ = ("_blob", "_decode", "_cache", "_n")
+    __slots__ = ("_table", "_shards", "_blobs", "_decode", "_cache", "_n")
 
-    def __init__(self, n: int, blob: Callable[[int], memoryview], decode: Callable[[memoryview], Any] | None):
-        self._n = n
-        self._blob = blob
+    def __init__(self, table: np.ndarray, shards: list[_Shard], blobs: list[memoryview] | None,
+                 decode: Callable[[memoryview], Any] | None) -> None:
+        self._n = len(table)
+        self._table = table
+        self._shards = shards
+        self._blobs = blobs                  # pread backend: read with the batch
         self._decode = decode
         self._cache: dict[int, Any] = {}
+
+    def _blob(self, i: int) -> memoryview:
+        if self._blobs is not None:
+            return self._blobs[i]
+        k, _, a, b = self._table[i].tolist()
+        shard = self._shards[k]
+        shard.check_metadata_range(a, b)
+        return shard.metadata_bin[a:b]
 
     def __len__(self) -> int:
         return self._n
@@ -120,8 +131,7 @@ class MetadataObjects(Sequence[Any]):
         return f"MetadataObjects({self._n} objects)"
 
 
-@dataclasses.dataclass(frozen=True)
-class WindowMetadata:
+class WindowMetadata(NamedTuple):
     """The metadata of one window, or of a batch of windows.
 
     ``ids`` holds one ``int32`` per token (shape ``(length,)`` for a window, ``(B, length)``
@@ -734,7 +744,9 @@ class TokenStreamReader:
         if self._gather is None:
             if np.size(starts):
                 raise IndexError("the dataset holds no tokens")
-            return WindowMetadata(np.empty((0, check_count(length, "length")), np.int32), [], np.empty((0, 2), np.int64))
+            empty = np.empty((0, 4), np.int64)
+            return WindowMetadata(np.empty((0, check_count(length, "length")), np.int32),
+                                  MetadataObjects(empty, self._shards, None, None), empty[:, :2])
         if self._fd_cache is not None:
             starts = as_positions(starts, "starts")
             if not self._pin(starts, starts + check_count(length, "length")):
@@ -742,21 +754,11 @@ class TokenStreamReader:
                                          f"({self._fd_cache.limit}); use smaller batches or a higher limit",
                                          field="max_open_files")
         ids, table = self._gather.metadata_ids(starts, length, ids, out)
-        decoder = self._decode if decode else None
-        if self.backend == "mmap":
-            bins = [sh.metadata_bin for sh in self._shards]
+        blobs = None if self._fd_cache is None else self._read_blobs(table)
+        return WindowMetadata(ids, MetadataObjects(table, self._shards, blobs, self._decode if decode else None),
+                              table[:, :2])
 
-            shards = self._shards
-
-            def blob(i: int) -> memoryview:
-                k, _, a, b = table[i].tolist()
-                shards[k].check_metadata_range(a, b)
-                return bins[k][a:b]
-        else:
-            blob = self._read_blobs(table)
-        return WindowMetadata(ids, MetadataObjects(len(table), blob, decoder), table[:, :2])
-
-    def _read_blobs(self, table: np.ndarray) -> Callable[[int], memoryview]:
+    def _read_blobs(self, table: np.ndarray) -> list[memoryview]:
         """pread backend: the blobs of ``table``, read now (one read per shard where they lie
         close together; else one per blob), then handed out as slices."""
         got: list[memoryview] = [memoryview(b"")] * len(table)
@@ -770,8 +772,52 @@ class TokenStreamReader:
             got_k = self._shards[k].read_blobs([(rows[i][2], rows[i][3]) for i in sel])
             for i, b in zip(sel, got_k, strict=True):
                 got[i] = b
-        return got.__getitem__
+        return got
 
+
+    def windows_with_boundaries(self, starts: Any, length: int, *, out: np.ndarray | None = None,
+                                dtype: Any = np.int64, boundaries_length: int | None = None,
+                                position_ids: np.ndarray | None = None, segment_ids: np.ndarray | None = None,
+                                cu_seqlens: np.ndarray | None = None, position_dtype: Any = np.int64,
+                                segments: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None,
+                                                                np.ndarray, int]:
+        """:meth:`windows` and :meth:`boundaries` in one compiled pass: each window's
+        boundary outputs are written right after its tokens, while the next windows' loads
+        are in flight (the cheaper way to get both; on the calling thread).
+
+        Args:
+            starts, length, out, dtype: as for :meth:`windows` (``seq_len + 1`` tokens for
+                next-token pairs).
+            boundaries_length: tokens per window the boundaries cover; default
+                ``length - 1``, the inputs ``w[:, :-1]`` of next-token pairs.
+            position_ids, segment_ids, cu_seqlens, position_dtype, segments: as for
+                :meth:`boundaries`, shaped by ``boundaries_length``.
+
+        Returns:
+            ``(tokens, position_ids, segment_ids, cu_seqlens, max_seqlen)``.
+
+        Raises:
+            As :meth:`windows` and :meth:`boundaries`.
+        """
+        self._ready()
+        if out is None:
+            n = check_count(length, "length", minimum=1)
+            out = np.empty((int(np.size(starts)), n), dtype=np.dtype(dtype))
+            if out.dtype not in (np.int64, np.int32):
+                raise ConfigError(f"dtype must be int64 or int32, got {out.dtype}", field="dtype")
+        if self._gather is None:
+            raise IndexError("the dataset holds no tokens")
+        if self._fd_cache is not None:
+            starts = as_positions(starts, "starts")
+            if not self._pin(starts, starts + check_count(length, "length")):
+                self.windows(starts, length, out=out)
+                bl = length - 1 if boundaries_length is None else boundaries_length
+                return (out, *self.boundaries(starts, bl, position_ids=position_ids, segment_ids=segment_ids,
+                                              cu_seqlens=cu_seqlens, position_dtype=position_dtype,
+                                              segments=segments))
+        return self._gather.gather_with_boundaries(starts, length, out, boundaries_length, position_ids,
+                                                   segment_ids, cu_seqlens, position_dtype=position_dtype,
+                                                   segments=segments)
 
     def window_metadata(self, start: int, length: int, *, decode: bool = True) -> WindowMetadata:
         """The metadata of the window ``[start, start + length)`` (see :meth:`windows_metadata`).
