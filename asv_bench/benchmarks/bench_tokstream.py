@@ -159,6 +159,15 @@ class Extras:
     def time_boundaries(self, folder):
         self.reader.boundaries(self.starts, 512, position_ids=self.pos, segment_ids=self.seg, cu_seqlens=self.cu)
 
+    def time_windows_with_boundaries(self, folder):
+        # tokens and the boundary outputs of the inputs in one pass
+        self.reader.windows_with_boundaries(self.starts, 513, out=self.out, position_ids=self.pos,
+                                            segment_ids=self.seg, cu_seqlens=self.cu)
+
+    def time_windows_with_boundaries_lean(self, folder):
+        self.reader.windows_with_boundaries(self.starts, 513, out=self.out, position_ids=self.pos32,
+                                            cu_seqlens=self.cu, segments=False)
+
     def time_boundaries_lean(self, folder):
         self.reader.boundaries(self.starts, 512, position_ids=self.pos32, cu_seqlens=self.cu, segments=False)
 
