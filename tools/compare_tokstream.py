@@ -82,6 +82,14 @@ def timed(cases: dict, repeat: int, batches: int) -> dict[str, float]:
     return best
 
 
+def report(title: str, tag: str, best: dict[str, float], results: dict[str, float], width: int = 26) -> None:
+    """Print one table of per-batch times and keep them under ``tag``."""
+    print(title)
+    for name, t in best.items():
+        results[f"{tag}_{name}_us"] = t * 1e6
+        print(f"  {name:{width}s} {t * 1e6:9.1f} us")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=1 << 26)
@@ -168,11 +176,7 @@ def main() -> None:
                 "bare_convert": bare,
             }
             best = timed(cases, args.repeat, args.batches)
-            tag = f"{B}x{L}"
-            print(f"random windows {tag} (+1 token for next-token pairs), per batch:")
-            for name, t in best.items():
-                results[f"{tag}_{name}_us"] = t * 1e6
-                print(f"  {name:26s} {t * 1e6:9.1f} us")
+            report(f"random windows {B}x{L} (+1 token for next-token pairs), per batch:", f"{B}x{L}", best, results)
             print(f"  -> vs naive memmap + torch.stack: {best['naive_memmap_stack'] / best['zb_int64']:.1f}x faster"
                   f" (int64 pairs)")
             print(f"  -> rate vs bare uint32->int64 conversion: {best['bare_convert'] / best['zb_int64']:.2f}"
@@ -194,10 +198,7 @@ def main() -> None:
             "zb_int64_2threads": lambda: [r2.windows(st, L + 1, out=out) for st in starts],
             "bare_convert": lambda: [np.copyto(dst, src, casting="unsafe") for _ in starts],
         }, args.repeat, nb)
-        print(f"random windows {B}x{L} (+1), per batch, whole dataset:")
-        for name, t in best.items():
-            results[f"{B}x{L}_{name}_us"] = t * 1e6
-            print(f"  {name:26s} {t * 1e6:9.1f} us")
+        report(f"random windows {B}x{L} (+1), per batch, whole dataset:", f"{B}x{L}", best, results)
         print(f"  -> rate vs bare conversion: {best['bare_convert'] / best['zb_int64']:.2f} (1 thread), "
               f"{best['bare_convert'] / best['zb_int64_2threads']:.2f} (2 threads)")
 
@@ -224,11 +225,8 @@ def main() -> None:
             "zb_int64_with_metadata": lambda: with_metadata(False),
             "zb_int64_with_metadata_decoded": lambda: with_metadata(True),
         }, args.repeat, args.batches)
-        print(f"random windows {B}x{L} (+1) with per-token metadata (6-byte records; "
-              f"{np.mean(distinct):.0f} distinct objects per batch), per batch:")
-        for name, t in best.items():
-            results[f"meta_{B}x{L}_{name}_us"] = t * 1e6
-            print(f"  {name:32s} {t * 1e6:9.1f} us")
+        report(f"random windows {B}x{L} (+1) with per-token metadata (6-byte records; "
+               f"{np.mean(distinct):.0f} distinct objects per batch), per batch:", f"meta_{B}x{L}", best, results, 32)
         print(f"  -> windows + metadata (ids numbered over the batch, blobs located, decoded on access): "
               f"{best['zb_int64_with_metadata'] / best['zb_int64']:.2f}x the cost of plain windows; "
               f"every object decoded from JSON: {best['zb_int64_with_metadata_decoded'] / best['zb_int64']:.2f}x")

@@ -128,8 +128,20 @@ cdef inline void _prefetch_window(const zb_ts_geometry *g, int64_t pos, int64_t 
     zb_ts_prefetch(g.bases[s] + (pos - g.cum[s]) * g.itemsize, min(length, g.cum[s + 1] - pos) * g.itemsize)
 
 
+cdef struct zb_ts_bounds:
+    # the document-boundary outputs of a batch (see zb_ts_boundaries), filled window by window
+    int64_t length             # tokens per window they cover (at most the window's length)
+    int64_t *pos64
+    int32_t *pos32
+    int32_t *seg
+    int32_t *cu
+    int64_t nseg
+    int64_t maxlen
+
+
 cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, int64_t length,
-                       int64_t *out64, int32_t *out32) noexcept nogil:
+                       int64_t *out64, int32_t *out32, int32_t *ids=NULL, zb_ts_distinct *d=NULL,
+                       zb_ts_bounds *bounds=NULL) noexcept nogil:
     cdef int status = ZB_OK
     cdef uint8_t *scratch = NULL
     if g.fds != NULL:
@@ -139,7 +151,7 @@ cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, 
             g.err_errno = 12   # ENOMEM
             g.err_shard = -1   # no shard: out of memory
             return ZB_E_IO
-    status = _ts_windows(g, starts, count, length, out64, out32, scratch, NULL, NULL)
+    status = _ts_windows(g, starts, count, length, out64, out32, scratch, ids, d, bounds)
     free(scratch)
     return status
 
@@ -245,17 +257,6 @@ cdef inline void _fill(int64_t *p64, int32_t *p32, int32_t *seg, int64_t at, int
                        int64_t segno) noexcept nogil:
     zb_ts_fill_segment(NULL if p64 == NULL else p64 + at, NULL if p32 == NULL else p32 + at,
                        NULL if seg == NULL else seg + at, n, <int32_t>segno)
-
-
-cdef struct zb_ts_bounds:
-    # the document-boundary outputs of a batch (see zb_ts_boundaries), filled window by window
-    int64_t length             # tokens per window they cover (at most the window's length)
-    int64_t *pos64
-    int32_t *pos32
-    int32_t *seg
-    int32_t *cu
-    int64_t nseg
-    int64_t maxlen
 
 
 cdef void _bounds_window(const zb_ts_geometry *g, zb_ts_bounds *b, int64_t w, int64_t pos) noexcept nogil:
@@ -652,7 +653,6 @@ cdef class WindowGather:
         cdef int64_t *p64 = NULL
         cdef int32_t *p32 = NULL
         cdef int32_t *p
-        cdef uint8_t *scratch = NULL
         cdef void *tp
         if tokens is not None:
             tp = _acquire_out(tokens, &tview, count * L, self.g.vocab, count * L, -1)
@@ -679,15 +679,7 @@ cdef class WindowGather:
                 raise MemoryError()
             if count and L:
                 with nogil:
-                    if g.fds != NULL:
-                        scratch = <uint8_t *>malloc(L * g.itemsize)
-                        if scratch == NULL:
-                            g.err_errno = 12
-                            g.err_shard = -1
-                            status = ZB_E_IO
-                    if status == ZB_OK:
-                        status = _ts_windows(&g, &st[0], count, L, p64, p32, scratch, p, &d)
-                    free(scratch)
+                    status = zb_ts_windows(&g, &st[0], count, L, p64, p32, p, &d)
             else:
                 for i in range(count):
                     if st[i] < 0 or st[i] > self.total:
@@ -912,7 +904,6 @@ cdef class WindowGather:
         cdef int32_t *t32 = NULL
         cdef zb_ts_geometry g = self.g
         cdef int status = ZB_OK
-        cdef uint8_t *scratch = NULL
         pp = _acquire(pos_ids, &pv, pdt, count, BL, "position_ids")
         try:
             if pv.itemsize == 8:
@@ -938,15 +929,7 @@ cdef class WindowGather:
                     zb_ts_boundaries(&g, &st[0], count, &b)
             else:
                 with nogil:
-                    if g.fds != NULL:
-                        scratch = <uint8_t *>malloc(L * g.itemsize)
-                        if scratch == NULL:
-                            g.err_errno = 12
-                            g.err_shard = -1
-                            status = ZB_E_IO
-                    if status == ZB_OK:
-                        status = _ts_windows(&g, &st[0], count, L, t64, t32, scratch, NULL, NULL, &b)
-                    free(scratch)
+                    status = zb_ts_windows(&g, &st[0], count, L, t64, t32, NULL, NULL, &b)
         finally:
             PyBuffer_Release(&pv)
             if have_s:
