@@ -386,7 +386,8 @@ class _Shard:
         return fd
 
     def fd(self, fname: str) -> int:
-        assert self.fd_cache is not None
+        if self.fd_cache is None:
+            raise ConfigError("this shard is read through mappings, not descriptors", path=self.path, field="backend")
         return self.fd_cache.get(self, fname)
 
     @staticmethod
@@ -658,16 +659,20 @@ class TokenStreamReader:
             touched = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist(),
                                                                                      strict=True)]))
             touched = touched[(touched >= 0) & (touched < len(self._shards))]
-        assert self._fd_cache is not None
-        if touched.size > self._fd_cache.limit:
+        cache = self._fd_cache
+        if cache is None:
+            return True
+        if touched.size > cache.limit:
             return False
-        self._fd_cache.pin(self._shards, touched)
+        cache.pin(self._shards, touched)
         return True
 
     def _ranges_piecewise(self, starts: list[int], stops: list[int], flat: np.ndarray) -> None:
         """pread backend, a batch over more shards than descriptors: each range is read one
         shard piece at a time."""
-        assert self._gather is not None
+        gather = self._gather
+        if gather is None:
+            raise IndexError("the dataset holds no tokens")
         at = 0
         for a, b in zip(starts, stops, strict=True):
             if a < 0 or b > self.num_tokens or b < a:
@@ -676,7 +681,7 @@ class TokenStreamReader:
                 k = int(np.searchsorted(self.cum_tokens, a, side="right")) - 1
                 e = min(b, int(self.cum_tokens[k + 1]))
                 self._pin(np.array([a]), np.array([e]))
-                self._gather.gather_ranges([a], [e], flat[at:at + e - a])
+                gather.gather_ranges([a], [e], flat[at:at + e - a])
                 at += e - a
                 a = e
 
