@@ -237,3 +237,35 @@ def test_a_pickled_reader_refuses_a_different_dataset(tmp_path):
     with pytest.raises(CorruptError) as info:
         pickle.loads(blob)
     assert info.value.field == "build_id"
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_threads_sharing_one_reader_read_what_one_thread_reads(tmp_path, backend):
+    # chunks are checked on first use and (pread) descriptors are evicted under the threads'
+    # feet: every thread still gets exactly the single-threaded result
+    import threading
+
+    folder = tmp_path / "d"
+    build(folder, n_docs=300, shard_tokens=400)
+    with TokenStreamReader(folder) as one:
+        batches = [np.random.default_rng(k).integers(0, one.num_tokens - 65, 16) for k in range(40)]
+        want = [one.windows(b, 65) for b in batches]
+        want_meta = [one.windows_metadata(b, 65).ids for b in batches]
+    with TokenStreamReader(folder, backend=backend, max_open_files=4 if backend == "pread" else None) as r:
+        errors = []
+
+        def work(k0: int) -> None:
+            try:
+                for i in range(k0, k0 + 120):
+                    j = i % len(batches)
+                    assert (r.windows(batches[j], 65) == want[j]).all()
+                    assert (r.windows_metadata(batches[j], 65).ids == want_meta[j]).all()
+            except BaseException as exc:       # reported by the main thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(k * 7,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors[0]

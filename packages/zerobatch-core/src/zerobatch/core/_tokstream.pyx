@@ -63,6 +63,7 @@ cdef extern from "_tokstream.h" nogil:
                              uint32_t *vmax)
 
 import os
+import threading
 
 import numpy as np
 
@@ -429,7 +430,7 @@ cdef class WindowGather:
     """
 
     cdef object _bases, _cum, paths, _docs, _doc_ptrs, _ndocs, _fds, _nmeta, _midx, _midx_ptrs
-    cdef object _okmaps, _ok_ptrs, _verifier
+    cdef object _okmaps, _ok_ptrs, _verifier, _vlock
     cdef const uint64_t[::1] okp
     cdef int chunk_shift
     cdef readonly int64_t pending
@@ -487,6 +488,7 @@ cdef class WindowGather:
             self._ok_ptrs = np.array([m.ctypes.data for m in self._okmaps], dtype=np.uint64)
             self.okp = self._ok_ptrs
             self._verifier = verifier
+            self._vlock = threading.Lock()
             self.pending = sum(int(n) for n in chunk_counts)
         self.g.nmeta = NULL
         if metadata_indexes is not None:
@@ -531,6 +533,14 @@ cdef class WindowGather:
         cdef int64_t miss[512]
         cdef int64_t n, k
         cdef uint8_t **ok = <uint8_t **>&self.okp[0]
+        # one thread at a time lists and checks chunks: another thread's gather waits here
+        # until the chunks it needs are checked, never reading one that is being checked
+        with self._vlock:
+            return self._verify_locked(starts, stops, count, length, ok, miss)
+
+    cdef int _verify_locked(self, const int64_t *starts, const int64_t *stops, int64_t count, int64_t length,
+                            uint8_t **ok, int64_t *miss) except -1:
+        cdef int64_t n, k
         while True:
             with nogil:
                 n = _ts_unverified(&self.g, ok, self.chunk_shift, starts, stops, count, length, miss, 256)

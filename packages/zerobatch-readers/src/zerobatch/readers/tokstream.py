@@ -27,6 +27,7 @@ import json
 import os
 import pickle
 import resource
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, overload
@@ -385,10 +386,13 @@ class _Shard:
         self._advise_random(fd)
         return fd
 
-    def fd(self, fname: str) -> int:
-        if self.fd_cache is None:
+    def _pread_cached(self, fname: str, size: int, offset: int) -> bytearray:
+        # the cache's descriptor, held (under its lock) until the read is done
+        cache = self.fd_cache
+        if cache is None:
             raise ConfigError("this shard is read through mappings, not descriptors", path=self.path, field="backend")
-        return self.fd_cache.get(self, fname)
+        with cache.lock:
+            return self._pread(cache.get(self, fname), size, offset, fname)
 
     @staticmethod
     def _advise_random(fd: int) -> None:
@@ -418,14 +422,14 @@ class _Shard:
         """Records ``[local, local + count)`` of ``tokens.bin`` (a view, or a fresh read)."""
         if self.records is not None:
             return self.records[local:local + count]
-        raw = self._pread(self.fd("tokens.bin"), count * self.dtype.itemsize, local * self.dtype.itemsize, "tokens.bin")
+        raw = self._pread_cached("tokens.bin", count * self.dtype.itemsize, local * self.dtype.itemsize)
         return np.frombuffer(raw, dtype=self.dtype)
 
     def read_metadata(self, start: int, stop: int) -> memoryview:
         """Bytes ``[start, stop)`` of ``metadata.bin`` (a view of the mapping, or one read)."""
         if self.backend == "mmap":
             return self.metadata_bin[start:stop]
-        return memoryview(self._pread(self.fd("metadata.bin"), stop - start, start, "metadata.bin"))
+        return memoryview(self._pread_cached("metadata.bin", stop - start, start))
 
     def read_blobs(self, ranges: list[tuple[int, int]]) -> list[memoryview]:
         """The ``[start, stop)`` ranges of ``metadata.bin`` (checked ones), read with one
@@ -470,6 +474,9 @@ class _FdCache:
         self.limit = limit
         self.table = table
         self.open: OrderedDict[tuple[int, str], int] = OrderedDict()
+        # held from pin to the end of the gather that uses the pinned descriptors, so that no
+        # other thread closes one (and the OS reuses its number) while a read is under way
+        self.lock = threading.RLock()
 
     def get(self, shard: _Shard, fname: str, keep: frozenset[int] = frozenset()) -> int:
         key = (shard.index, fname)
@@ -637,11 +644,13 @@ class TokenStreamReader:
             return out
         pool = shared_pool(self.num_threads - 1) if self.num_threads > 1 else None
         if self._fd_cache is not None:
-            starts = as_positions(starts, "starts")
-            if not self._pin(starts, starts + check_count(length, "length")):
-                for w, st in enumerate(starts.tolist()):     # more shards than descriptors
-                    self._ranges_piecewise([st], [st + length], out[w].reshape(-1))
-                return out
+            with self._fd_cache.lock:
+                starts = as_positions(starts, "starts")
+                if not self._pin(starts, starts + check_count(length, "length")):
+                    for w, st in enumerate(starts.tolist()):     # more shards than descriptors
+                        self._ranges_piecewise([st], [st + length], out[w].reshape(-1))
+                    return out
+                return self._gather.gather(starts, length, out, pool)
         return self._gather.gather(starts, length, out, pool)
 
     def _pin(self, starts: np.ndarray, stops: np.ndarray) -> bool:
@@ -752,16 +761,56 @@ class TokenStreamReader:
             empty = np.empty((0, 4), np.int64)
             return WindowMetadata(np.empty((0, check_count(length, "length")), np.int32),
                                   MetadataObjects(empty, self._shards, None, None), empty[:, :2])
+        blobs = None
         if self._fd_cache is not None:
-            starts = as_positions(starts, "starts")
-            if not self._pin(starts, starts + check_count(length, "length")):
-                raise LimitExceededError(f"windows_metadata: the batch touches more shards than max_open_files "
-                                         f"({self._fd_cache.limit}); use smaller batches or a higher limit",
-                                         field="max_open_files")
-        ids, table = self._gather.metadata_ids(starts, length, ids, out)
-        blobs = None if self._fd_cache is None else self._read_blobs(table)
+            with self._fd_cache.lock:
+                starts = as_positions(starts, "starts")
+                if self._pin(starts, starts + check_count(length, "length")):
+                    ids, table = self._gather.metadata_ids(starts, length, ids, out)
+                else:
+                    ids, table = self._metadata_in_groups(starts, length, ids, out)
+                blobs = self._read_blobs(table)
+        else:
+            ids, table = self._gather.metadata_ids(starts, length, ids, out)
         return WindowMetadata(ids, MetadataObjects(table, self._shards, blobs, self._decode if decode else None),
                               table[:, :2])
+
+    def _metadata_in_groups(self, starts: np.ndarray, length: int, ids: np.ndarray | None,
+                            out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """pread backend, a batch over more shards than descriptors: runs of consecutive
+        windows whose shards fit are numbered one run at a time, then renumbered over the
+        batch (order of first appearance kept)."""
+        gather = self._gather
+        if gather is None:
+            raise IndexError("the dataset holds no tokens")
+        n = starts.size
+        res = np.empty((n, length), np.int32) if ids is None else ids
+        if out is not None and (not isinstance(out, np.ndarray) or out.shape != (n, length)):
+            raise ConfigError(f"out must be a C-contiguous int64 or int32 array of shape ({n}, {length})", field="out")
+        numbers: dict[tuple[int, int], int] = {}
+        rows: list[list[int]] = []
+        a = 0
+        while a < n:
+            b = a + 1
+            if not self._pin(starts[a:b], starts[a:b] + length):
+                raise LimitExceededError(f"windows_metadata: one window touches more shards than max_open_files "
+                                         f"({self._fd_cache.limit if self._fd_cache else 0})", field="max_open_files")
+            while b < n and self._pin(starts[a:b + 1], starts[a:b + 1] + length):
+                b += 1
+            self._pin(starts[a:b], starts[a:b] + length)
+            part_ids, part = gather.metadata_ids(starts[a:b], length, res[a:b],
+                                                        None if out is None else out[a:b])
+            remap = np.empty(len(part), np.int32)
+            for k, row in enumerate(part.tolist()):
+                key = (row[0], row[1])
+                if key not in numbers:
+                    numbers[key] = len(numbers)
+                    rows.append(row)
+                remap[k] = numbers[key]
+            if len(part):
+                part_ids[...] = np.where(part_ids >= 0, remap[np.maximum(part_ids, 0)], -1)
+            a = b
+        return res, np.array(rows, dtype=np.int64).reshape(-1, 4)
 
     def _read_blobs(self, table: np.ndarray) -> list[memoryview]:
         """pread backend: the blobs of ``table``, read now (one read per shard where they lie
@@ -813,13 +862,17 @@ class TokenStreamReader:
         if self._gather is None:
             raise IndexError("the dataset holds no tokens")
         if self._fd_cache is not None:
-            starts = as_positions(starts, "starts")
-            if not self._pin(starts, starts + check_count(length, "length")):
-                self.windows(starts, length, out=out)
-                bl = length - 1 if boundaries_length is None else boundaries_length
-                return (out, *self.boundaries(starts, bl, position_ids=position_ids, segment_ids=segment_ids,
-                                              cu_seqlens=cu_seqlens, position_dtype=position_dtype,
-                                              segments=segments))
+            with self._fd_cache.lock:
+                starts = as_positions(starts, "starts")
+                if not self._pin(starts, starts + check_count(length, "length")):
+                    self.windows(starts, length, out=out)
+                    bl = length - 1 if boundaries_length is None else boundaries_length
+                    return (out, *self.boundaries(starts, bl, position_ids=position_ids, segment_ids=segment_ids,
+                                                  cu_seqlens=cu_seqlens, position_dtype=position_dtype,
+                                                  segments=segments))
+                return self._gather.gather_with_boundaries(starts, length, out, boundaries_length, position_ids,
+                                                           segment_ids, cu_seqlens, position_dtype=position_dtype,
+                                                           segments=segments)
         return self._gather.gather_with_boundaries(starts, length, out, boundaries_length, position_ids,
                                                    segment_ids, cu_seqlens, position_dtype=position_dtype,
                                                    segments=segments)
@@ -919,8 +972,12 @@ class TokenStreamReader:
         lengths = stops - starts
         flat = np.empty(int(lengths.sum()), dtype=dt)
         if self._gather is not None and flat.size:
-            if self._fd_cache is not None and not self._pin(starts, stops):
-                self._ranges_piecewise(starts.tolist(), stops.tolist(), flat)
+            if self._fd_cache is not None:
+                with self._fd_cache.lock:
+                    if self._pin(starts, stops):
+                        self._gather.gather_ranges(starts, stops, flat)
+                    else:
+                        self._ranges_piecewise(starts.tolist(), stops.tolist(), flat)
             else:
                 self._gather.gather_ranges(starts, stops, flat)
         if pad_to is None:
