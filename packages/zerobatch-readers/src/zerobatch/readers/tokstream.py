@@ -7,9 +7,14 @@ whose size disagrees with the manifest, a file from another build (its trailer's
 a document index that does not start at 0, end at the token count or increase, and a
 metadata index that does not start at 0 or end at the size of ``metadata.bin``. Files are
 mapped read-only with mappings that hold no descriptor (a dataset of thousands of shards
-costs no file descriptors with the mmap backend; the pread backend keeps two per shard);
+costs no file descriptors with the mmap backend; the pread backend keeps at most
+``max_open_files`` open, least recently used closed first);
 windows are gathered by a compiled kernel with the GIL released, which also refuses token
 ids at or above the vocabulary on first use.
+
+One reader may be shared by threads: results are those of one thread (chunks are checked by
+one thread at a time; pread descriptors stay open until the read that pinned them is done).
+It pickles as its folder and options, and works in forked, forkserver and spawned workers.
 
 Checksums (``verify=True``, the default): each shard's ``checksums.bin`` holds the XXH3
 digest of every 16 MiB chunk of its data files. The index files are checked in full at open
