@@ -482,6 +482,9 @@ class _FdCache:
         # held from pin to the end of the gather that uses the pinned descriptors, so that no
         # other thread closes one (and the OS reuses its number) while a read is under way
         self.lock = threading.RLock()
+        # every data file of the dataset fits under the limit: once all token files are open
+        # nothing is ever closed, and batches skip the pinning
+        self.all_open = False
 
     def get(self, shard: _Shard, fname: str, keep: frozenset[int] = frozenset()) -> int:
         key = (shard.index, fname)
@@ -661,7 +664,12 @@ class TokenStreamReader:
     def _pin(self, starts: np.ndarray, stops: np.ndarray) -> bool:
         """pread backend: open the token files of the shards ``[starts, stops)`` touch;
         False when they are more than the descriptor limit (then nothing is pinned)."""
-        if starts.size == 0:
+        cache = self._fd_cache
+        if starts.size == 0 or cache is None or cache.all_open:
+            return True
+        if len(self._shards) * (2 if self.manifest.metadata else 1) <= cache.limit:
+            cache.pin(self._shards, np.arange(len(self._shards)))
+            cache.all_open = True
             return True
         first = np.searchsorted(self.cum_tokens, np.clip(starts, 0, self.num_tokens), side="right") - 1
         last = np.searchsorted(self.cum_tokens, np.clip(np.maximum(stops - 1, starts), 0, self.num_tokens),
@@ -673,9 +681,6 @@ class TokenStreamReader:
             touched = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist(),
                                                                                      strict=True)]))
             touched = touched[(touched >= 0) & (touched < len(self._shards))]
-        cache = self._fd_cache
-        if cache is None:
-            return True
         if touched.size > cache.limit:
             return False
         cache.pin(self._shards, touched)
