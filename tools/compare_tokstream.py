@@ -13,8 +13,8 @@ times, interleaved, the fastest of ``--repeat`` rounds of ``--batches`` batches 
    cache-resident array into a preallocated one, so that no allocation is timed): the floor
    any copy-out has to pay;
 4. windows plus their document-boundary outputs (``boundaries`` after ``windows``, and
-   ``windows_with_boundaries`` in one pass; full, and lean with ``int32`` positions and no
-   segment ids), and the mmap and pread backends side by side;
+   ``windows_with_boundaries`` in one pass; full, lean with ``int32`` positions and no
+   segment ids, and ``cu_seqlens`` alone), and the mmap and pread backends side by side;
 5. on a second dataset with per-token metadata (document-level objects and span-level
    concepts, 6-byte records): plain windows, windows with their metadata in one pass
    (``windows_metadata(..., out=)``: tokens, per-token ids numbered over the batch, and the
@@ -151,6 +151,11 @@ def main() -> None:
                     r1.windows_with_boundaries(st, L + 1, out=out64, position_ids=pos32_buf, cu_seqlens=cu_buf,
                                                segments=False)
 
+            def zb_fused_cu(starts=starts, L=L, cu_buf=cu_buf, out64=out64) -> None:
+                for st in starts:
+                    r1.windows_with_boundaries(st, L + 1, out=out64, cu_seqlens=cu_buf, position_dtype=None,
+                                               segments=False)
+
             def naive(starts=starts, L=L) -> None:
                 for st in starts:
                     xs = [torch.from_numpy(mm[s:s + L].astype(np.int64)) for s in st]
@@ -172,6 +177,7 @@ def main() -> None:
                 "zb_int64_with_lean_boundaries": zb_bounds_lean,
                 "zb_int64_fused_boundaries": zb_fused,
                 "zb_int64_fused_lean_boundaries": zb_fused_lean,
+                "zb_int64_fused_cu_seqlens_only": zb_fused_cu,
                 "naive_memmap_stack": naive,
                 "bare_convert": bare,
             }
@@ -186,7 +192,8 @@ def main() -> None:
                   f"the cost of plain windows (int64 positions + segment ids + cu_seqlens), "
                   f"{best['zb_int64_with_lean_boundaries'] / best['zb_int64']:.2f}x (int32 positions + cu_seqlens); "
                   f"one pass (windows_with_boundaries): {best['zb_int64_fused_boundaries'] / best['zb_int64']:.2f}x, "
-                  f"{best['zb_int64_fused_lean_boundaries'] / best['zb_int64']:.2f}x")
+                  f"{best['zb_int64_fused_lean_boundaries'] / best['zb_int64']:.2f}x; cu_seqlens + max_seqlen only: "
+                  f"{best['zb_int64_fused_cu_seqlens_only'] / best['zb_int64']:.2f}x")
         # large batches: the reader splits them over its threads
         B, L, nb = 256, 2048, max(args.batches // 10, 4)
         starts = [rng.integers(0, r1.num_tokens - L - 1, B) for _ in range(nb)]

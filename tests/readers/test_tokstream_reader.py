@@ -644,14 +644,17 @@ def test_windows_with_boundaries_in_one_pass_match_the_twin(tmp_path, backend):
         rng = np.random.default_rng(8)
         for length, bl in ((2, None), (65, None), (65, 65), (513, 100)):
             starts = np.concatenate([rng.integers(0, r.num_tokens - length + 1, 30), [0, r.num_tokens - length]])
-            for dt, pdt, segs in ((np.int64, np.int64, True), (np.int32, np.int32, False)):
+            for dt, pdt, segs in ((np.int64, np.int64, True), (np.int32, np.int32, False), (np.int64, None, False)):
                 got = r.windows_with_boundaries(starts, length, dtype=dt, boundaries_length=bl, position_dtype=pdt,
                                                 segments=segs)
                 want = twin.gather_with_boundaries(starts, length, np.empty((starts.size, length), dt), bl,
                                                    position_dtype=pdt, segments=segs)
-                assert got[0].dtype == dt and got[1].dtype == pdt
+                assert got[0].dtype == dt and (got[1] is None if pdt is None else got[1].dtype == pdt)
                 for g, w in zip(got, want, strict=True):
                     assert (g is None and w is None) or (np.asarray(g) == np.asarray(w)).all()
+            # boundaries alone, cu_seqlens and max_seqlen only
+            pos, seg, cu, mx = r.boundaries(starts, bl or length - 1, position_dtype=None, segments=False)
+            assert pos is None and seg is None and (cu == want[3]).all() and mx == want[4]
         with pytest.raises(ConfigError):
             r.windows_with_boundaries([0], 10, boundaries_length=11)
         with pytest.raises(IndexError):

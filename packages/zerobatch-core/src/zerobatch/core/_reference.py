@@ -894,6 +894,8 @@ class WindowGather:
                 buf.reshape(-1)[:] = val.reshape(-1)
         if cu_seqlens is not None:
             cu_seqlens.reshape(-1)[:cu_arr.size] = cu_arr
+        if position_ids is None and position_dtype is None:
+            return None, seg_ids if segments else None, cu_arr, maxlen
         pdt = position_ids.dtype if position_ids is not None else np.dtype(position_dtype)
         return pos_ids.astype(pdt), seg_ids if segments else None, cu_arr, maxlen
 

@@ -43,12 +43,28 @@ static inline void zb_ts_prefetchw(const void *p, int64_t nbytes) {
  * and a constant segment number (seg may be NULL). */
 ZB_TS_CLONES static void zb_ts_fill_segment(int64_t *restrict p64, int32_t *restrict p32, int32_t *restrict seg,
                                              int64_t n, int32_t segno) {
-    if (p64 != NULL)
-        for (int64_t k = 0; k < n; k++) p64[k] = k;
-    else if (p32 != NULL)
-        for (int64_t k = 0; k < n; k++) p32[k] = (int32_t)k;
-    if (seg != NULL)
-        for (int64_t k = 0; k < n; k++) seg[k] = segno;
+    if (seg == NULL) {
+        /* one output stream: the hardware keeps up with it */
+        if (p64 != NULL)
+            for (int64_t k = 0; k < n; k++) p64[k] = k;
+        else if (p32 != NULL)
+            for (int64_t k = 0; k < n; k++) p32[k] = (int32_t)k;
+        return;
+    }
+    /* positions and segment ids: two more streams beside the tokens; their lines are asked
+     * for ahead, block by block (full outputs 2.45x -> 2.2x plain windows on 32 x 513) */
+    for (int64_t b = 0; b < n; b += ZB_TS_BLOCK) {
+        int64_t e = b + ZB_TS_BLOCK < n ? b + ZB_TS_BLOCK : n;
+        if (p64 != NULL) {
+            zb_ts_prefetchw(p64 + e, ZB_TS_BLOCK * 8);
+            for (int64_t k = b; k < e; k++) p64[k] = k;
+        } else if (p32 != NULL) {
+            zb_ts_prefetchw(p32 + e, ZB_TS_BLOCK * 4);
+            for (int64_t k = b; k < e; k++) p32[k] = (int32_t)k;
+        }
+        zb_ts_prefetchw(seg + e, ZB_TS_BLOCK * 4);
+        for (int64_t k = b; k < e; k++) seg[k] = segno;
+    }
 }
 
 /* Strided loads through these types may alias the records' bytes. */

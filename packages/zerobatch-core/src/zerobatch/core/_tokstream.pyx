@@ -824,13 +824,15 @@ cdef class WindowGather:
             position_ids, segment_ids, cu_seqlens: optional caller buffers (C-contiguous
                 ``(B, L)`` ``int64`` or ``int32``; ``int32 (B, L)``; ``int32 (B * L + 1,)``),
                 reused from batch to batch instead of allocating.
-            position_dtype: ``int64`` (default) or ``int32`` when no buffer is given.
+            position_dtype: ``int64`` (default) or ``int32`` when no buffer is given; ``None``
+                for no position ids (``cu_seqlens`` and ``max_seqlen`` alone are what
+                variable-length attention kernels take; positions follow from them).
             segments: also fill segment ids (``False`` skips them: the outputs are
                 store-bandwidth bound, and ``cu_seqlens`` carries the same information).
 
         Returns:
             ``(position_ids, segment_ids, cu_seqlens, max_seqlen)``: positions restarting at
-            0 at each segment start; ``int32`` segment numbers within each window (``None``
+            0 at each segment start (``None`` with ``position_dtype=None``); ``int32`` segment numbers within each window (``None``
             without ``segments``); ``int32`` cumulative segment starts over the flattened
             batch, ending with ``B * L`` (as variable-length attention kernels take them);
             the longest segment.
@@ -892,13 +894,18 @@ cdef class WindowGather:
                 raise IndexError(f"a window of {L} tokens falls outside [0, {self.total})")
         if out is not None and count and self.pending:
             self._verify(&st[0], NULL, count, L)
+        pdt = None
         if type(position_ids) is np.ndarray:
             pdt = position_ids.dtype
-        else:
+        elif position_dtype is not None:
             pdt = position_dtype if type(position_dtype) is np.dtype else np.dtype(position_dtype)
-        if pdt is not _INT64 and pdt is not _INT32:
+        elif position_ids is not None:
+            raise ConfigError("position_ids must be a NumPy array", field="position_ids")
+        if pdt is not None and pdt is not _INT64 and pdt is not _INT32:
             raise ConfigError(f"position_ids must be int64 or int32, got {pdt}", field="position_ids")
-        pos_ids = np.empty((count, BL), pdt) if position_ids is None else position_ids
+        pos_ids = None
+        if pdt is not None:
+            pos_ids = np.empty((count, BL), pdt) if position_ids is None else position_ids
         seg_ids = None
         if segments:
             seg_ids = np.empty((count, BL), _INT32) if segment_ids is None else segment_ids
@@ -907,19 +914,21 @@ cdef class WindowGather:
         memset(&b, 0, sizeof(b))
         b.length = BL
         cdef Py_buffer pv, sv, cv, tv
-        cdef bint have_s = False, have_c = False, have_t = False
+        cdef bint have_p = False, have_s = False, have_c = False, have_t = False
         cdef void *pp
         cdef void *tp
         cdef int64_t *t64 = NULL
         cdef int32_t *t32 = NULL
         cdef zb_ts_geometry g = self.g
         cdef int status = ZB_OK
-        pp = _acquire(pos_ids, &pv, pdt, count, BL, "position_ids")
         try:
-            if pv.itemsize == 8:
-                b.pos64 = <int64_t *>pp
-            else:
-                b.pos32 = <int32_t *>pp
+            if pos_ids is not None:
+                pp = _acquire(pos_ids, &pv, pdt, count, BL, "position_ids")
+                have_p = True
+                if pv.itemsize == 8:
+                    b.pos64 = <int64_t *>pp
+                else:
+                    b.pos32 = <int32_t *>pp
             if seg_ids is not None:
                 b.seg = <int32_t *>_acquire(seg_ids, &sv, _INT32, count, BL, "segment_ids")
                 have_s = True
@@ -941,7 +950,8 @@ cdef class WindowGather:
                 with nogil:
                     status = zb_ts_windows(&g, &st[0], count, L, t64, t32, NULL, NULL, &b)
         finally:
-            PyBuffer_Release(&pv)
+            if have_p:
+                PyBuffer_Release(&pv)
             if have_s:
                 PyBuffer_Release(&sv)
             if have_c:

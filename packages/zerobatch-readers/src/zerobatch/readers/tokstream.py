@@ -707,7 +707,7 @@ class TokenStreamReader:
     def boundaries(self, starts: Any, length: int, *, position_ids: np.ndarray | None = None,
                    segment_ids: np.ndarray | None = None, cu_seqlens: np.ndarray | None = None,
                    position_dtype: Any = np.int64,
-                   segments: bool = True) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, int]:
+                   segments: bool = True) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray, int]:
         """Document boundaries inside the windows ``[start, start + length)``, compiled.
 
         Each window is cut into segments at every document start inside it. Returns
@@ -717,7 +717,8 @@ class TokenStreamReader:
         (the ``cu_seqlens`` of variable-length attention kernels), and the longest segment.
         For next-token pairs, pass the same ``length`` as the inputs (``seq_len``). The three
         arrays may be caller buffers reused from batch to batch; ``position_dtype=np.int32``
-        and ``segments=False`` halve the bytes written (see
+        and ``segments=False`` halve the bytes written, and ``position_dtype=None`` leaves
+        only ``cu_seqlens`` and ``max_seqlen`` (see
         :meth:`zerobatch.core.WindowGather.boundaries`).
 
         Raises:
@@ -843,7 +844,7 @@ class TokenStreamReader:
                                 dtype: Any = np.int64, boundaries_length: int | None = None,
                                 position_ids: np.ndarray | None = None, segment_ids: np.ndarray | None = None,
                                 cu_seqlens: np.ndarray | None = None, position_dtype: Any = np.int64,
-                                segments: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None,
+                                segments: bool = True) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None,
                                                                 np.ndarray, int]:
         """:meth:`windows` and :meth:`boundaries` in one compiled pass: each window's
         boundary outputs are written right after its tokens, while the next windows' loads
