@@ -22,8 +22,10 @@ build is refused at open after one small read. All integers are little-endian.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 from zerobatch.formats._json import loads_strict
@@ -53,6 +55,7 @@ __all__ = [
     "chunk_digest_ranges",
     "data_files",
     "num_chunks",
+    "build_id_material",
     "parse_manifest",
     "parse_shard_manifest",
     "record_dtype_descr",
@@ -207,6 +210,16 @@ class DatasetManifest:
             "num_documents": self.num_documents,
             "shards": [s.to_dict() for s in self.shards],
         }
+
+
+def build_id_material(options: dict[str, Any], shards: Sequence[ShardEntry]) -> tuple[bytes, bytes]:
+    """What a dataset's ``build_id`` hashes: its 32 hex digits are XXH3-64 of the first value
+    (the shards' build ids, back to back) then XXH3-64 of the second (the canonical JSON of
+    the dataset options and every shard entry). Every field of ``manifest.json`` that reads
+    depend on is thus covered, and a reader recomputes it at open."""
+    ids = b"".join(bytes.fromhex(e.build_id) for e in shards)
+    record = {"options": {k: options[k] for k in sorted(options)}, "shards": [e.to_dict() for e in shards]}
+    return ids, json.dumps(record, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
 def _load_json(raw: bytes, path: Any) -> dict[str, Any]:

@@ -573,6 +573,10 @@ class TokenStreamReader:
             os.close(fd)
         self.manifest = T.parse_manifest(raw, path=path)
         m = self.manifest
+        ids, record = T.build_id_material(m.options(), m.shards)
+        if f"{xxh3_64(ids):016x}{xxh3_64(record):016x}" != m.build_id:
+            raise CorruptError("build_id: the manifest does not hash to its build id (a field was changed after "
+                               "assemble)", path=path, field="build_id")
         self.vocab_size = m.vocab_size
         self.token_dtype = np.dtype(m.token_dtype)
         self.itemsize = T.record_itemsize(m.token_dtype, m.metadata)

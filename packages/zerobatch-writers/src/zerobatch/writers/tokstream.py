@@ -350,8 +350,8 @@ def assemble(folder: str | os.PathLike[str], shards: Iterable[str] | None = None
             raise FormatError(f"{diff[0]}: shard {name!r} has {opts[diff[0]]!r} but the dataset has "
                               f"{options[diff[0]]!r}", path=path, field=diff[0])
         entries.append(entry)
-    digest = xxh3_64(b"".join(bytes.fromhex(e.build_id) for e in entries))
-    build_id = f"{digest:016x}{xxh3_64(json.dumps([e.to_dict() for e in entries]).encode()):016x}"
+    ids, record = T.build_id_material(options, entries)
+    build_id = f"{xxh3_64(ids):016x}{xxh3_64(record):016x}"
     manifest = T.DatasetManifest(shards=tuple(entries), build_id=build_id, **options)
     with AtomicFile(os.path.join(folder, T.MANIFEST_NAME)) as f:
         f.write(json.dumps(manifest.to_dict(), indent=1).encode("utf-8"))
