@@ -56,33 +56,41 @@ def flip(path, byte, bit):
         f.write(bytes([b ^ (1 << bit)]))
 
 
+def flip_harness(name, folder, places, pristine) -> dict[str, int]:
+    """Flip each ``(path, byte, bit)`` in turn, read everything, flip it back: every case must
+    end in a typed error or the pristine output. Prints the harness's summary line."""
+    counts = {"cases": 0, "typed": 0, "identical": 0}
+    for path, byte, bit in places:
+        flip(path, byte, bit)
+        counts["cases"] += 1
+        try:
+            got = read_everything(folder)
+        except ZerobatchError:
+            counts["typed"] += 1
+        else:
+            assert got == pristine, f"silently wrong output after flipping bit {bit} of byte {byte} of {path.name}"
+            counts["identical"] += 1
+        flip(path, byte, bit)
+    print(f"{name}: {counts['cases']} cases, {counts['typed']} typed errors, {counts['identical']} identical, "
+          f"0 crashes, 0 silently wrong")
+    assert read_everything(folder) == pristine
+    return counts
+
+
 def test_every_single_bit_flip_is_refused_or_harmless(tmp_path):
     folder = tmp_path / "d"
     build(folder)
     pristine = read_everything(folder)
     rng = np.random.default_rng(1)
-    counts = {"cases": 0, "typed": 0, "identical": 0}
+    places = []
     for path in shard_paths(folder):
         size = path.stat().st_size
         # every byte of the trailer, both ends of the payload, and random places in between
-        places = [(b, int(rng.integers(8))) for b in range(size - T.TRAILER_SIZE, size)]
-        places += [(0, 0), (size - T.TRAILER_SIZE - 1, 7)]
-        places += [(int(b), int(rng.integers(8))) for b in rng.integers(0, size, 48)]
-        for byte, bit in places:
-            flip(path, byte, bit)
-            counts["cases"] += 1
-            try:
-                got = read_everything(folder)
-            except ZerobatchError:
-                counts["typed"] += 1
-            else:
-                assert got == pristine, f"silently wrong output after flipping bit {bit} of byte {byte} of {path.name}"
-                counts["identical"] += 1
-            flip(path, byte, bit)
-    print(f"bit-flip harness: {counts['cases']} cases, {counts['typed']} typed errors, "
-          f"{counts['identical']} identical, 0 crashes, 0 silently wrong")
+        places += [(path, b, int(rng.integers(8))) for b in range(size - T.TRAILER_SIZE, size)]
+        places += [(path, 0, 0), (path, size - T.TRAILER_SIZE - 1, 7)]
+        places += [(path, int(b), int(rng.integers(8))) for b in rng.integers(0, size, 48)]
+    counts = flip_harness("bit-flip harness", folder, places, pristine)
     assert counts["typed"] >= counts["cases"] - 5
-    assert read_everything(folder) == pristine
 
 
 def test_verify_reports_every_damaged_chunk(tmp_path):
@@ -278,22 +286,8 @@ def test_every_single_bit_flip_in_the_manifest_is_refused_or_harmless(tmp_path):
     pristine = read_everything(folder)
     path = folder / T.MANIFEST_NAME
     good = path.read_bytes()
-    counts = {"cases": 0, "typed": 0, "identical": 0}
-    for byte in range(len(good)):
-        bad = bytearray(good)
-        bad[byte] ^= 1 << (byte % 8)
-        path.write_bytes(bytes(bad))
-        counts["cases"] += 1
-        try:
-            got = read_everything(folder)
-        except ZerobatchError:
-            counts["typed"] += 1
-        else:
-            assert got == pristine, f"silently wrong output after flipping byte {byte} of the manifest"
-            counts["identical"] += 1
-    path.write_bytes(good)
-    print(f"manifest bit-flip harness: {counts['cases']} cases, {counts['typed']} typed errors, "
-          f"{counts['identical']} identical, 0 crashes, 0 silently wrong")
+    counts = flip_harness("manifest bit-flip harness", folder,
+                          [(path, byte, byte % 8) for byte in range(len(good))], pristine)
     assert counts["typed"] >= counts["cases"] * 0.9
     # a field only recorded (the end-of-document token) is covered too
     import json
