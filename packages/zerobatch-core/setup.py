@@ -14,7 +14,9 @@ from setuptools import Extension, setup
 DEBUG = os.environ.get("ZEROBATCH_CYTHON_DEBUG") == "1"
 SRC = "src/zerobatch/core"
 
-KERNELS = ["_hash", "_header", "_pool", "_gather", "_offsets", "_feistel", "_tokstream", "_mapping"]
+KERNELS = ["_hash", "_header", "_pool", "_gather", "_offsets", "_feistel", "_tokstream", "_mapping", "_zrecord"]
+#: System libraries a kernel links (zlib: the raw deflate of ZRECORD's flate records).
+LIBRARIES = {"_zrecord": ["z"]}
 
 DIRECTIVES = {
     "language_level": 3,
@@ -34,6 +36,7 @@ extensions = [
         [f"{SRC}/{name}.pyx"],
         include_dirs=[SRC],
         extra_compile_args=COMPILE_ARGS,
+        libraries=LIBRARIES.get(name, []),
     )
     for name in KERNELS
 ]

@@ -1,0 +1,191 @@
+/* ZRECORD gather kernels: seqlocked offset-table snapshots, record checks, copies and inflate.
+ *
+ * Everything here runs without the GIL and touches no Python object. Status codes are those
+ * of _status.pxd, plus four internal ones the Python wrapper acts on and retries
+ * (ZR_RETRY, ZR_STALE, ZR_NEED_TABLE, ZR_NEED_CHUNK); they never reach a caller.
+ */
+#ifndef ZB_ZRECORD_H
+#define ZB_ZRECORD_H
+
+#include <stdint.h>
+#include <string.h>
+#include <zlib.h>
+
+#define ZR_OK 0
+#define ZR_E_TRUNCATED 1
+#define ZR_E_MAGIC 2
+#define ZR_E_FIELD 6
+#define ZR_E_LIMIT 7
+#define ZR_E_OVERFLOW 8
+#define ZR_E_CHECKSUM 11
+#define ZR_E_INDEX 13
+#define ZR_E_IO 15
+#define ZR_RETRY 100      /* the commit file changed while the entries were copied */
+#define ZR_STALE 101      /* a rebalance replaced the tables this reader mapped */
+#define ZR_NEED_TABLE 102 /* an offset table is mapped shorter than the committed length */
+#define ZR_NEED_CHUNK 103 /* a chunk is not mapped, or mapped shorter than an entry needs */
+
+#define ZR_HEADER 16
+#define ZR_MAGIC 0x5A
+
+/* One offset-table entry as stored (16 bytes, little-endian, unaligned in the table). */
+typedef struct __attribute__((packed)) {
+    uint32_t chunk;
+    uint64_t offset;
+    uint32_t length;
+} zr_entry;
+
+static inline uint64_t zr_ld64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline uint32_t zr_ld32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint16_t zr_ld16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* The commit file: seq at 16, flags at 12, length at 24, num_chunks at 32, epoch at 48. */
+static inline uint64_t zr_seq(const uint8_t *commit) {
+    return __atomic_load_n((const uint64_t *)(commit + 16), __ATOMIC_ACQUIRE);
+}
+
+/* Copy the entries of `nf` fields for `n` indices under the commit file's seqlock.
+ * pre:  tables[k] maps table_entries[k] entries of field k; idx has n values (negative
+ *       ones count from the end); out has room for n * nf entries.
+ * post: ZR_OK with out[i * nf + k] the entry of index idx[i] in field k, *length and
+ *       *num_chunks the committed values they belong to; ZR_RETRY (seq odd or changed:
+ *       call again), ZR_STALE (epoch differs from `epoch` or superseded), ZR_NEED_TABLE
+ *       (*bad = field), ZR_E_INDEX (*bad = position in idx). */
+static int zr_snapshot(const uint8_t *commit, uint64_t epoch, const uint8_t *const *tables,
+                       const uint64_t *table_entries, int64_t nf, const int64_t *idx, int64_t n,
+                       zr_entry *out, uint64_t *length, uint64_t *num_chunks, int64_t *bad) {
+    uint64_t s1 = zr_seq(commit);
+    if (s1 & 1) return ZR_RETRY;
+    uint32_t flags = __atomic_load_n((const uint32_t *)(commit + 12), __ATOMIC_ACQUIRE);
+    uint64_t len = __atomic_load_n((const uint64_t *)(commit + 24), __ATOMIC_ACQUIRE);
+    uint64_t nch = __atomic_load_n((const uint64_t *)(commit + 32), __ATOMIC_ACQUIRE);
+    uint64_t ep = __atomic_load_n((const uint64_t *)(commit + 48), __ATOMIC_ACQUIRE);
+    int status = ZR_OK;
+    if ((flags & 1) || ep != epoch) return ZR_STALE;
+    for (int64_t k = 0; k < nf; k++)
+        if (len > table_entries[k]) { *bad = k; status = ZR_NEED_TABLE; goto check; }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t j = idx[i];
+        if (j < 0) j += (int64_t)len;
+        if (j < 0 || (uint64_t)j >= len) { *bad = i; status = ZR_E_INDEX; goto check; }
+        for (int64_t k = 0; k < nf; k++)
+            memcpy(&out[i * nf + k], tables[k] + (uint64_t)j * 16u, 16);
+    }
+check:
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (zr_seq(commit) != s1) return ZR_RETRY;
+    *length = len;
+    *num_chunks = nch;
+    return status;
+}
+
+/* Where the chunks are mapped. base[c] NULL: not mapped. */
+typedef struct {
+    const uint8_t *const *base;
+    const uint64_t *size;
+    uint64_t mapped;      /* entries of base / size */
+    uint64_t committed;   /* chunks that exist in the committed state */
+} zr_chunkmap;
+
+/* One task: check (and copy or inflate) `count` records of one field. */
+typedef struct {
+    const zr_chunkmap *cm;
+    const zr_entry *entries;   /* entry of record i at entries[i * stride] */
+    int64_t stride;
+    int64_t count;
+    uint32_t field_no;
+    uint32_t codec;            /* 0 raw, 1 flate */
+    int verify;
+    uint64_t fixed_len;        /* bytes of a fixed-shape record, 0 variable */
+    uint64_t max_len;          /* largest logical length accepted */
+    uint64_t (*hash)(const uint8_t *, uint64_t);
+    /* outputs of the check */
+    uint64_t *payload;         /* chunk offset of the payload, per record */
+    int64_t *lens;             /* logical length, -1 for an absent record */
+    /* the fill: out + i * fixed_len (fixed) or out + out_off[i] (variable), NULL: no fill */
+    uint8_t *out;
+    const uint64_t *out_off;
+    int fill_only;             /* the check ran already: only inflate */
+    /* result */
+    int status;
+    int64_t bad;               /* position of the failing record */
+    uint64_t need_chunk;
+} zr_job;
+
+static int zr_inflate(z_stream *zs, int *zs_ready, const uint8_t *src, uint64_t n, uint8_t *dst,
+                      uint64_t m) {
+    if (!*zs_ready) {
+        memset(zs, 0, sizeof(*zs));
+        if (inflateInit2(zs, -15) != Z_OK) return ZR_E_IO;
+        *zs_ready = 1;
+    } else if (inflateReset(zs) != Z_OK) {
+        return ZR_E_IO;
+    }
+    zs->next_in = (Bytef *)src;
+    zs->avail_in = (uInt)n;
+    zs->next_out = dst;
+    zs->avail_out = (uInt)m;
+    int r = inflate(zs, Z_FINISH);
+    if (r != Z_STREAM_END || zs->avail_out != 0 || zs->avail_in != 0) return ZR_E_FIELD;
+    return ZR_OK;
+}
+
+static int zr_job_run(zr_job *j) {
+    const zr_chunkmap *cm = j->cm;
+    z_stream zs;
+    int zs_ready = 0;
+    int status = ZR_OK;
+    for (int64_t i = 0; i < j->count; i++) {
+        const zr_entry *e = &j->entries[i * j->stride];
+        uint8_t *dst = NULL;
+        if (j->out != NULL)
+            dst = j->fixed_len ? j->out + (uint64_t)i * j->fixed_len : j->out + j->out_off[i];
+        if (j->fill_only) {
+            if (j->lens[i] <= 0 || j->codec == 0) continue;
+            const uint8_t *p = cm->base[e->chunk] + j->payload[i];
+            status = zr_inflate(&zs, &zs_ready, p, e->length - ZR_HEADER, dst, (uint64_t)j->lens[i]);
+            if (status != ZR_OK) { j->bad = i; break; }
+            continue;
+        }
+        if (e->length == 0) {
+            j->lens[i] = -1;
+            j->payload[i] = 0;
+            if (dst != NULL && j->fixed_len) memset(dst, 0, j->fixed_len);
+            continue;
+        }
+        if ((uint64_t)e->chunk >= cm->committed) { status = ZR_E_FIELD; j->bad = i; break; }
+        if ((uint64_t)e->chunk >= cm->mapped || cm->base[e->chunk] == NULL) {
+            status = ZR_NEED_CHUNK; j->need_chunk = e->chunk; j->bad = i; break;
+        }
+        if (e->length < ZR_HEADER || (e->offset & 15u) != 0) { status = ZR_E_FIELD; j->bad = i; break; }
+        if (e->offset > UINT64_MAX - e->length) { status = ZR_E_OVERFLOW; j->bad = i; break; }
+        if (e->offset + e->length > cm->size[e->chunk]) {
+            status = ZR_NEED_CHUNK; j->need_chunk = e->chunk; j->bad = i; break;
+        }
+        const uint8_t *h = cm->base[e->chunk] + e->offset;
+        uint64_t stored = (uint64_t)e->length - ZR_HEADER;
+        uint32_t logical = zr_ld32(h + 8);
+        if (h[13] != ZR_MAGIC) { status = ZR_E_MAGIC; j->bad = i; break; }
+        if (j->verify && j->hash(h + 8, (uint64_t)e->length - 8) != zr_ld64(h)) {
+            status = ZR_E_CHECKSUM; j->bad = i; break;
+        }
+        if (h[12] != j->codec || zr_ld16(h + 14) != j->field_no) { status = ZR_E_FIELD; j->bad = i; break; }
+        if (j->codec == 0 && logical != stored) { status = ZR_E_FIELD; j->bad = i; break; }
+        if (j->fixed_len && logical != j->fixed_len) { status = ZR_E_FIELD; j->bad = i; break; }
+        if (logical > j->max_len) { status = ZR_E_LIMIT; j->bad = i; break; }
+        j->lens[i] = logical;
+        j->payload[i] = e->offset + ZR_HEADER;
+        if (dst == NULL) continue;
+        if (j->codec == 0) {
+            memcpy(dst, h + ZR_HEADER, logical);
+        } else {
+            status = zr_inflate(&zs, &zs_ready, h + ZR_HEADER, stored, dst, logical);
+            if (status != ZR_OK) { j->bad = i; break; }
+        }
+    }
+    if (zs_ready) inflateEnd(&zs);
+    j->status = status;
+    return status;
+}
+
+#endif

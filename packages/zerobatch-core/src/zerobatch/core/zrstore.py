@@ -1,0 +1,264 @@
+"""ZRECORD store files shared by the writer and the reader: locks, the commit file, the journal.
+
+The commit protocol (``docs/formats/zrecord.md``, "Commit"):
+
+1. A writer appends record containers past the committed write positions of its chunks and
+   offset-table entries past the committed length: nothing a reader can reach.
+2. ``commit()`` makes those bytes durable, then writes ``journal.zr`` atomically: the new
+   commit values, the new ``meta.json`` and every in-place change of an offset table (a
+   modify, a delete). That rename is the commit point.
+3. It applies the journal: ``seq`` in ``commit.zr`` goes odd, the in-place entries and the new
+   values are written, ``seq`` goes even (a seqlock: a reader copying entries while ``seq``
+   is odd or changes copies them again), then ``meta.json``, then the journal is removed.
+
+Replaying a journal is idempotent, so a writer killed anywhere leaves either the previous
+state (no journal) or a journal that the next opener (writer, or a reader that can take the
+writer's lock) applies. A rebalance journal also lists the renames that swap in its offset
+tables; it is applied under ``switch.lock`` held exclusive, which opening readers hold shared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno as _errno
+import fcntl
+import json
+import os
+import struct
+import time
+from typing import Any
+
+import numpy as np
+
+from zerobatch.core import xxh3_64
+from zerobatch.core.io import AtomicFile, _io, open_regular_file
+from zerobatch.formats import zrecord as Z
+from zerobatch.formats.errors import CorruptError, NotFoundError, ReadError, StateError, WriteError
+
+__all__ = [
+    "Journal",
+    "lock",
+    "pack_journal",
+    "parse_journal",
+    "read_commit",
+    "recover",
+    "replay",
+    "write_commit",
+    "write_meta",
+]
+
+#: How long an opener waits for a writer that is applying a commit, or swapping files.
+WAIT_SECONDS = 10.0
+
+
+def lock(path: str, *, exclusive: bool, blocking: bool, create: bool = False) -> int | None:
+    """Open ``path`` and ``flock`` it. Returns the descriptor, or None if the lock is taken.
+
+    Raises:
+        NotFoundError: the lock file does not exist (and ``create`` is false).
+        ReadError: it cannot be opened.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+    if create:
+        flags |= os.O_CREAT
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileNotFoundError as exc:
+        raise NotFoundError("lock file: missing", path=path, field=os.path.basename(path)) from exc
+    except OSError as exc:
+        raise ReadError(f"lock file: cannot open: {exc.strerror}", errno=exc.errno, path=path,
+                        field=os.path.basename(path)) from exc
+    op = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if blocking else fcntl.LOCK_NB)
+    try:
+        fcntl.flock(fd, op)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError as exc:
+        os.close(fd)
+        raise ReadError(f"lock file: flock failed: {exc.strerror}", errno=exc.errno, path=path,
+                        field=os.path.basename(path)) from exc
+    return fd
+
+
+def unlock(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def read_commit(buf: Any, *, path: Any = None, wait: float = 0.0) -> Z.Commit | None:
+    """The committed values of a mapped ``commit.zr``, read under its seqlock.
+
+    Returns None when ``seq`` stays odd for ``wait`` seconds (a writer died while applying a
+    journal: the caller recovers).
+    """
+    view = memoryview(buf)
+    deadline = time.monotonic() + wait
+    while True:
+        s1 = struct.unpack_from("<Q", view, 16)[0]
+        raw = bytes(view[:Z.COMMIT_STRUCT.size])
+        s2 = struct.unpack_from("<Q", view, 16)[0]
+        if s1 == s2 and not s1 & 1:
+            return Z.unpack_commit(raw, xxh3_64, path=path)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.001)
+
+
+def write_commit(fd: int, c: Z.Commit, *, path: Any, updates: list[tuple[int, bytes, int]] = ()) -> int:
+    """Publish ``c`` in ``commit.zr`` (open read-write) under the seqlock; returns the new seq.
+
+    ``updates`` are ``(table fd, 16-byte entry, index)`` writes made while ``seq`` is odd.
+    """
+    raw = os.pread(fd, Z.COMMIT_STRUCT.size, 0)
+    seq = struct.unpack_from("<Q", raw, 16)[0] if len(raw) >= 24 else 0
+    odd = seq + 1 if not seq & 1 else seq
+    try:
+        _io("pwrite", os.pwrite, fd, struct.pack("<Q", odd), 16)
+        for tfd, entry, index in updates:
+            _io("pwrite", os.pwrite, tfd, entry, index * Z.ENTRY_SIZE)
+        packed = Z.pack_commit(dataclasses.replace(c, seq=odd), xxh3_64)
+        _io("pwrite", os.pwrite, fd, packed[:16], 0)
+        _io("pwrite", os.pwrite, fd, packed[24:Z.COMMIT_STRUCT.size], 24)
+        _io("pwrite", os.pwrite, fd, struct.pack("<Q", odd + 1), 16)
+    except OSError as exc:
+        raise WriteError(f"commit.zr: write failed: {exc.strerror}", errno=exc.errno, path=path,
+                         field="commit.zr", operation="pwrite") from exc
+    return odd + 1
+
+
+def write_meta(folder: str, meta: Z.StoreMeta) -> None:
+    with AtomicFile(os.path.join(folder, Z.META_NAME)) as f:
+        f.write(json.dumps(meta.to_json(), indent=1, sort_keys=True).encode())
+
+
+@dataclasses.dataclass(frozen=True)
+class Journal:
+    kind: int
+    commit: Z.Commit
+    meta: Z.StoreMeta
+    updates: np.ndarray  # JOURNAL_UPDATE_DTYPE
+    renames: tuple[tuple[str, str], ...]
+
+
+def pack_journal(j: Journal) -> bytes:
+    extra = json.dumps({"meta": j.meta.to_json(), "renames": [list(r) for r in j.renames]},
+                       sort_keys=True).encode()
+    body = extra + np.ascontiguousarray(j.updates, dtype=Z.JOURNAL_UPDATE_DTYPE).tobytes()
+    c = j.commit
+    head = Z.JOURNAL_HEADER.pack(Z.JOURNAL_MAGIC, j.kind, 0, c.generation, c.epoch, c.length, c.num_chunks,
+                                 len(j.updates), len(extra), xxh3_64(body))
+    return head + body
+
+
+def parse_journal(raw: bytes, *, path: Any = None) -> Journal:
+    """Parse ``journal.zr``; a torn or damaged journal raises CorruptError."""
+    hs = Z.JOURNAL_HEADER.size
+    if len(raw) < hs:
+        raise CorruptError("journal.zr: shorter than its header", path=path, field="journal.zr")
+    magic, kind, _res, gen, epoch, length, nch, nupd, nextra, digest = Z.JOURNAL_HEADER.unpack_from(raw)
+    if magic != Z.JOURNAL_MAGIC or kind not in (Z.JOURNAL_KIND_COMMIT, Z.JOURNAL_KIND_REBALANCE):
+        raise CorruptError("journal.zr: bad magic or kind", path=path, field="magic")
+    if hs + nextra + nupd * Z.JOURNAL_UPDATE_DTYPE.itemsize != len(raw):
+        raise CorruptError("journal.zr: sizes disagree with the file", path=path, field="size")
+    body = raw[hs:]
+    if xxh3_64(body) != digest:
+        raise CorruptError("journal.zr: checksum mismatch", path=path, field="checksum")
+    from zerobatch.formats._json import loads_strict
+
+    extra = loads_strict(body[:nextra], error=CorruptError, field="journal.zr", path=path)
+    meta = Z.parse_meta(json.dumps(extra["meta"]), path=path)
+    renames = tuple((str(a), str(b)) for a, b in extra["renames"])
+    for a, b in renames:
+        if "/" in a or "/" in b or a in ("", ".", "..") or not b.endswith(".offset"):
+            raise CorruptError("journal.zr: a rename outside the store's offset tables", path=path,
+                               field="renames")
+    updates = np.frombuffer(body, dtype=Z.JOURNAL_UPDATE_DTYPE, count=nupd, offset=nextra)
+    return Journal(kind, Z.Commit(0, length, nch, gen, epoch), meta, updates, renames)
+
+
+def replay(folder: str, j: Journal) -> None:
+    """Apply a journal (idempotent). The caller holds ``writer.lock`` (and, for a rebalance,
+    ``switch.lock``) exclusive."""
+    for src, dst in j.renames:
+        s = os.path.join(folder, src)
+        if os.path.exists(s):
+            os.rename(s, os.path.join(folder, dst))
+    cpath = os.path.join(folder, Z.COMMIT_NAME)
+    cfd = os.open(cpath, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    tfds: dict[int, int] = {}
+    try:
+        updates = []
+        for u in j.updates:
+            f = int(u["field"])
+            if f >= len(j.meta.fields):
+                raise CorruptError("journal.zr: an update names a field that does not exist", path=folder,
+                                   field="updates")
+            if f not in tfds:
+                tfds[f] = os.open(os.path.join(folder, Z.offset_name(j.meta.fields[f].name)),
+                                  os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+            entry = np.zeros(1, Z.ENTRY_DTYPE)
+            entry["chunk"], entry["offset"], entry["length"] = u["chunk"], u["offset"], u["length"]
+            updates.append((tfds[f], entry.tobytes(), int(u["index"])))
+        write_commit(cfd, j.commit, path=cpath, updates=updates)
+        for fd in [*tfds.values(), cfd]:
+            _io("fsync", os.fsync, fd)
+    finally:
+        for fd in [*tfds.values(), cfd]:
+            os.close(fd)
+    write_meta(folder, j.meta)
+    _io("unlink", os.unlink, os.path.join(folder, Z.JOURNAL_NAME))
+    dfd = os.open(folder, os.O_RDONLY)
+    try:
+        _io("fsync", os.fsync, dfd)
+    finally:
+        os.close(dfd)
+
+
+def recover(folder: str, *, writer_fd: int | None = None) -> bool:
+    """Apply a journal left by a writer that died. Returns True if one was applied.
+
+    A reader calls this without ``writer_fd``: it takes ``writer.lock`` without blocking and
+    waits (up to ``WAIT_SECONDS``) while a live writer holds it.
+
+    Raises:
+        StateError: a live writer kept the lock the whole time.
+        ReadError: the store is read-only to this process (its owner must open it once).
+    """
+    jpath = os.path.join(folder, Z.JOURNAL_NAME)
+    if not os.path.exists(jpath):
+        return False
+    own = writer_fd is None
+    fd = writer_fd
+    if own:
+        deadline = time.monotonic() + WAIT_SECONDS
+        while True:
+            fd = lock(os.path.join(folder, Z.WRITER_LOCK_NAME), exclusive=True, blocking=False)
+            if fd is not None:
+                break
+            if not os.path.exists(jpath):
+                return False
+            if time.monotonic() > deadline:
+                raise StateError("journal.zr: a writer holds writer.lock and has not finished its commit",
+                                 path=folder, field="writer.lock")
+            time.sleep(0.01)
+    sfd = lock(os.path.join(folder, Z.SWITCH_LOCK_NAME), exclusive=True, blocking=True)
+    try:
+        if not os.path.exists(jpath):
+            return False
+        rfd, st = open_regular_file(jpath)
+        try:
+            raw = os.pread(rfd, st.st_size, 0)
+        finally:
+            os.close(rfd)
+        # A journal is renamed into place whole: a damaged one is damage, never a torn write.
+        j = parse_journal(raw, path=jpath)
+        if not os.access(folder, os.W_OK):
+            raise ReadError("journal.zr: a writer died mid-commit and this process cannot write the store "
+                            "to finish it", errno=_errno.EACCES, path=jpath, field="journal.zr")
+        replay(folder, j)
+        return True
+    finally:
+        unlock(sfd)
+        if own:
+            unlock(fd)

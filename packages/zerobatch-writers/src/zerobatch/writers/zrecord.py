@@ -1,0 +1,795 @@
+"""Write ZRECORD stores: append, modify, delete, commit, rebalance.
+
+One :class:`ZRecordWriter` per store at a time (``writer.lock``, an exclusive ``flock``);
+any number of readers (:class:`zerobatch.readers.zrecord.ZRecordStore`) meanwhile. Nothing a
+writer does is visible before :meth:`~ZRecordWriter.commit`; a writer killed at any point
+leaves the last committed state, which the next opener completes from the journal if the
+kill came after the commit point (see :mod:`zerobatch.core.zrstore`).
+
+Each writer thread owns one chunk: :meth:`~ZRecordWriter.append` writes into the calling
+thread's chunk, :meth:`~ZRecordWriter.extend` fans records out over ``num_writers`` threads
+(compression and ``pwrite`` release the GIL, so they overlap). A chunk holds ``chunk_size``
+records, then its thread opens a new one. Chunk files grow in sparse ``chunk_grow_bytes``
+steps and offset tables ``OFFSET_GROW_ENTRIES`` entries at a time, with ``ftruncate``; no
+file a reader may have mapped ever shrinks.
+
+Records are written with ``pwrite`` rather than through a writable mapping (the seed's
+design): a full disk under a sparse mapping is a ``SIGBUS``, under ``pwrite`` an ``ENOSPC``
+that becomes a :class:`~zerobatch.formats.errors.WriteError`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import secrets
+import shutil
+import threading
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from zerobatch.core import xxh3_64
+from zerobatch.core import zrstore
+from zerobatch.core.io import AtomicFile, _io, cleanup_orphans, open_regular_file
+from zerobatch.formats import zrecord as Z
+from zerobatch.formats.errors import ConfigError, CorruptError, NotFoundError, StateError, WriteError
+
+__all__ = ["ZRecordWriter"]
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+    try:
+        _io("fsync", os.fsync, fd)
+    finally:
+        os.close(fd)
+
+
+class _Chunk:
+    """A chunk being filled by one thread."""
+
+    __slots__ = ("id", "fd", "pos", "count", "size", "dirty", "path")
+
+    def __init__(self, cid: int, fd: int, pos: int, count: int, size: int, path: str) -> None:
+        self.id = cid
+        self.fd = fd
+        self.pos = pos
+        self.count = count
+        self.size = size
+        self.dirty = False
+        self.path = path
+
+
+class ZRecordWriter:
+    """Open (or create) a store for writing.
+
+    Args:
+        path: the store's folder.
+        fields: the fields (:class:`~zerobatch.formats.zrecord.FieldSpec` or dicts with
+            ``name``, ``dtype``, ``shape``, ``compress``) to create a new store; None opens an
+            existing one. Creating refuses a folder that exists and is not empty.
+        chunk_size: records per chunk (new stores).
+        level: deflate level of ``flate`` fields.
+        num_writers: threads :meth:`extend` writes with (each owns a chunk).
+        chunk_grow_bytes: the sparse growth step of chunk files.
+
+    Raises:
+        StateError: another writer holds the store.
+        ConfigError: bad fields, or creating into a non-empty folder.
+        NotFoundError / CorruptError: opening a folder that is not a valid store.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], fields: Sequence[Any] | None = None, *,
+                 chunk_size: int = 8192, level: int = 6, num_writers: int = 2,
+                 chunk_grow_bytes: int = Z.CHUNK_GROW_BYTES) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        if not 1 <= num_writers <= 64:
+            raise ConfigError(f"num_writers must be 1 to 64, got {num_writers}", path=self.path,
+                              field="num_writers")
+        if not 0 <= level <= 9:
+            raise ConfigError(f"level must be 0 to 9, got {level}", path=self.path, field="level")
+        if chunk_grow_bytes < 1 << 16 or chunk_grow_bytes % Z.RECORD_ALIGN:
+            raise ConfigError("chunk_grow_bytes must be a multiple of 16, at least 64 KiB", path=self.path,
+                              field="chunk_grow_bytes")
+        self.level = level
+        self.num_writers = num_writers
+        self.chunk_grow_bytes = chunk_grow_bytes
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._closed = True
+        self._writer_fd: int | None = None
+        if fields is not None:
+            self._create(Z.check_fields(fields), chunk_size)
+        self._open()
+
+    # ----------------------------------------------------------------------------------------
+    # Creating and opening
+
+    def _create(self, fields: tuple[Z.FieldSpec, ...], chunk_size: int) -> None:
+        if not isinstance(chunk_size, int) or not 1 <= chunk_size < 1 << 32:
+            raise ConfigError(f"chunk_size must be 1 to 2**32-1 records, got {chunk_size!r}", path=self.path,
+                              field="chunk_size")
+        if os.path.exists(self.path):
+            if not os.path.isdir(self.path):
+                raise ConfigError("path: exists and is not a folder", path=self.path, field="path")
+            if os.listdir(self.path):
+                raise ConfigError("path: the output folder is not empty", path=self.path, field="path")
+        parent = os.path.dirname(self.path)
+        if not os.path.isdir(parent):
+            raise ConfigError("path: the parent folder does not exist", path=self.path, field="path")
+        tmp = os.path.join(parent, f".{os.path.basename(self.path)}.zbtmp.{os.getpid()}.{secrets.token_hex(4)}")
+        try:
+            os.mkdir(tmp)
+            os.mkdir(os.path.join(tmp, Z.CHUNK_DIR))
+            for name in (Z.WRITER_LOCK_NAME, Z.SWITCH_LOCK_NAME, Z.epoch_lock_name(0)):
+                os.close(os.open(os.path.join(tmp, name), os.O_CREAT | os.O_WRONLY | _O_CLOEXEC, 0o644))
+            for f in fields:
+                with AtomicFile(os.path.join(tmp, Z.offset_name(f.name))) as af:
+                    af.truncate(Z.OFFSET_GROW_ENTRIES * Z.ENTRY_SIZE)
+            with AtomicFile(os.path.join(tmp, Z.COMMIT_NAME)) as af:
+                af.write(Z.pack_commit(Z.Commit(0, 0, 0, 0, 0), xxh3_64))
+            zrstore.write_meta(tmp, Z.StoreMeta(0, 0, chunk_size, fields))
+            _fsync_dir(os.path.join(tmp, Z.CHUNK_DIR))
+            _fsync_dir(tmp)
+            if os.path.isdir(self.path):
+                os.rmdir(self.path)  # empty (checked above); rename cannot replace it on every OS
+            _io("rename", os.rename, tmp, self.path)
+            _fsync_dir(parent)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise WriteError(f"path: cannot create the store: {exc.strerror or exc}", errno=exc.errno,
+                             path=self.path, field="path", operation="create") from exc
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _open(self) -> None:
+        if not os.path.isfile(os.path.join(self.path, Z.META_NAME)):
+            raise NotFoundError("meta.json: not a ZRECORD store (no meta.json)", path=self.path, field="meta.json")
+        fd = zrstore.lock(os.path.join(self.path, Z.WRITER_LOCK_NAME), exclusive=True, blocking=False)
+        if fd is None:
+            raise StateError("writer.lock: another writer has this store open", path=self.path,
+                             field="writer.lock")
+        self._writer_fd = fd
+        try:
+            zrstore.recover(self.path, writer_fd=fd)
+            self._load()
+        except BaseException:
+            zrstore.unlock(fd)
+            self._writer_fd = None
+            raise
+        self._closed = False
+
+    def _load(self) -> None:
+        mpath = os.path.join(self.path, Z.META_NAME)
+        mfd, st = open_regular_file(mpath)
+        try:
+            meta = Z.parse_meta(os.pread(mfd, min(st.st_size, Z.MAX_META_BYTES + 1), 0), path=mpath)
+        finally:
+            os.close(mfd)
+        cpath = os.path.join(self.path, Z.COMMIT_NAME)
+        self._commit_fd = os.open(cpath, os.O_RDWR | _O_CLOEXEC)
+        commit = zrstore.read_commit(os.pread(self._commit_fd, Z.COMMIT_STRUCT.size, 0), path=cpath)
+        if commit is None:
+            raise CorruptError("commit.zr: seq is odd with no journal to finish it", path=cpath, field="seq")
+        if (commit.length, commit.num_chunks, commit.generation, commit.epoch) != (
+                meta.length, meta.num_chunks, meta.generation, meta.epoch):
+            raise CorruptError("meta.json: length, chunks, generation or epoch disagree with commit.zr",
+                               path=mpath, field="length")
+        self.meta = meta
+        self.fields = meta.fields
+        self._field_no = {f.name: i for i, f in enumerate(meta.fields)}
+        self.chunk_size = meta.chunk_size
+        self._length = meta.length
+        self._committed_length = meta.length
+        self._num_chunks = meta.num_chunks
+        self._committed_chunks = meta.num_chunks
+        self._generation = meta.generation
+        self._epoch = meta.epoch
+        self._written = meta.written_bytes
+        self._overlay: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self._tables: list[int] = []
+        self._table_entries: list[int] = []
+        self._table_dirty = [False] * len(meta.fields)
+        for f in meta.fields:
+            tpath = os.path.join(self.path, Z.offset_name(f.name))
+            try:
+                tfd = os.open(tpath, os.O_RDWR | _O_CLOEXEC)
+            except FileNotFoundError as exc:
+                raise NotFoundError(f"{f.name}.offset: missing", path=tpath, field="offset") from exc
+            size = os.fstat(tfd).st_size
+            self._tables.append(tfd)
+            self._table_entries.append(size // Z.ENTRY_SIZE)
+            if size % Z.ENTRY_SIZE or size // Z.ENTRY_SIZE < meta.length:
+                raise CorruptError(f"{f.name}.offset: {size} bytes cannot hold {meta.length} entries",
+                                   path=tpath, field="offset")
+        cdir = os.path.join(self.path, Z.CHUNK_DIR)
+        retired = {c for _, ids in meta.retired for c in ids}
+        for name in os.listdir(cdir):
+            stem = name[:-3] if name.endswith(".zr") else ""
+            if stem.isdigit() and int(stem) >= meta.num_chunks and int(stem) not in retired:
+                _io("unlink", os.unlink, os.path.join(cdir, name))  # an uncommitted chunk of a killed writer
+        for f in meta.fields:
+            cleanup_orphans(os.path.join(self.path, Z.offset_name(f.name)))
+        self._chunks: dict[int, _Chunk] = {}
+        self._free: list[_Chunk] = []
+        self._full: list[_Chunk] = []
+        self._new_chunk_files = False
+        for cid, pos, count in meta.unfull:
+            cpath_ = os.path.join(self.path, Z.chunk_name(cid))
+            try:
+                cfd = os.open(cpath_, os.O_RDWR | _O_CLOEXEC)
+            except FileNotFoundError as exc:
+                raise NotFoundError(f"chunk {cid}: missing", path=cpath_, field="chunk") from exc
+            size = os.fstat(cfd).st_size
+            if size < pos:
+                os.close(cfd)
+                raise CorruptError(f"chunk {cid}: {size} bytes, shorter than its write position {pos}",
+                                   path=cpath_, field="write_pos")
+            ch = _Chunk(cid, cfd, pos, count, size, cpath_)
+            self._chunks[cid] = ch
+            self._free.append(ch)
+        self._local = threading.local()
+        self._retire()
+
+    # ----------------------------------------------------------------------------------------
+    # Records
+
+    def __len__(self) -> int:
+        """Records, counting changes not yet committed."""
+        return self._length
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StateError("the writer is closed", path=self.path, field="writer")
+
+    def _encode(self, k: int, value: Any) -> list[Any] | None:
+        """The container of field k's value: [header, payload, pad], or None for absent."""
+        if value is None:
+            return None
+        spec = self.fields[k]
+        if spec.dtype == "bytes" and isinstance(value, (bytes, bytearray, memoryview)):
+            payload = memoryview(value).cast("B")
+        else:
+            arr = np.asarray(value)
+            if arr.dtype != spec.np_dtype:
+                if arr.dtype.kind != spec.np_dtype.kind and not (
+                        arr.dtype.kind in "iub" and spec.np_dtype.kind in "iuf"):
+                    raise ConfigError(f"{spec.name}: a {arr.dtype} value for a {spec.dtype} field", path=self.path,
+                                      field=spec.name)
+                cast = arr.astype(spec.np_dtype)
+                if not np.array_equal(cast, arr):
+                    raise ConfigError(f"{spec.name}: values do not fit {spec.dtype}", path=self.path, field=spec.name)
+                arr = cast
+            if spec.shape is not None and arr.shape != spec.shape:
+                raise ConfigError(f"{spec.name}: shape {arr.shape}, the field's is {spec.shape}", path=self.path,
+                                  field=spec.name)
+            payload = memoryview(np.ascontiguousarray(arr)).cast("B")
+        logical = len(payload)
+        if spec.codec == 1:
+            payload = zlib.compress(payload, self.level, wbits=-15)
+        stored = len(payload)
+        if Z.RECORD_HEADER_SIZE + stored >= 1 << 32:
+            raise ConfigError(f"{spec.name}: a record of {stored} bytes does not fit a 4 GiB entry",
+                              path=self.path, field=spec.name)
+        tail = Z.RECORD_HEADER.pack(0, logical, spec.codec, Z.RECORD_MAGIC, k)[8:]
+        digest = xxh3_64(tail + bytes(payload))
+        header = digest.to_bytes(8, "little") + tail
+        span = Z.record_span(stored)
+        return [header, payload, bytes(span - Z.RECORD_HEADER_SIZE - stored)]
+
+    def _normalize(self, record: Any) -> list[Any]:
+        if isinstance(record, Mapping):
+            unknown = set(record) - set(self._field_no)
+            if unknown:
+                raise ConfigError(f"record: unknown fields {sorted(unknown)}", path=self.path, field="record")
+            return [record.get(f.name) for f in self.fields]
+        if isinstance(record, (tuple, list)) and len(record) == len(self.fields):
+            return list(record)
+        if len(self.fields) == 1:
+            return [record]
+        raise ConfigError(f"record: a mapping of field names, or a sequence of {len(self.fields)} values",
+                          path=self.path, field="record")
+
+    def _thread_chunk(self) -> _Chunk:
+        ch = getattr(self._local, "chunk", None)
+        if ch is not None and ch.count < self.chunk_size:
+            return ch
+        with self._lock:
+            if self._free:
+                ch = self._free.pop()
+            else:
+                cid = self._num_chunks
+                cpath = os.path.join(self.path, Z.chunk_name(cid))
+                try:
+                    fd = _io("open", os.open, cpath, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+                except OSError as exc:
+                    raise WriteError(f"chunk {cid}: cannot create: {exc.strerror}", errno=exc.errno, path=cpath,
+                                     field="chunk", operation="open") from exc
+                self._num_chunks += 1
+                self._new_chunk_files = True
+                ch = _Chunk(cid, fd, 0, 0, 0, cpath)
+                self._chunks[cid] = ch
+        self._local.chunk = ch
+        return ch
+
+    def _write_record(self, values: list[Any]) -> list[tuple[int, int, int]]:
+        """Write one record's containers into this thread's chunk; their entries."""
+        parts = [self._encode(k, v) for k, v in enumerate(values)]
+        ch = self._thread_chunk()
+        entries = []
+        bufs: list[Any] = []
+        pos = ch.pos
+        for p in parts:
+            if p is None:
+                entries.append((0, 0, 0))
+                continue
+            n = len(p[0]) + len(p[1]) + len(p[2])
+            entries.append((ch.id, pos, len(p[0]) + len(p[1])))
+            bufs.extend(p)
+            pos += n
+        try:
+            if pos > ch.size:
+                grow = -(-(pos - ch.size) // self.chunk_grow_bytes) * self.chunk_grow_bytes
+                _io("ftruncate", os.ftruncate, ch.fd, ch.size + grow)
+                ch.size += grow
+            if bufs:
+                want = pos - ch.pos
+                done = _io("pwritev", os.pwritev, ch.fd, bufs, ch.pos)
+                if done != want:
+                    flat = b"".join(bytes(b) for b in bufs)
+                    while done < want:
+                        n = _io("pwrite", os.pwrite, ch.fd, flat[done:], ch.pos + done)
+                        if n <= 0:
+                            raise OSError(28, "no space left on device")
+                        done += n
+        except OSError as exc:
+            raise WriteError(f"chunk {ch.id}: write failed: {exc.strerror}", errno=exc.errno, path=ch.path,
+                             field="chunk", operation="pwrite") from exc
+        with self._lock:
+            self._written += pos - ch.pos
+        ch.pos = pos
+        ch.count += 1
+        ch.dirty = True
+        if ch.count >= self.chunk_size:
+            with self._lock:
+                self._chunks.pop(ch.id, None)
+                self._full.append(ch)
+            self._local.chunk = None
+        return entries
+
+    def _set_entry(self, k: int, index: int, entry: tuple[int, int, int]) -> None:
+        """Point field k of ``index`` at ``entry`` (caller holds the lock)."""
+        if index < self._committed_length:
+            self._overlay[(k, index)] = entry
+            return
+        self._overlay.pop((k, index), None)
+        if index >= self._table_entries[k]:
+            grow = -(-(index + 1 - self._table_entries[k]) // Z.OFFSET_GROW_ENTRIES) * Z.OFFSET_GROW_ENTRIES
+            try:
+                _io("ftruncate", os.ftruncate, self._tables[k], (self._table_entries[k] + grow) * Z.ENTRY_SIZE)
+            except OSError as exc:
+                raise WriteError(f"{self.fields[k].name}.offset: cannot grow: {exc.strerror}", errno=exc.errno,
+                                 path=self.path, field="offset", operation="ftruncate") from exc
+            self._table_entries[k] += grow
+        raw = np.array([entry], dtype=Z.ENTRY_DTYPE).tobytes()
+        try:
+            _io("pwrite", os.pwrite, self._tables[k], raw, index * Z.ENTRY_SIZE)
+        except OSError as exc:
+            raise WriteError(f"{self.fields[k].name}.offset: write failed: {exc.strerror}", errno=exc.errno,
+                             path=self.path, field="offset", operation="pwrite") from exc
+        self._table_dirty[k] = True
+
+    def _get_entry(self, k: int, index: int) -> tuple[int, int, int]:
+        got = self._overlay.get((k, index))
+        if got is not None:
+            return got
+        raw = os.pread(self._tables[k], Z.ENTRY_SIZE, index * Z.ENTRY_SIZE)
+        e = np.frombuffer(raw, dtype=Z.ENTRY_DTYPE)[0]
+        return int(e["chunk"]), int(e["offset"]), int(e["length"])
+
+    def append(self, record: Any) -> int:
+        """Append one record (a mapping of field values, a sequence in field order, or the
+        value of a single-field store); missing fields are absent. Returns its index."""
+        self._check_open()
+        entries = self._write_record(self._normalize(record))
+        with self._lock:
+            index = self._length
+            for k, e in enumerate(entries):
+                self._set_entry(k, index, e)
+            self._length += 1
+        return index
+
+    def extend(self, records: Iterable[Any], *, batch: int = 256,
+               progress: Callable[[int], None] | None = None) -> range:
+        """Append many records over ``num_writers`` threads, in order; returns their indices.
+
+        ``progress(n)`` is called after every ``n`` records written."""
+        self._check_open()
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(self.num_writers, thread_name_prefix="zrecord-writer")
+        start = self._length
+        pending: list[concurrent.futures.Future[Any]] = []
+        it = iter(records)
+        while True:
+            group = [self._normalize(r) for _, r in zip(range(batch), it, strict=False)]
+            if not group:
+                break
+            with self._lock:
+                first = self._length
+                self._length += len(group)
+            pending.append(self._pool.submit(self._write_group, first, group))
+            if len(pending) >= 2 * self.num_writers:
+                done = pending.pop(0).result()
+                if progress is not None:
+                    progress(done)
+        for fut in pending:
+            done = fut.result()
+            if progress is not None:
+                progress(done)
+        return range(start, self._length)
+
+    def _write_group(self, first: int, group: list[list[Any]]) -> int:
+        entries = [self._write_record(values) for values in group]
+        with self._lock:
+            for k in range(len(self.fields)):
+                col = [e[k] for e in entries]
+                if first >= self._committed_length and first + len(col) <= self._table_entries[k]:
+                    raw = np.array(col, dtype=Z.ENTRY_DTYPE).tobytes()
+                    try:
+                        _io("pwrite", os.pwrite, self._tables[k], raw, first * Z.ENTRY_SIZE)
+                    except OSError as exc:
+                        raise WriteError(f"{self.fields[k].name}.offset: write failed: {exc.strerror}",
+                                         errno=exc.errno, path=self.path, field="offset",
+                                         operation="pwrite") from exc
+                    self._table_dirty[k] = True
+                else:
+                    for i, e in enumerate(col):
+                        self._set_entry(k, first + i, e)
+        return len(group)
+
+    def modify(self, index: int, record: Any) -> None:
+        """Replace fields of record ``index``: the new values are appended, their entries
+        repointed. Fields the mapping leaves out keep their values; None makes one absent."""
+        self._check_open()
+        if isinstance(record, Mapping):
+            values = self._normalize(record)
+            keep = [f.name not in record for f in self.fields]
+        else:
+            values = self._normalize(record)
+            keep = [False] * len(self.fields)
+        index = self._index(index)
+        entries = self._write_record([None if kp else v for v, kp in zip(values, keep, strict=True)])
+        with self._lock:
+            if index >= self._length:
+                raise IndexError(f"index {index} is out of range for a store of {self._length} records")
+            for k, e in enumerate(entries):
+                if not keep[k]:
+                    self._set_entry(k, index, e)
+
+    def delete(self, index: int) -> None:
+        """Delete record ``index``: the last record moves into its place (so indices are not
+        stable across deletes), and the length drops by one."""
+        self._check_open()
+        with self._lock:
+            index = self._index(index)
+            last = self._length - 1
+            if index != last:
+                for k in range(len(self.fields)):
+                    self._set_entry(k, index, self._get_entry(k, last))
+            for k in range(len(self.fields)):
+                self._overlay.pop((k, last), None)
+            self._length -= 1
+
+    def _index(self, index: int) -> int:
+        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+            raise ConfigError(f"index must be an integer, got {index!r}", path=self.path, field="index")
+        i = int(index)
+        if i < 0:
+            i += self._length
+        if not 0 <= i < self._length:
+            raise IndexError(f"index {index} is out of range for a store of {self._length} records")
+        return i
+
+    # ----------------------------------------------------------------------------------------
+    # Commit
+
+    def _meta(self, **changes: Any) -> Z.StoreMeta:
+        unfull = tuple(sorted((c.id, c.pos, c.count) for c in self._chunks.values()))
+        base = Z.StoreMeta(self._length, self._num_chunks, self.chunk_size, self.fields, unfull,
+                           self._generation + 1, self._epoch, self._written, self.meta.retired,
+                           self.meta.first_chunk)
+        return base if not changes else _replace(base, **changes)
+
+    def commit(self) -> None:
+        """Make every change so far durable and visible to readers, atomically."""
+        self._check_open()
+        with self._lock:
+            self._sync_data()
+            meta = self._meta()
+            updates = np.zeros(len(self._overlay), dtype=Z.JOURNAL_UPDATE_DTYPE)
+            for i, ((k, index), (c, off, ln)) in enumerate(sorted(self._overlay.items())):
+                updates[i] = (index, k, c, off, ln, 0)
+            self._apply(zrstore.Journal(Z.JOURNAL_KIND_COMMIT,
+                                        Z.Commit(0, meta.length, meta.num_chunks, meta.generation, meta.epoch),
+                                        meta, updates, ()))
+            self._overlay.clear()
+            self._committed_length = self._length
+            self._committed_chunks = self._num_chunks
+            self._generation = meta.generation
+            self.meta = meta
+            for ch in self._full:
+                os.close(ch.fd)
+            self._full.clear()
+        self._retire()
+
+    def _sync_data(self) -> None:
+        try:
+            for ch in [*self._chunks.values(), *self._full]:
+                if ch.dirty:
+                    _io("fdatasync", os.fdatasync, ch.fd)
+                    ch.dirty = False
+            for k, fd in enumerate(self._tables):
+                if self._table_dirty[k]:
+                    _io("fdatasync", os.fdatasync, fd)
+                    self._table_dirty[k] = False
+            if self._new_chunk_files:
+                _fsync_dir(os.path.join(self.path, Z.CHUNK_DIR))
+                self._new_chunk_files = False
+        except OSError as exc:
+            raise WriteError(f"sync failed: {exc.strerror}", errno=exc.errno, path=self.path, field="sync",
+                             operation="fsync") from exc
+
+    def _apply(self, journal: zrstore.Journal) -> None:
+        with AtomicFile(os.path.join(self.path, Z.JOURNAL_NAME)) as f:
+            f.write(zrstore.pack_journal(journal))
+        # The commit point has passed: from here a kill is finished by the next opener.
+        zrstore.replay(self.path, journal)
+
+    def _retire(self) -> None:
+        """Remove chunks a rebalance replaced once no reader of their epoch is left."""
+        if not self.meta.retired:
+            return
+        kept = []
+        for epoch, ids in self.meta.retired:
+            lpath = os.path.join(self.path, Z.epoch_lock_name(epoch))
+            try:
+                fd = zrstore.lock(lpath, exclusive=True, blocking=False)
+            except NotFoundError:
+                fd = -1
+            if fd is None:
+                kept.append((epoch, ids))
+                continue
+            for c in ids:
+                try:
+                    _io("unlink", os.unlink, os.path.join(self.path, Z.chunk_name(c)))
+                except FileNotFoundError:
+                    pass
+            if fd >= 0:
+                try:
+                    os.unlink(lpath)
+                finally:
+                    os.close(fd)
+        if len(kept) != len(self.meta.retired):
+            self.meta = _replace(self.meta, retired=tuple(kept))
+            zrstore.write_meta(self.path, self.meta)
+
+    # ----------------------------------------------------------------------------------------
+    # Rebalance
+
+    def utilization(self) -> dict[str, float]:
+        """``records``: live records / (chunk_size * live chunks), the seed's figure; ``bytes``:
+        bytes of live records / bytes written to live chunks. Counts committed state."""
+        self._check_open()
+        live_chunks = self._num_chunks - self.meta.first_chunk
+        live_bytes = 0
+        for k in range(len(self.fields)):
+            live_bytes += int(self._table_column(k)["length"].astype(np.int64).sum())
+        return {
+            "records": self._length / (self.chunk_size * live_chunks) if live_chunks else 1.0,
+            "bytes": live_bytes / self._written if self._written else 1.0,
+            "chunks": float(live_chunks),
+        }
+
+    def _table_column(self, k: int) -> np.ndarray:
+        raw = os.pread(self._tables[k], self._length * Z.ENTRY_SIZE, 0) if self._length else b""
+        col = np.frombuffer(raw, dtype=Z.ENTRY_DTYPE).copy()
+        for (kk, index), e in self._overlay.items():
+            if kk == k and index < self._length:
+                col[index] = e
+        return col
+
+    def rebalance(self, *, report: Callable[[str], None] | None = print) -> dict[str, float]:
+        """Rewrite every live record, in offset order, into new chunks and switch to them
+        atomically; the old chunks are removed once no reader uses them. Manual only.
+
+        Prints (through ``report``) the utilization first, and returns it."""
+        self._check_open()
+        self.commit()
+        with self._lock:
+            before = self.utilization()
+            if report is not None:
+                report(f"{self.path}: utilization {before['records']:.3f} (live records / chunk_size x "
+                       f"{int(before['chunks'])} chunks), {before['bytes']:.3f} of the bytes written are live")
+            cols = [self._table_column(k) for k in range(len(self.fields))]
+            order = self._offset_order(cols)
+            old_first, old_num = self.meta.first_chunk, self._num_chunks
+            old_chunks = list(range(old_first, old_num))
+            new_first = old_num
+            tmp_names: list[tuple[str, str]] = []
+            new_cols = [np.zeros(max(self._length, 1), Z.ENTRY_DTYPE) for _ in self.fields]
+            readers: dict[int, int] = {}
+            writer = _Chunk(new_first, -1, 0, 0, 0, "")
+            next_id = new_first
+            written = 0
+            made: list[_Chunk] = []
+
+            def new_chunk() -> _Chunk:
+                nonlocal next_id
+                cpath = os.path.join(self.path, Z.chunk_name(next_id))
+                fd = _io("open", os.open, cpath, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+                ch = _Chunk(next_id, fd, 0, 0, 0, cpath)
+                next_id += 1
+                made.append(ch)
+                return ch
+
+            try:
+                writer = new_chunk() if self._length else writer
+                for index in order:
+                    if writer.count >= self.chunk_size:
+                        writer = new_chunk()
+                    bufs = []
+                    pos = writer.pos
+                    for k, col in enumerate(cols):
+                        c, off, ln = int(col[index]["chunk"]), int(col[index]["offset"]), int(col[index]["length"])
+                        if ln == 0:
+                            continue
+                        if c not in readers:
+                            readers[c] = os.open(os.path.join(self.path, Z.chunk_name(c)), os.O_RDONLY | _O_CLOEXEC)
+                        raw = os.pread(readers[c], ln, off)
+                        if len(raw) != ln:
+                            raise CorruptError(f"chunk {c}: record {index} of {self.fields[k].name} is truncated",
+                                               path=self.path, field="chunk")
+                        span = Z.record_span(ln - Z.RECORD_HEADER_SIZE)
+                        new_cols[k][index] = (writer.id, pos, ln)
+                        bufs += [raw, bytes(span - ln)]
+                        pos += span
+                    if pos > writer.size:
+                        grow = -(-(pos - writer.size) // self.chunk_grow_bytes) * self.chunk_grow_bytes
+                        _io("ftruncate", os.ftruncate, writer.fd, writer.size + grow)
+                        writer.size += grow
+                    if bufs:
+                        data = b"".join(bufs)
+                        done = 0
+                        while done < len(data):
+                            done += _io("pwrite", os.pwrite, writer.fd, data[done:], writer.pos + done)
+                    written += pos - writer.pos
+                    writer.pos = pos
+                    writer.count += 1
+                for ch in made:
+                    _io("fdatasync", os.fdatasync, ch.fd)
+                _fsync_dir(os.path.join(self.path, Z.CHUNK_DIR))
+                for k, f in enumerate(self.fields):
+                    final = Z.offset_name(f.name)
+                    tmp = f".{final}.zbtmp.{os.getpid()}.{secrets.token_hex(4)}"
+                    entries = max(Z.OFFSET_GROW_ENTRIES,
+                                  -(-self._length // Z.OFFSET_GROW_ENTRIES) * Z.OFFSET_GROW_ENTRIES)
+                    fd = _io("open", os.open, os.path.join(self.path, tmp),
+                             os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+                    tmp_names.append((tmp, final))
+                    try:
+                        _io("ftruncate", os.ftruncate, fd, entries * Z.ENTRY_SIZE)
+                        data = new_cols[k][: self._length].tobytes()
+                        done = 0
+                        while done < len(data):
+                            done += _io("pwrite", os.pwrite, fd, data[done:], done)
+                        _io("fsync", os.fsync, fd)
+                    finally:
+                        os.close(fd)
+                epoch = self._epoch + 1
+                os.close(os.open(os.path.join(self.path, Z.epoch_lock_name(epoch)),
+                                 os.O_CREAT | os.O_WRONLY | _O_CLOEXEC, 0o644))
+                _fsync_dir(self.path)
+            except OSError as exc:
+                for ch in made:
+                    os.close(ch.fd)
+                    os.unlink(ch.path)
+                for tmp, _ in tmp_names:
+                    try:
+                        os.unlink(os.path.join(self.path, tmp))
+                    except OSError:
+                        pass
+                raise WriteError(f"rebalance failed: {exc.strerror}", errno=exc.errno, path=self.path,
+                                 field="rebalance", operation="rebalance") from exc
+            finally:
+                for fd in readers.values():
+                    os.close(fd)
+            last = made[-1] if made else None
+            unfull = ((last.id, last.pos, last.count),) if last is not None and last.count < self.chunk_size else ()
+            meta = Z.StoreMeta(self._length, next_id, self.chunk_size, self.fields, unfull, self._generation + 1,
+                               epoch, written, (*self.meta.retired, (self._epoch, tuple(old_chunks))), new_first)
+            sfd = zrstore.lock(os.path.join(self.path, Z.SWITCH_LOCK_NAME), exclusive=True, blocking=True)
+            try:
+                self._apply(zrstore.Journal(Z.JOURNAL_KIND_REBALANCE,
+                                            Z.Commit(0, meta.length, meta.num_chunks, meta.generation, epoch),
+                                            meta, np.zeros(0, Z.JOURNAL_UPDATE_DTYPE), tuple(tmp_names)))
+            finally:
+                zrstore.unlock(sfd)
+            for ch in made:
+                os.close(ch.fd)
+            self._close_files()
+            self._load()
+            after = self.utilization()
+        return after
+
+    @staticmethod
+    def _offset_order(cols: list[np.ndarray]) -> np.ndarray:
+        """Record indices sorted by (chunk, offset) of their first present field."""
+        n = len(cols[0])
+        chunk = np.full(n, np.iinfo(np.uint64).max, np.uint64)
+        offset = np.zeros(n, np.uint64)
+        for col in reversed(cols):
+            present = col["length"] > 0
+            chunk[present] = col["chunk"][present]
+            offset[present] = col["offset"][present]
+        return np.lexsort((offset, chunk))
+
+    # ----------------------------------------------------------------------------------------
+    # Closing
+
+    def _close_files(self) -> None:
+        for ch in [*self._chunks.values(), *self._full]:
+            os.close(ch.fd)
+        self._chunks.clear()
+        self._full.clear()
+        self._free.clear()
+        for fd in self._tables:
+            os.close(fd)
+        self._tables = []
+        os.close(self._commit_fd)
+
+    def close(self, *, commit: bool = True) -> None:
+        """Commit (unless ``commit=False``: uncommitted changes are dropped) and release the
+        store. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if commit:
+                self.commit()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+            self._closed = True
+            self._close_files()
+            zrstore.unlock(self._writer_fd)
+            self._writer_fd = None
+
+    def abort(self) -> None:
+        """Drop uncommitted changes and release the store."""
+        self.close(commit=False)
+
+    def __enter__(self) -> ZRecordWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        self.close(commit=exc_type is None)
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            try:
+                self.close(commit=False)
+            except Exception:
+                pass
+
+
+def _replace(meta: Z.StoreMeta, **changes: Any) -> Z.StoreMeta:
+    import dataclasses
+
+    return dataclasses.replace(meta, **changes)
