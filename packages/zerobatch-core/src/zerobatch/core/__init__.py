@@ -7,6 +7,8 @@ Everything here is imported from this module, never from ``zerobatch.core._<kern
 - offsets and orders: :func:`llmbatch_batch_offsets`, :func:`block_shuffle_items`,
   :class:`FeistelPermutation` (gfc-compatible pseudorandom permutation of any range),
   :func:`epoch_seed`, :func:`random_draws` (counter-mode uniform draws);
+- ZRECORD: :class:`RecordGather` (seqlocked entry snapshots, checked record copies and
+  inflate) and the store files in :mod:`zerobatch.core.zrstore`;
 - TOKSTREAM: :class:`WindowGather` / :func:`gather_windows` (token windows across shards into one
   buffer);
 - gathers: :class:`LLMBatchSlots` (verified batch reads into int64 / int32 / uint32 buffers),
@@ -47,6 +49,7 @@ if PURE_PYTHON:
         widen_u32,
         xxh3_64,
     )
+    from zerobatch.core._reference import RecordGather, zrecord_status_error
 else:
     try:
         from zerobatch.core._feistel import FeistelPermutation, epoch_seed, random_draws
@@ -56,6 +59,8 @@ else:
         from zerobatch.core._header import llmbatch_geometry, pack_llmbatch_header, parse_llmbatch_header
         from zerobatch.core._offsets import block_shuffle_items, llmbatch_batch_offsets
         from zerobatch.core._tokstream import WindowGather, gather_windows
+        from zerobatch.core._zrecord import RecordGather
+        from zerobatch.core._zrecord import status_error as zrecord_status_error
     except ImportError as _exc:  # pragma: no cover - exercised by a broken install only
         raise ImportError(
             "zerobatch.core: the compiled extensions are missing or broken "
@@ -72,12 +77,14 @@ __all__ = [
     "FileMapping",
     "LLMBatchSlots",
     "PURE_PYTHON",
+    "RecordGather",
     "TaskPool",
     "WindowGather",
     "__version__",
     "block_shuffle_items",
     "epoch_seed",
     "gather_windows",
+    "zrecord_status_error",
     "random_draws",
     "hash_slots",
     "io",

@@ -155,9 +155,9 @@ cdef class RecordGather:
         self._chunk_size[c] = mv.shape[0]
         self._chunk_objs[c] = mapping
 
-    def chunk_object(self, uint64_t c):
-        """The mapping registered for chunk c (views of records hold it)."""
-        return self._chunk_objs[c] if c < self._chunk_cap else None
+    def chunk_array(self, uint64_t c):
+        """A uint8 array over chunk c's mapping (views of records keep the mapping alive)."""
+        return np.frombuffer(self._chunk_objs[c], np.uint8)
 
     def snapshot(self, indices, fields):
         """Entries [n, len(fields)] of one committed state, or a (code, detail) tuple."""

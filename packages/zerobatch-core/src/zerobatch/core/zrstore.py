@@ -92,7 +92,7 @@ def read_commit(buf: Any, *, path: Any = None, wait: float = 0.0) -> Z.Commit | 
     Returns None when ``seq`` stays odd for ``wait`` seconds (a writer died while applying a
     journal: the caller recovers).
     """
-    view = memoryview(buf)
+    view = memoryview(buf) if not hasattr(buf, "_m") else memoryview(buf._m)  # the twin FileMapping
     deadline = time.monotonic() + wait
     while True:
         s1 = struct.unpack_from("<Q", view, 16)[0]

@@ -32,9 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.core import FileMapping
-from zerobatch.core import zrstore
-from zerobatch.core._zrecord import RecordGather, status_error
+from zerobatch.core import FileMapping, RecordGather, zrstore
+from zerobatch.core import zrecord_status_error as status_error
 from zerobatch.core.io import open_regular_file
 from zerobatch.core.pool import shared_pool
 from zerobatch.formats import zrecord as Z
@@ -450,7 +449,7 @@ class ZRecordStore:
                 c = int(chunks[i])
                 base = objs.get(c)
                 if base is None:
-                    base = objs[c] = np.frombuffer(self._gather.chunk_object(c), np.uint8)
+                    base = objs[c] = self._gather.chunk_array(c)
                 start = int(payload[i])
                 v = base[start:start + int(lens[i])].view(dt)
                 values[i] = v.reshape(shape) if shape is not None else v

@@ -290,11 +290,14 @@ class ZRecordWriter:
             if unknown:
                 raise ConfigError(f"record: unknown fields {sorted(unknown)}", path=self.path, field="record")
             return [record.get(f.name) for f in self.fields]
-        if isinstance(record, (tuple, list)) and len(record) == len(self.fields):
+        if isinstance(record, tuple):
+            if len(record) != len(self.fields):
+                raise ConfigError(f"record: a tuple of {len(record)} values for {len(self.fields)} fields",
+                                  path=self.path, field="record")
             return list(record)
         if len(self.fields) == 1:
             return [record]
-        raise ConfigError(f"record: a mapping of field names, or a sequence of {len(self.fields)} values",
+        raise ConfigError(f"record: a mapping of field names, or a tuple of {len(self.fields)} values",
                           path=self.path, field="record")
 
     def _thread_chunk(self) -> _Chunk:
@@ -395,8 +398,9 @@ class ZRecordWriter:
         return int(e["chunk"]), int(e["offset"]), int(e["length"])
 
     def append(self, record: Any) -> int:
-        """Append one record (a mapping of field values, a sequence in field order, or the
-        value of a single-field store); missing fields are absent. Returns its index."""
+        """Append one record: a mapping of field names to values (missing fields are absent),
+        a tuple of values in field order (None: absent), or, in a single-field store, the
+        value itself. Returns its index."""
         self._check_open()
         entries = self._write_record(self._normalize(record))
         with self._lock:
@@ -590,7 +594,8 @@ class ZRecordWriter:
         live_chunks = self._num_chunks - self.meta.first_chunk
         live_bytes = 0
         for k in range(len(self.fields)):
-            live_bytes += int(self._table_column(k)["length"].astype(np.int64).sum())
+            lengths = self._table_column(k)["length"].astype(np.int64)
+            live_bytes += int(((lengths + Z.RECORD_ALIGN - 1) // Z.RECORD_ALIGN * Z.RECORD_ALIGN).sum())
         return {
             "records": self._length / (self.chunk_size * live_chunks) if live_chunks else 1.0,
             "bytes": live_bytes / self._written if self._written else 1.0,
