@@ -1060,16 +1060,19 @@ class RecordGather:
         self._commit_obj = commit
         self.epoch = epoch
         self._tables: dict[int, np.ndarray] = {}
+        self._checks: dict[int, np.ndarray] = {}
         self._table_objs: dict[int, Any] = {}
         self._chunks: dict[int, np.ndarray] = {}
         self._chunk_objs: dict[int, Any] = {}
 
-    def set_table(self, k: int, table: Any) -> None:
+    def set_table(self, k: int, table: Any, check: Any) -> None:
         if not 0 <= k <= 65535:
             raise ValueError("field number out of range")
-        raw = _zr_bytes(table)
-        self._tables[k] = raw[: raw.size // 16 * 16].view(_ZR_ENTRY)
-        self._table_objs[k] = table
+        raw, chk = _zr_bytes(table), _zr_bytes(check)
+        n = min(raw.size // 16, chk.size // 4)
+        self._tables[k] = raw[: n * 16].view(_ZR_ENTRY)
+        self._checks[k] = chk[: n * 4].view("<u4")
+        self._table_objs[k] = (table, check)
 
     def set_chunk(self, c: int, mapping: Any) -> None:
         if mapping is None or len(mapping) == 0:
@@ -1094,7 +1097,7 @@ class RecordGather:
             return ("retry", 0)
         flags = int(c[12:16].view("<u4")[0])
         length, nch = int(c[24:32].view("<u8")[0]), int(c[32:40].view("<u8")[0])
-        if flags & 1 or int(c[48:56].view("<u8")[0]) != self.epoch:
+        if flags or int(c[48:56].view("<u8")[0]) != self.epoch:
             return ("stale", 0)
         for k in fno:
             if length > self._tables[k].size:
@@ -1102,11 +1105,24 @@ class RecordGather:
         j = np.where(idx < 0, idx + length, idx)
         bad = np.flatnonzero((j < 0) | (j >= length))
         out = np.empty((idx.size, len(fno)), _ZR_ENTRY)
+        broken = None
         if bad.size == 0:
+            import zlib
+
             for col, k in enumerate(fno):
                 out[:, col] = self._tables[k][j]
+            for i in range(idx.size):
+                for col, k in enumerate(fno):
+                    crc = zlib.crc32(struct.pack("<QI", int(j[i]), k), zlib.crc32(out[i, col].tobytes()))
+                    if crc != int(self._checks[k][j[i]]):
+                        broken = ("bad_entry", k, int(idx[i]))
+                        break
+                if broken:
+                    break
         if int(c[16:24].view("<u8")[0]) != s1:
             return ("retry", 0)
+        if broken:
+            return broken
         if bad.size:
             raise IndexError(f"index {int(idx[bad[0]])} is out of range for a store of {length} records")
         return out, length, nch

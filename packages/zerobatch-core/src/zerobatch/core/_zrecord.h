@@ -44,14 +44,19 @@ static inline uint64_t zr_seq(const uint8_t *commit) {
     return __atomic_load_n((const uint64_t *)(commit + 16), __ATOMIC_ACQUIRE);
 }
 
-/* Copy the entries of `nf` fields for `n` indices under the commit file's seqlock.
- * pre:  tables[k] maps table_entries[k] entries of field k; idx has n values (negative
+/* Copy the entries of `nf` fields for `n` indices under the commit file's seqlock, each
+ * checked against its CRC-32 (over the entry, its index u64 and field number u32).
+ * pre:  tables[k] / checks[k] map table_entries[k] entries / checks of field k (number
+ *       field_nos[k]); idx has n values (negative
  *       ones count from the end); out has room for n * nf entries.
  * post: ZR_OK with out[i * nf + k] the entry of index idx[i] in field k, *length and
  *       *num_chunks the committed values they belong to; ZR_RETRY (seq odd or changed:
- *       call again), ZR_STALE (epoch differs from `epoch` or superseded), ZR_NEED_TABLE
- *       (*bad = field), ZR_E_INDEX (*bad = position in idx). */
+ *       call again), ZR_STALE (epoch differs from `epoch`, or flags set: reopen, which
+ *       checks the commit file), ZR_NEED_TABLE
+ *       (*bad = field), ZR_E_INDEX (*bad = position in idx), ZR_E_CHECKSUM (an entry
+ *       disagrees with its check: *bad = position * nf + field). */
 static int zr_snapshot(const uint8_t *commit, uint64_t epoch, const uint8_t *const *tables,
+                       const uint8_t *const *checks, const uint32_t *field_nos,
                        const uint64_t *table_entries, int64_t nf, const int64_t *idx, int64_t n,
                        zr_entry *out, uint64_t *length, uint64_t *num_chunks, int64_t *bad) {
     uint64_t s1 = zr_seq(commit);
@@ -61,15 +66,26 @@ static int zr_snapshot(const uint8_t *commit, uint64_t epoch, const uint8_t *con
     uint64_t nch = __atomic_load_n((const uint64_t *)(commit + 32), __ATOMIC_ACQUIRE);
     uint64_t ep = __atomic_load_n((const uint64_t *)(commit + 48), __ATOMIC_ACQUIRE);
     int status = ZR_OK;
-    if ((flags & 1) || ep != epoch) return ZR_STALE;
+    if (flags != 0 || ep != epoch) return ZR_STALE;
     for (int64_t k = 0; k < nf; k++)
         if (len > table_entries[k]) { *bad = k; status = ZR_NEED_TABLE; goto check; }
     for (int64_t i = 0; i < n; i++) {
         int64_t j = idx[i];
         if (j < 0) j += (int64_t)len;
         if (j < 0 || (uint64_t)j >= len) { *bad = i; status = ZR_E_INDEX; goto check; }
-        for (int64_t k = 0; k < nf; k++)
-            memcpy(&out[i * nf + k], tables[k] + (uint64_t)j * 16u, 16);
+        for (int64_t k = 0; k < nf; k++) {
+            uint8_t buf[28];
+            uint64_t jj = (uint64_t)j;
+            memcpy(buf, tables[k] + jj * 16u, 16);
+            memcpy(buf + 16, &jj, 8);
+            memcpy(buf + 24, &field_nos[k], 4);
+            memcpy(&out[i * nf + k], buf, 16);
+            if ((uint32_t)crc32(0L, buf, 28) != zr_ld32(checks[k] + jj * 4u)) {
+                *bad = i * nf + k;
+                status = ZR_E_CHECKSUM;
+                goto check;
+            }
+        }
     }
 check:
     __atomic_thread_fence(__ATOMIC_ACQUIRE);

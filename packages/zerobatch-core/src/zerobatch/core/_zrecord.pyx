@@ -4,13 +4,14 @@
 #   RecordGather(commit, epoch)
 #     commit: a buffer over the store's commit.zr (read-only mapping, >= 64 bytes);
 #     epoch: the rebalance epoch of the tables this reader mapped.
-#   set_table(k, table) / set_chunk(c, mapping)
-#     register field k's mapped offset table / chunk c's mapping (any buffer; kept alive
+#   set_table(k, table, check) / set_chunk(c, mapping)
+#     register field k's mapped offset table and check file / chunk c's mapping (kept alive
 #     here, and by every view a caller made of it, so no view ever dangles).
 #   snapshot(indices, fields) -> (entries [n, len(fields)] ENTRY_DTYPE, length, num_chunks)
-#     the entries under the seqlock of commit.zr: all from one committed state. Returns
-#     the internal codes (RETRY / STALE / NEED_TABLE) as ("retry", ...) tuples for the
-#     wrapper to act on; raises IndexError for an index outside [-length, length).
+#     the entries under the seqlock of commit.zr: all from one committed state, each
+#     checked against its CRC-32. Returns the internal codes (RETRY / STALE / NEED_TABLE)
+#     and a damaged entry ("bad_entry", field, index) as tuples for the wrapper to act on;
+#     raises IndexError for an index outside [-length, length).
 #   check(entries_col, num_chunks, field_no, codec, fixed_len, max_len, verify, out, pool)
 #     per record: the chunk exists, the entry lies inside it, the container's magic,
 #     checksum (verify), codec, field number and lengths agree; then copies (raw) or
@@ -36,7 +37,7 @@ from zerobatch.core._status import raise_for_status
 from zerobatch.formats.zrecord import ENTRY_DTYPE
 
 cdef extern from "_zrecord.h" nogil:
-    int ZR_OK, ZR_RETRY, ZR_STALE, ZR_NEED_TABLE, ZR_NEED_CHUNK, ZR_E_INDEX
+    int ZR_OK, ZR_RETRY, ZR_STALE, ZR_NEED_TABLE, ZR_NEED_CHUNK, ZR_E_INDEX, ZR_E_CHECKSUM
     ctypedef struct zr_entry:
         uint32_t chunk
         uint64_t offset
@@ -66,6 +67,7 @@ cdef extern from "_zrecord.h" nogil:
         int64_t bad
         uint64_t need_chunk
     int zr_snapshot(const uint8_t *commit, uint64_t epoch, const uint8_t *const *tables,
+                    const uint8_t *const *checks, const uint32_t *field_nos,
                     const uint64_t *table_entries, int64_t nf, const int64_t *idx, int64_t n,
                     zr_entry *out, uint64_t *length, uint64_t *num_chunks, int64_t *bad)
     int zr_job_run(zr_job *j)
@@ -86,6 +88,7 @@ cdef class RecordGather:
     cdef object _commit_obj
     cdef readonly uint64_t epoch
     cdef const uint8_t **_tables
+    cdef const uint8_t **_checks
     cdef uint64_t *_table_entries
     cdef int64_t _num_tables
     cdef list _table_objs
@@ -106,30 +109,36 @@ cdef class RecordGather:
 
     def __dealloc__(self):
         free(self._tables)
+        free(self._checks)
         free(self._table_entries)
         free(self._chunk_base)
         free(self._chunk_size)
 
-    def set_table(self, int64_t k, table):
-        """Register field k's offset table (a buffer of 16-byte entries)."""
+    def set_table(self, int64_t k, table, check):
+        """Register field k's offset table (16-byte entries) and its check file (a CRC-32
+        per entry); the entries usable are those both cover."""
         cdef const uint8_t[::1] mv = np.frombuffer(table, dtype=np.uint8)
+        cdef const uint8_t[::1] cv = np.frombuffer(check, dtype=np.uint8)
         cdef int64_t n
         if k < 0 or k > 65535:
             raise ValueError("field number out of range")
         if k >= self._num_tables:
             n = k + 1
             self._tables = <const uint8_t **>realloc(self._tables, n * sizeof(uint8_t *))
+            self._checks = <const uint8_t **>realloc(self._checks, n * sizeof(uint8_t *))
             self._table_entries = <uint64_t *>realloc(self._table_entries, n * sizeof(uint64_t))
-            if self._tables == NULL or self._table_entries == NULL:
+            if self._tables == NULL or self._checks == NULL or self._table_entries == NULL:
                 raise MemoryError()
             while self._num_tables < n:
                 self._tables[self._num_tables] = NULL
+                self._checks[self._num_tables] = NULL
                 self._table_entries[self._num_tables] = 0
                 self._table_objs.append(None)
                 self._num_tables += 1
-        self._table_objs[k] = table
+        self._table_objs[k] = (table, check)
         self._tables[k] = &mv[0] if mv.shape[0] else NULL
-        self._table_entries[k] = mv.shape[0] // 16
+        self._checks[k] = &cv[0] if cv.shape[0] else NULL
+        self._table_entries[k] = min(mv.shape[0] // 16, cv.shape[0] // 4)
 
     def set_chunk(self, uint64_t c, mapping):
         """Register chunk c's mapping (None unmaps it here; live views keep theirs)."""
@@ -169,20 +178,27 @@ cdef class RecordGather:
         entries = np.empty((n, nf), dtype=ENTRY_DTYPE)
         cdef uint8_t[::1] raw = entries.reshape(-1).view(np.uint8) if n and nf else np.empty(16, np.uint8)
         cdef const uint8_t **tabs = <const uint8_t **>PyMem_Malloc((nf + 1) * sizeof(uint8_t *))
+        cdef const uint8_t **chks = <const uint8_t **>PyMem_Malloc((nf + 1) * sizeof(uint8_t *))
+        cdef uint32_t *fnos = <uint32_t *>PyMem_Malloc((nf + 1) * sizeof(uint32_t))
         cdef uint64_t *tents = <uint64_t *>PyMem_Malloc((nf + 1) * sizeof(uint64_t))
         try:
-            if tabs == NULL or tents == NULL:
+            if tabs == NULL or chks == NULL or fnos == NULL or tents == NULL:
                 raise MemoryError()
             for k in range(nf):
                 if fno[k] < 0 or fno[k] >= self._num_tables:
                     raise ValueError(f"field number {fno[k]} has no table")
                 tabs[k] = self._tables[fno[k]]
+                chks[k] = self._checks[fno[k]]
+                fnos[k] = <uint32_t>fno[k]
                 tents[k] = self._table_entries[fno[k]]
             with nogil:
-                status = zr_snapshot(self._commit, self.epoch, tabs, tents, nf, &idx[0] if n else NULL,
-                                     n if nf else 0, <zr_entry *>&raw[0], &length, &nchunks, &bad)
+                status = zr_snapshot(self._commit, self.epoch, tabs, chks, fnos, tents, nf,
+                                     &idx[0] if n else NULL, n if nf else 0, <zr_entry *>&raw[0],
+                                     &length, &nchunks, &bad)
         finally:
             PyMem_Free(tabs)
+            PyMem_Free(chks)
+            PyMem_Free(fnos)
             PyMem_Free(tents)
         if status == ZR_RETRY:
             return ("retry", 0)
@@ -190,6 +206,8 @@ cdef class RecordGather:
             return ("stale", 0)
         if status == ZR_NEED_TABLE:
             return ("need_table", int(fno[bad]))
+        if status == ZR_E_CHECKSUM:
+            return ("bad_entry", int(fno[bad % nf]), int(idx[bad // nf]))
         if status == ZR_E_INDEX:
             raise IndexError(f"index {int(idx[bad])} is out of range for a store of {length} records")
         return entries, int(length), int(nchunks)

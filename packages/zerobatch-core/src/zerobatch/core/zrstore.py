@@ -37,6 +37,8 @@ from zerobatch.formats.errors import CorruptError, NotFoundError, ReadError, Sta
 
 __all__ = [
     "Journal",
+    "read_commit_waiting",
+    "writer_alive",
     "lock",
     "pack_journal",
     "parse_journal",
@@ -81,6 +83,40 @@ def lock(path: str, *, exclusive: bool, blocking: bool, create: bool = False) ->
     return fd
 
 
+def writer_alive(folder: str) -> bool:
+    """Whether a writer holds ``writer.lock`` now (a shared probe that never blocks)."""
+    fd = lock(os.path.join(folder, Z.WRITER_LOCK_NAME), exclusive=False, blocking=False)
+    if fd is None:
+        return True
+    os.close(fd)
+    return False
+
+
+def read_commit_waiting(buf: Any, folder: str, *, path: Any = None) -> Z.Commit:
+    """:func:`read_commit`, waiting while ``seq`` is odd only if a writer or a journal can
+    explain it: applies a dead writer's journal, and refuses an odd ``seq`` nothing explains.
+
+    Raises:
+        CorruptError: ``seq`` is odd, no writer runs and there is no journal.
+        StateError: a live writer kept ``seq`` odd for ``WAIT_SECONDS``.
+    """
+    deadline = time.monotonic() + WAIT_SECONDS
+    while True:
+        c = read_commit(buf, path=path, wait=0.05)
+        if c is not None:
+            return c
+        if recover(folder):
+            continue
+        if not writer_alive(folder):
+            c = read_commit(buf, path=path)
+            if c is not None:
+                return c
+            raise CorruptError("commit.zr: seq is odd, yet no writer runs and no journal is left",
+                               path=path, field="seq")
+        if time.monotonic() > deadline:
+            raise StateError("commit.zr: a writer kept seq odd for too long", path=path, field="seq")
+
+
 def unlock(fd: int | None) -> None:
     if fd is not None:
         os.close(fd)
@@ -108,15 +144,16 @@ def read_commit(buf: Any, *, path: Any = None, wait: float = 0.0) -> Z.Commit | 
 def write_commit(fd: int, c: Z.Commit, *, path: Any, updates: list[tuple[int, bytes, int]] = ()) -> int:
     """Publish ``c`` in ``commit.zr`` (open read-write) under the seqlock; returns the new seq.
 
-    ``updates`` are ``(table fd, 16-byte entry, index)`` writes made while ``seq`` is odd.
+    ``updates`` are ``(fd, bytes, offset)`` writes (entries and their checks) made while
+    ``seq`` is odd.
     """
     raw = os.pread(fd, Z.COMMIT_STRUCT.size, 0)
     seq = struct.unpack_from("<Q", raw, 16)[0] if len(raw) >= 24 else 0
     odd = seq + 1 if not seq & 1 else seq
     try:
         _io("pwrite", os.pwrite, fd, struct.pack("<Q", odd), 16)
-        for tfd, entry, index in updates:
-            _io("pwrite", os.pwrite, tfd, entry, index * Z.ENTRY_SIZE)
+        for tfd, data, offset in updates:
+            _io("pwrite", os.pwrite, tfd, data, offset)
         packed = Z.pack_commit(dataclasses.replace(c, seq=odd), xxh3_64)
         _io("pwrite", os.pwrite, fd, packed[:16], 0)
         _io("pwrite", os.pwrite, fd, packed[24:Z.COMMIT_STRUCT.size], 24)
@@ -170,7 +207,7 @@ def parse_journal(raw: bytes, *, path: Any = None) -> Journal:
     meta = Z.parse_meta(json.dumps(extra["meta"]), path=path)
     renames = tuple((str(a), str(b)) for a, b in extra["renames"])
     for a, b in renames:
-        if "/" in a or "/" in b or a in ("", ".", "..") or not b.endswith(".offset"):
+        if "/" in a or "/" in b or a in ("", ".", "..") or not b.endswith((".offset", ".check")):
             raise CorruptError("journal.zr: a rename outside the store's offset tables", path=path,
                                field="renames")
     updates = np.frombuffer(body, dtype=Z.JOURNAL_UPDATE_DTYPE, count=nupd, offset=nextra)
@@ -186,7 +223,7 @@ def replay(folder: str, j: Journal) -> None:
             os.rename(s, os.path.join(folder, dst))
     cpath = os.path.join(folder, Z.COMMIT_NAME)
     cfd = os.open(cpath, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-    tfds: dict[int, int] = {}
+    tfds: dict[tuple[int, int], int] = {}
     try:
         updates = []
         for u in j.updates:
@@ -194,12 +231,14 @@ def replay(folder: str, j: Journal) -> None:
             if f >= len(j.meta.fields):
                 raise CorruptError("journal.zr: an update names a field that does not exist", path=folder,
                                    field="updates")
-            if f not in tfds:
-                tfds[f] = os.open(os.path.join(folder, Z.offset_name(j.meta.fields[f].name)),
-                                  os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+            if (f, 0) not in tfds:
+                for kind, name in ((0, Z.offset_name(j.meta.fields[f].name)), (1, Z.check_name(j.meta.fields[f].name))):
+                    tfds[(f, kind)] = os.open(os.path.join(folder, name), os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
             entry = np.zeros(1, Z.ENTRY_DTYPE)
             entry["chunk"], entry["offset"], entry["length"] = u["chunk"], u["offset"], u["length"]
-            updates.append((tfds[f], entry.tobytes(), int(u["index"])))
+            index = int(u["index"])
+            updates.append((tfds[(f, 0)], entry.tobytes(), index * Z.ENTRY_SIZE))
+            updates.append((tfds[(f, 1)], Z.entry_checks(entry, index, f).tobytes(), index * Z.CHECK_SIZE))
         write_commit(cfd, j.commit, path=cpath, updates=updates)
         for fd in [*tfds.values(), cfd]:
             _io("fsync", os.fsync, fd)

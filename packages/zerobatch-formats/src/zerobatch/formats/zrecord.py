@@ -9,6 +9,7 @@ A store is a folder::
     meta.json            length, chunks (count, records per chunk, the unfull ones), fields
     commit.zr            the committed length / chunk count / generation / epoch, seqlocked
     <field>.offset       one 16-byte entry per record: chunk_id u32, offset u64, length u32
+    <field>.check        one CRC-32 per entry (over the entry, its index and field number)
     chunk/<id>.zr        record containers back to back, 16-byte aligned
     writer.lock          held (flock, exclusive) by the one writer
     switch.lock          held exclusive while a rebalance swaps files, shared by opening readers
@@ -41,7 +42,6 @@ __all__ = [
     "DTYPES",
     "ENTRY_DTYPE",
     "ENTRY_SIZE",
-    "FLAG_SUPERSEDED",
     "FORMAT_NAME",
     "JOURNAL_HEADER",
     "JOURNAL_KIND_COMMIT",
@@ -61,6 +61,9 @@ __all__ = [
     "VERSION",
     "WRITER_LOCK_NAME",
     "CHUNK_GROW_BYTES",
+    "CHECK_SIZE",
+    "check_name",
+    "entry_checks",
     "FieldSpec",
     "StoreMeta",
     "chunk_name",
@@ -99,12 +102,12 @@ RECORD_MAGIC = 0x5A
 RECORD_ALIGN = 16
 CODECS = {"raw": 0, "flate": 1}
 
-#: The commit file: magic, version, flags, seq (odd while a writer applies changes in place),
+#: The commit file: magic, version, flags (none defined: 0), seq (odd while a writer applies
+#: changes in place),
 #: length, num_chunks, generation, epoch, xxh3 of the 32 bytes from ``length`` to ``epoch``.
 COMMIT_STRUCT = struct.Struct("<8sIIQQQQQQ")
 COMMIT_SIZE = 4096
 COMMIT_MAGIC = b"ZRCOMMIT"
-FLAG_SUPERSEDED = 1
 
 #: The journal: magic, kind, reserved, generation, epoch, length, num_chunks, number of
 #: updates, bytes of the JSON part, xxh3 of everything after this header.
@@ -132,6 +135,28 @@ _MAX_LENGTH = (1 << 48)
 
 def offset_name(field: str) -> str:
     return f"{field}.offset"
+
+
+def check_name(field: str) -> str:
+    return f"{field}.check"
+
+
+#: Bytes of one entry's check.
+CHECK_SIZE = 4
+
+
+def entry_checks(entries: Any, first_index: int, field_no: int) -> np.ndarray:
+    """The CRC-32 checks (``<u4``) of consecutive entries starting at ``first_index``:
+    CRC-32 (zlib's) of the 16 entry bytes, the index as u64 and the field number as u32.
+    A CRC detects every single-bit flip of what it covers, by construction."""
+    import zlib
+
+    raw = np.ascontiguousarray(entries, dtype=ENTRY_DTYPE).view(np.uint8).reshape(-1, ENTRY_SIZE)
+    out = np.empty(len(raw), "<u4")
+    tail = struct.Struct("<QI")
+    for i in range(len(raw)):
+        out[i] = zlib.crc32(tail.pack(first_index + i, field_no), zlib.crc32(raw[i]))
+    return out
 
 
 def chunk_name(chunk_id: int) -> str:
@@ -377,7 +402,7 @@ def unpack_commit(raw: bytes | memoryview, xxh3: Any, *, path: Any = None) -> Co
         raise CorruptError("commit.zr: bad magic", path=path, field="magic")
     if version != VERSION:
         raise UnsupportedVersionError(f"commit.zr: version {version} is not {VERSION}", path=path, field="version")
-    if flags & ~FLAG_SUPERSEDED:
+    if flags:
         raise CorruptError(f"commit.zr: unknown flags {flags:#x}", path=path, field="flags")
     if xxh3(bytes(raw[24:56])) != digest:
         raise CorruptError("commit.zr: checksum mismatch", path=path, field="checksum")

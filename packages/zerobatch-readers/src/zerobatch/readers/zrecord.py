@@ -37,7 +37,14 @@ from zerobatch.core import zrecord_status_error as status_error
 from zerobatch.core.io import open_regular_file
 from zerobatch.core.pool import shared_pool
 from zerobatch.formats import zrecord as Z
-from zerobatch.formats.errors import ConfigError, CorruptError, NotFoundError, StateError, TruncatedError
+from zerobatch.formats.errors import (
+    ConfigError,
+    CorruptError,
+    IntegrityError,
+    NotFoundError,
+    StateError,
+    TruncatedError,
+)
 
 __all__ = ["FieldView", "RecordBatch", "ZRecordStore"]
 
@@ -219,9 +226,11 @@ class ZRecordStore:
                     commit_map = FileMapping(cfd, Z.COMMIT_SIZE, cpath)
                 finally:
                     os.close(cfd)
-                commit = zrstore.read_commit(commit_map, path=cpath, wait=zrstore.WAIT_SECONDS)
+                commit = zrstore.read_commit(commit_map, path=cpath)
                 if commit is None:
-                    self._maybe_recover(force=True)
+                    zrstore.unlock(sfd)
+                    sfd = None
+                    zrstore.read_commit_waiting(commit_map, self.path, path=cpath)
                     continue
                 meta = self._read_meta(mpath, commit)
                 gather = RecordGather(commit_map, commit.epoch)
@@ -260,11 +269,9 @@ class ZRecordStore:
             return True
         return False
 
-    def _maybe_recover(self, force: bool = False) -> None:
+    def _maybe_recover(self) -> None:
         """A journal exists: a live writer is finishing it (wait), or a dead one left it (apply)."""
-        if zrstore.recover(self.path) or not force:
-            return
-        raise CorruptError("commit.zr: seq stays odd and no journal explains it", path=self.path, field="seq")
+        zrstore.recover(self.path)
 
     def _read_meta(self, mpath: str, commit: Z.Commit) -> Z.StoreMeta:
         for attempt in range(100):
@@ -288,21 +295,24 @@ class ZRecordStore:
                            path=mpath, field="generation")
 
     def _map_table(self, gather: RecordGather, k: int, f: Z.FieldSpec, length: int) -> None:
-        tpath = os.path.join(self.path, Z.offset_name(f.name))
-        try:
-            fd, st = open_regular_file(tpath)
-        except NotFoundError:
-            raise NotFoundError(f"{f.name}.offset: missing", path=tpath, field="offset") from None
-        try:
-            if st.st_size % Z.ENTRY_SIZE:
-                raise CorruptError(f"{f.name}.offset: {st.st_size} bytes is not a whole number of 16-byte entries",
-                                   path=tpath, field="offset")
-            if st.st_size // Z.ENTRY_SIZE < length:
-                raise TruncatedError(f"{f.name}.offset: {st.st_size // Z.ENTRY_SIZE} entries, the store has "
-                                     f"{length} records", path=tpath, field="offset")
-            gather.set_table(k, FileMapping(fd, st.st_size, tpath))
-        finally:
-            os.close(fd)
+        maps = []
+        for name, unit in ((Z.offset_name(f.name), Z.ENTRY_SIZE), (Z.check_name(f.name), Z.CHECK_SIZE)):
+            tpath = os.path.join(self.path, name)
+            try:
+                fd, st = open_regular_file(tpath)
+            except NotFoundError:
+                raise NotFoundError(f"{name}: missing", path=tpath, field=name) from None
+            try:
+                if st.st_size % unit:
+                    raise CorruptError(f"{name}: {st.st_size} bytes is not a whole number of {unit}-byte entries",
+                                       path=tpath, field=name)
+                if st.st_size // unit < length:
+                    raise TruncatedError(f"{name}: {st.st_size // unit} entries, the store has {length} records",
+                                         path=tpath, field=name)
+                maps.append(FileMapping(fd, st.st_size, tpath))
+            finally:
+                os.close(fd)
+        gather.set_table(k, maps[0], maps[1])
 
     def _map_chunk(self, c: int, field: str, index: int) -> None:
         cpath = os.path.join(self.path, Z.chunk_name(c))
@@ -329,11 +339,7 @@ class ZRecordStore:
 
     def __len__(self) -> int:
         self._check_open()
-        c = zrstore.read_commit(self._commit_map, path=self.path, wait=zrstore.WAIT_SECONDS)
-        if c is None:
-            self._maybe_recover(force=True)
-            return len(self)
-        return c.length
+        return zrstore.read_commit_waiting(self._commit_map, self.path, path=self.path).length
 
     def keys(self) -> list[str]:
         return [f.name for f in self.fields]
@@ -359,18 +365,23 @@ class ZRecordStore:
             r = self._gather.snapshot(idx, fnos)
             if len(r) == 3 and not isinstance(r[0], str):
                 return r
-            code, detail = r
+            code, detail = r[0], r[1]
+            if code == "bad_entry":
+                name = self.fields[detail].name
+                raise IntegrityError(f"{name}.offset: the entry of record {r[2]} fails its check (CRC-32 in "
+                                     f"{name}.check)", path=os.path.join(self.path, Z.offset_name(name)),
+                                     field="offset")
             if code == "need_table":
                 f = self.fields[detail]
-                c = zrstore.read_commit(self._commit_map, path=self.path) or Z.Commit(0, 0, 0, 0, 0)
+                c = zrstore.read_commit_waiting(self._commit_map, self.path, path=self.path)
                 self._map_table(self._gather, detail, f, c.length)
             elif code == "stale":
                 self._open()
             else:  # retry: a writer is applying a commit
                 if deadline is None:
-                    deadline = time.monotonic() + zrstore.WAIT_SECONDS
+                    deadline = time.monotonic() + 0.05
                 elif time.monotonic() > deadline:
-                    self._maybe_recover(force=True)
+                    zrstore.read_commit_waiting(self._commit_map, self.path, path=self.path)
                     deadline = None
                 time.sleep(0)
 

@@ -35,7 +35,7 @@ from zerobatch.core import xxh3_64
 from zerobatch.core import zrstore
 from zerobatch.core.io import AtomicFile, _io, cleanup_orphans, open_regular_file
 from zerobatch.formats import zrecord as Z
-from zerobatch.formats.errors import ConfigError, CorruptError, NotFoundError, StateError, WriteError
+from zerobatch.formats.errors import ConfigError, CorruptError, IntegrityError, NotFoundError, StateError, WriteError
 
 __all__ = ["ZRecordWriter"]
 
@@ -132,6 +132,8 @@ class ZRecordWriter:
             for f in fields:
                 with AtomicFile(os.path.join(tmp, Z.offset_name(f.name))) as af:
                     af.truncate(Z.OFFSET_GROW_ENTRIES * Z.ENTRY_SIZE)
+                with AtomicFile(os.path.join(tmp, Z.check_name(f.name))) as af:
+                    af.truncate(Z.OFFSET_GROW_ENTRIES * Z.CHECK_SIZE)
             with AtomicFile(os.path.join(tmp, Z.COMMIT_NAME)) as af:
                 af.write(Z.pack_commit(Z.Commit(0, 0, 0, 0, 0), xxh3_64))
             zrstore.write_meta(tmp, Z.StoreMeta(0, 0, chunk_size, fields))
@@ -195,20 +197,25 @@ class ZRecordWriter:
         self._written = meta.written_bytes
         self._overlay: dict[tuple[int, int], tuple[int, int, int]] = {}
         self._tables: list[int] = []
+        self._checks: list[int] = []
         self._table_entries: list[int] = []
         self._table_dirty = [False] * len(meta.fields)
         for f in meta.fields:
-            tpath = os.path.join(self.path, Z.offset_name(f.name))
-            try:
-                tfd = os.open(tpath, os.O_RDWR | _O_CLOEXEC)
-            except FileNotFoundError as exc:
-                raise NotFoundError(f"{f.name}.offset: missing", path=tpath, field="offset") from exc
-            size = os.fstat(tfd).st_size
-            self._tables.append(tfd)
-            self._table_entries.append(size // Z.ENTRY_SIZE)
-            if size % Z.ENTRY_SIZE or size // Z.ENTRY_SIZE < meta.length:
-                raise CorruptError(f"{f.name}.offset: {size} bytes cannot hold {meta.length} entries",
-                                   path=tpath, field="offset")
+            fds = []
+            for name, unit in ((Z.offset_name(f.name), Z.ENTRY_SIZE), (Z.check_name(f.name), Z.CHECK_SIZE)):
+                tpath = os.path.join(self.path, name)
+                try:
+                    fds.append(os.open(tpath, os.O_RDWR | _O_CLOEXEC))
+                except FileNotFoundError as exc:
+                    raise NotFoundError(f"{name}: missing", path=tpath, field=name) from exc
+                size = os.fstat(fds[-1]).st_size
+                if size % unit or size // unit < meta.length:
+                    raise CorruptError(f"{name}: {size} bytes cannot hold {meta.length} entries", path=tpath,
+                                       field=name)
+            self._tables.append(fds[0])
+            self._checks.append(fds[1])
+            self._table_entries.append(min(os.fstat(fds[0]).st_size // Z.ENTRY_SIZE,
+                                           os.fstat(fds[1]).st_size // Z.CHECK_SIZE))
         cdir = os.path.join(self.path, Z.CHUNK_DIR)
         retired = {c for _, ids in meta.retired for c in ids}
         for name in os.listdir(cdir):
@@ -217,6 +224,7 @@ class ZRecordWriter:
                 _io("unlink", os.unlink, os.path.join(cdir, name))  # an uncommitted chunk of a killed writer
         for f in meta.fields:
             cleanup_orphans(os.path.join(self.path, Z.offset_name(f.name)))
+            cleanup_orphans(os.path.join(self.path, Z.check_name(f.name)))
         self._chunks: dict[int, _Chunk] = {}
         self._free: list[_Chunk] = []
         self._full: list[_Chunk] = []
@@ -259,7 +267,7 @@ class ZRecordWriter:
         else:
             arr = np.asarray(value)
             if arr.dtype != spec.np_dtype:
-                if arr.dtype.kind != spec.np_dtype.kind and not (
+                if arr.size and arr.dtype.kind != spec.np_dtype.kind and not (
                         arr.dtype.kind in "iub" and spec.np_dtype.kind in "iuf"):
                     raise ConfigError(f"{spec.name}: a {arr.dtype} value for a {spec.dtype} field", path=self.path,
                                       field=spec.name)
@@ -373,29 +381,47 @@ class ZRecordWriter:
             self._overlay[(k, index)] = entry
             return
         self._overlay.pop((k, index), None)
-        if index >= self._table_entries[k]:
-            grow = -(-(index + 1 - self._table_entries[k]) // Z.OFFSET_GROW_ENTRIES) * Z.OFFSET_GROW_ENTRIES
-            try:
-                _io("ftruncate", os.ftruncate, self._tables[k], (self._table_entries[k] + grow) * Z.ENTRY_SIZE)
-            except OSError as exc:
-                raise WriteError(f"{self.fields[k].name}.offset: cannot grow: {exc.strerror}", errno=exc.errno,
-                                 path=self.path, field="offset", operation="ftruncate") from exc
-            self._table_entries[k] += grow
-        raw = np.array([entry], dtype=Z.ENTRY_DTYPE).tobytes()
+        self._write_entries(k, index, np.array([entry], dtype=Z.ENTRY_DTYPE))
+
+    def _write_entries(self, k: int, first: int, entries: np.ndarray) -> None:
+        """Write entries (and their checks) at ``first`` and on, past the committed length,
+        growing the table and check files a step at a time (caller holds the lock)."""
+        end = first + len(entries)
+        name = self.fields[k].name
         try:
-            _io("pwrite", os.pwrite, self._tables[k], raw, index * Z.ENTRY_SIZE)
+            if end > self._table_entries[k]:
+                grow = -(-(end - self._table_entries[k]) // Z.OFFSET_GROW_ENTRIES) * Z.OFFSET_GROW_ENTRIES
+                total = self._table_entries[k] + grow
+                _io("ftruncate", os.ftruncate, self._tables[k], total * Z.ENTRY_SIZE)
+                _io("ftruncate", os.ftruncate, self._checks[k], total * Z.CHECK_SIZE)
+                self._table_entries[k] = total
+            _pwrite_all(self._tables[k], entries.tobytes(), first * Z.ENTRY_SIZE)
+            _pwrite_all(self._checks[k], Z.entry_checks(entries, first, k).tobytes(), first * Z.CHECK_SIZE)
         except OSError as exc:
-            raise WriteError(f"{self.fields[k].name}.offset: write failed: {exc.strerror}", errno=exc.errno,
-                             path=self.path, field="offset", operation="pwrite") from exc
+            raise WriteError(f"{name}.offset: write failed: {exc.strerror}", errno=exc.errno, path=self.path,
+                             field="offset", operation="pwrite") from exc
         self._table_dirty[k] = True
 
     def _get_entry(self, k: int, index: int) -> tuple[int, int, int]:
         got = self._overlay.get((k, index))
         if got is not None:
             return got
-        raw = os.pread(self._tables[k], Z.ENTRY_SIZE, index * Z.ENTRY_SIZE)
-        e = np.frombuffer(raw, dtype=Z.ENTRY_DTYPE)[0]
+        e = self._read_entries(k, index, 1)[0]
         return int(e["chunk"]), int(e["offset"]), int(e["length"])
+
+    def _read_entries(self, k: int, first: int, count: int) -> np.ndarray:
+        """Entries as written (overlay not applied), checked against their CRCs."""
+        raw = os.pread(self._tables[k], count * Z.ENTRY_SIZE, first * Z.ENTRY_SIZE) if count else b""
+        chk = os.pread(self._checks[k], count * Z.CHECK_SIZE, first * Z.CHECK_SIZE) if count else b""
+        name = self.fields[k].name
+        if len(raw) != count * Z.ENTRY_SIZE or len(chk) != count * Z.CHECK_SIZE:
+            raise CorruptError(f"{name}.offset: shorter than the store", path=self.path, field="offset")
+        entries = np.frombuffer(raw, dtype=Z.ENTRY_DTYPE).copy()
+        bad = np.flatnonzero(Z.entry_checks(entries, first, k) != np.frombuffer(chk, "<u4"))
+        if bad.size:
+            raise IntegrityError(f"{name}.offset: the entry of record {first + int(bad[0])} fails its check",
+                                 path=os.path.join(self.path, Z.offset_name(name)), field="offset")
+        return entries
 
     def append(self, record: Any) -> int:
         """Append one record: a mapping of field names to values (missing fields are absent),
@@ -444,15 +470,10 @@ class ZRecordWriter:
         with self._lock:
             for k in range(len(self.fields)):
                 col = [e[k] for e in entries]
-                if first >= self._committed_length and first + len(col) <= self._table_entries[k]:
-                    raw = np.array(col, dtype=Z.ENTRY_DTYPE).tobytes()
-                    try:
-                        _io("pwrite", os.pwrite, self._tables[k], raw, first * Z.ENTRY_SIZE)
-                    except OSError as exc:
-                        raise WriteError(f"{self.fields[k].name}.offset: write failed: {exc.strerror}",
-                                         errno=exc.errno, path=self.path, field="offset",
-                                         operation="pwrite") from exc
-                    self._table_dirty[k] = True
+                if first >= self._committed_length:
+                    for i in range(len(col)):
+                        self._overlay.pop((k, first + i), None)
+                    self._write_entries(k, first, np.array(col, dtype=Z.ENTRY_DTYPE))
                 else:
                     for i, e in enumerate(col):
                         self._set_entry(k, first + i, e)
@@ -542,6 +563,7 @@ class ZRecordWriter:
             for k, fd in enumerate(self._tables):
                 if self._table_dirty[k]:
                     _io("fdatasync", os.fdatasync, fd)
+                    _io("fdatasync", os.fdatasync, self._checks[k])
                     self._table_dirty[k] = False
             if self._new_chunk_files:
                 _fsync_dir(os.path.join(self.path, Z.CHUNK_DIR))
@@ -603,8 +625,7 @@ class ZRecordWriter:
         }
 
     def _table_column(self, k: int) -> np.ndarray:
-        raw = os.pread(self._tables[k], self._length * Z.ENTRY_SIZE, 0) if self._length else b""
-        col = np.frombuffer(raw, dtype=Z.ENTRY_DTYPE).copy()
+        col = self._read_entries(k, 0, self._length)
         for (kk, index), e in self._overlay.items():
             if kk == k and index < self._length:
                 col[index] = e
@@ -681,22 +702,22 @@ class ZRecordWriter:
                     _io("fdatasync", os.fdatasync, ch.fd)
                 _fsync_dir(os.path.join(self.path, Z.CHUNK_DIR))
                 for k, f in enumerate(self.fields):
-                    final = Z.offset_name(f.name)
-                    tmp = f".{final}.zbtmp.{os.getpid()}.{secrets.token_hex(4)}"
                     entries = max(Z.OFFSET_GROW_ENTRIES,
                                   -(-self._length // Z.OFFSET_GROW_ENTRIES) * Z.OFFSET_GROW_ENTRIES)
-                    fd = _io("open", os.open, os.path.join(self.path, tmp),
-                             os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
-                    tmp_names.append((tmp, final))
-                    try:
-                        _io("ftruncate", os.ftruncate, fd, entries * Z.ENTRY_SIZE)
-                        data = new_cols[k][: self._length].tobytes()
-                        done = 0
-                        while done < len(data):
-                            done += _io("pwrite", os.pwrite, fd, data[done:], done)
-                        _io("fsync", os.fsync, fd)
-                    finally:
-                        os.close(fd)
+                    col = new_cols[k][: self._length]
+                    for final, unit, data in ((Z.offset_name(f.name), Z.ENTRY_SIZE, col.tobytes()),
+                                              (Z.check_name(f.name), Z.CHECK_SIZE,
+                                               Z.entry_checks(col, 0, k).tobytes())):
+                        tmp = f".{final}.zbtmp.{os.getpid()}.{secrets.token_hex(4)}"
+                        fd = _io("open", os.open, os.path.join(self.path, tmp),
+                                 os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+                        tmp_names.append((tmp, final))
+                        try:
+                            _io("ftruncate", os.ftruncate, fd, entries * unit)
+                            _pwrite_all(fd, data, 0)
+                            _io("fsync", os.fsync, fd)
+                        finally:
+                            os.close(fd)
                 epoch = self._epoch + 1
                 os.close(os.open(os.path.join(self.path, Z.epoch_lock_name(epoch)),
                                  os.O_CREAT | os.O_WRONLY | _O_CLOEXEC, 0o644))
@@ -754,9 +775,10 @@ class ZRecordWriter:
         self._chunks.clear()
         self._full.clear()
         self._free.clear()
-        for fd in self._tables:
+        for fd in [*self._tables, *self._checks]:
             os.close(fd)
         self._tables = []
+        self._checks = []
         os.close(self._commit_fd)
 
     def close(self, *, commit: bool = True) -> None:
@@ -792,6 +814,15 @@ class ZRecordWriter:
                 self.close(commit=False)
             except Exception:
                 pass
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    done = 0
+    while done < len(data):
+        n = _io("pwrite", os.pwrite, fd, data[done:], offset + done)
+        if n <= 0:
+            raise OSError(28, "no space left on device")
+        done += n
 
 
 def _replace(meta: Z.StoreMeta, **changes: Any) -> Z.StoreMeta:
