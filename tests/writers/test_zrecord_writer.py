@@ -180,7 +180,7 @@ def test_rebalance_keeps_every_record_and_removes_old_chunks_once_unused(tmp_pat
         w.commit()
         for i in range(0, 400, 3):
             w.modify(i, {"b": b"m%d" % i})
-        for i in range(50):
+        for _ in range(50):
             w.delete(int(rng.integers(0, len(w))))
         w.commit()
         reader = ZRecordStore(tmp_path / "s")
