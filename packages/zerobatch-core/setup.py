@@ -8,6 +8,7 @@ to catch what the wrappers' validation missed.
 
 import os
 
+import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
@@ -17,6 +18,8 @@ SRC = "src/zerobatch/core"
 KERNELS = ["_hash", "_header", "_pool", "_gather", "_offsets", "_feistel", "_tokstream", "_mapping", "_zrecord"]
 #: System libraries a kernel links (zlib: the raw deflate of ZRECORD's flate records).
 LIBRARIES = {"_zrecord": ["z"]}
+#: Kernels that use NumPy's C API (building against NumPy 2 headers also runs on NumPy 1.x).
+NUMPY_C_API = {"_zrecord"}
 
 DIRECTIVES = {
     "language_level": 3,
@@ -34,7 +37,8 @@ extensions = [
     Extension(
         f"zerobatch.core.{name}",
         [f"{SRC}/{name}.pyx"],
-        include_dirs=[SRC],
+        include_dirs=[SRC, np.get_include()] if name in NUMPY_C_API else [SRC],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")] if name in NUMPY_C_API else [],
         extra_compile_args=COMPILE_ARGS,
         libraries=LIBRARIES.get(name, []),
     )

@@ -49,7 +49,7 @@ if PURE_PYTHON:
         widen_u32,
         xxh3_64,
     )
-    from zerobatch.core._reference import RecordGather, zrecord_status_error
+    from zerobatch.core._reference import RecordGather, buffer_views, zrecord_status_error
 else:
     try:
         from zerobatch.core._feistel import FeistelPermutation, epoch_seed, random_draws
@@ -59,7 +59,7 @@ else:
         from zerobatch.core._header import llmbatch_geometry, pack_llmbatch_header, parse_llmbatch_header
         from zerobatch.core._offsets import block_shuffle_items, llmbatch_batch_offsets
         from zerobatch.core._tokstream import WindowGather, gather_windows
-        from zerobatch.core._zrecord import RecordGather
+        from zerobatch.core._zrecord import RecordGather, buffer_views
         from zerobatch.core._zrecord import status_error as zrecord_status_error
     except ImportError as _exc:  # pragma: no cover - exercised by a broken install only
         raise ImportError(
@@ -82,6 +82,7 @@ __all__ = [
     "WindowGather",
     "__version__",
     "block_shuffle_items",
+    "buffer_views",
     "epoch_seed",
     "gather_windows",
     "zrecord_status_error",

@@ -35,6 +35,7 @@ __all__ = [
     "FeistelPermutation",
     "FileMapping",
     "RecordGather",
+    "buffer_views",
     "zrecord_status_error",
     "WindowGather",
     "gather_windows",
@@ -1128,8 +1129,18 @@ class RecordGather:
         return out, length, nch
 
     def check(self, entries_col: Any, num_chunks: int, field_no: int, codec: int, fixed_len: int,
-              max_len: int, verify: bool, out: Any = None, pool: Any = None, threads: int = 1) -> Any:
-        return self._run(entries_col, num_chunks, field_no, codec, fixed_len, max_len, verify, out)
+              max_len: int, verify: bool, out: Any = None, pool: Any = None, threads: int = 1,
+              itemsize: int = 1) -> Any:
+        return self._run(entries_col, num_chunks, field_no, codec, fixed_len, max_len, verify, out, itemsize)
+
+    def views(self, chunks: Any, payload: Any, lens: Any, dtype: Any, shape: Any = None) -> list[Any]:
+        out: list[Any] = [None] * len(lens)
+        for i in range(len(lens)):
+            if lens[i] >= 0:
+                base = self._chunks[int(chunks[i])]
+                v = base[int(payload[i]): int(payload[i]) + int(lens[i])].view(dtype)
+                out[i] = v.reshape(shape) if shape is not None else v
+        return out
 
     def inflate(self, entries_col: Any, field_no: int, payload: Any, lens: Any, out: Any, out_offsets: Any,
                 pool: Any = None, threads: int = 1) -> Any:
@@ -1150,7 +1161,7 @@ class RecordGather:
         return payload, lens
 
     def _run(self, entries_col: Any, num_chunks: int, field_no: int, codec: int, fixed_len: int, max_len: int,
-             verify: bool, out: Any) -> Any:
+             verify: bool, out: Any, itemsize: int = 1) -> Any:
         import zlib
 
         ents = np.ascontiguousarray(entries_col).view(_ZR_ENTRY).reshape(-1)
@@ -1194,6 +1205,8 @@ class RecordGather:
                 return fail(6)
             if logical > max_len:
                 return fail(7)
+            if itemsize > 1 and logical % itemsize:
+                return fail(6)
             lens[i] = logical
             payload[i] = off + 16
             if flat is None:
@@ -1228,6 +1241,16 @@ def _zr_inflate(zlib: Any, src: bytes, logical: int) -> bytes:
     if len(raw) != logical or not d.eof or d.unconsumed_tail or d.unused_data:
         raise ValueError("inflated size disagrees")
     return raw
+
+
+def buffer_views(buf: np.ndarray, offsets: Any, lens: Any, dtype: Any, shape: Any = None) -> list[Any]:
+    """Twin of :func:`zerobatch.core._zrecord.buffer_views`."""
+    out: list[Any] = [None] * len(lens)
+    for i in range(len(lens)):
+        if lens[i] >= 0:
+            v = buf[int(offsets[i]): int(offsets[i]) + int(lens[i])].view(dtype)
+            out[i] = v.reshape(shape) if shape is not None else v
+    return out
 
 
 def zrecord_status_error(status: int, message: str, path: Any = None, field: Any = None) -> None:

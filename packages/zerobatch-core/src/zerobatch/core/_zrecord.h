@@ -114,6 +114,7 @@ typedef struct {
     int verify;
     uint64_t fixed_len;        /* bytes of a fixed-shape record, 0 variable */
     uint64_t max_len;          /* largest logical length accepted */
+    uint64_t itemsize;         /* a logical length must be a multiple of it */
     uint64_t (*hash)(const uint8_t *, uint64_t);
     /* outputs of the check */
     uint64_t *payload;         /* chunk offset of the payload, per record */
@@ -189,6 +190,7 @@ static int zr_job_run(zr_job *j) {
         if (j->codec == 0 && logical != stored) { status = ZR_E_FIELD; j->bad = i; break; }
         if (j->fixed_len && logical != j->fixed_len) { status = ZR_E_FIELD; j->bad = i; break; }
         if (logical > j->max_len) { status = ZR_E_LIMIT; j->bad = i; break; }
+        if (j->itemsize > 1 && logical % j->itemsize) { status = ZR_E_FIELD; j->bad = i; break; }
         j->lens[i] = logical;
         j->payload[i] = e->offset + ZR_HEADER;
         if (dst == NULL) continue;

@@ -27,6 +27,8 @@ from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memset
 
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.ref cimport Py_INCREF, PyObject
+cimport numpy as cnp
 
 from zerobatch.core._hash cimport zb_xxh3_64
 from zerobatch.core._pool cimport TaskPool, zb_task
@@ -34,6 +36,13 @@ from zerobatch.core._pool cimport TaskPool, zb_task
 import numpy as np
 
 from zerobatch.core._status import raise_for_status
+
+cnp.import_array()
+
+cdef extern from "numpy/arrayobject.h":
+    # The array constructor Cython's numpy.pxd leaves out; it steals the reference to descr.
+    object PyArray_NewFromDescr(void *subtype, cnp.dtype descr, int nd, cnp.npy_intp *dims,
+                                cnp.npy_intp *strides, void *data, int flags, PyObject *obj)
 from zerobatch.formats.zrecord import ENTRY_DTYPE
 
 cdef extern from "_zrecord.h" nogil:
@@ -57,6 +66,7 @@ cdef extern from "_zrecord.h" nogil:
         int verify
         uint64_t fixed_len
         uint64_t max_len
+        uint64_t itemsize
         uint64_t (*hash)(const uint8_t *, uint64_t) noexcept nogil
         uint64_t *payload
         int64_t *lens
@@ -168,6 +178,26 @@ cdef class RecordGather:
         """A uint8 array over chunk c's mapping (views of records keep the mapping alive)."""
         return np.frombuffer(self._chunk_objs[c], np.uint8)
 
+    def views(self, chunks, payload, lens, dtype, shape=None):
+        """Read-only arrays over the mapped records: record i is ``lens[i]`` bytes at chunk
+        ``chunks[i]``, offset ``payload[i]``, viewed as ``dtype`` (reshaped to ``shape``);
+        None where ``lens[i] < 0``. Each array's base is the chunk's mapping."""
+        cdef const uint32_t[::1] ch = np.ascontiguousarray(chunks, dtype=np.uint32)
+        cdef const uint64_t[::1] pay = payload
+        cdef const int64_t[::1] ln = lens
+        cdef int64_t i, n = ln.shape[0]
+        cdef list out = [None] * n
+        cdef uint32_t c
+        for i in range(n):
+            if ln[i] < 0:
+                continue
+            c = ch[i]
+            if c >= self._chunk_cap or self._chunk_base[c] == NULL or \
+                    pay[i] + <uint64_t>ln[i] > self._chunk_size[c]:
+                raise ValueError("a record outside the mapped chunks")
+            out[i] = _view(<char *>self._chunk_base[c] + pay[i], ln[i], dtype, shape, self._chunk_objs[c])
+        return out
+
     def snapshot(self, indices, fields):
         """Entries [n, len(fields)] of one committed state, or a (code, detail) tuple."""
         cdef const int64_t[::1] idx = np.ascontiguousarray(indices, dtype=np.int64)
@@ -214,20 +244,21 @@ cdef class RecordGather:
 
     def check(self, entries_col, uint64_t num_chunks, uint32_t field_no, uint32_t codec,
               uint64_t fixed_len, uint64_t max_len, bint verify, out=None, TaskPool pool=None,
-              int64_t threads=1):
-        """Check one field's records; copy or inflate fixed-shape ones into ``out``."""
+              int64_t threads=1, uint64_t itemsize=1):
+        """Check one field's records (a logical length must be a multiple of ``itemsize``);
+        copy or inflate fixed-shape ones into ``out``."""
         return self._run(entries_col, num_chunks, field_no, codec, fixed_len, max_len, verify, out,
-                         None, None, None, pool, threads)
+                         None, None, None, pool, threads, itemsize)
 
     def inflate(self, entries_col, uint32_t field_no, payload, lens, out, out_offsets,
                 TaskPool pool=None, int64_t threads=1):
         """Inflate checked variable-length flate records into ``out`` at ``out_offsets``."""
         return self._run(entries_col, 0, field_no, 1, 0, 0, False, out, out_offsets, payload, lens,
-                         pool, threads)
+                         pool, threads, 1)
 
     cdef object _run(self, entries_col, uint64_t num_chunks, uint32_t field_no, uint32_t codec,
                      uint64_t fixed_len, uint64_t max_len, bint verify, out, out_offsets, payload_in,
-                     lens_in, TaskPool pool, int64_t threads):
+                     lens_in, TaskPool pool, int64_t threads, uint64_t itemsize):
         cdef const uint8_t[::1] ent_raw = np.ascontiguousarray(entries_col).view(np.uint8).reshape(-1)
         cdef int64_t n = ent_raw.shape[0] // 16
         cdef bint fill_only = payload_in is not None
@@ -283,6 +314,7 @@ cdef class RecordGather:
                 jobs[p].verify = verify
                 jobs[p].fixed_len = fixed_len
                 jobs[p].max_len = max_len
+                jobs[p].itemsize = itemsize
                 jobs[p].hash = zb_xxh3_64
                 jobs[p].payload = &pay[first]
                 jobs[p].lens = &ln[first]
@@ -324,3 +356,43 @@ cdef object _failure(int status, int64_t pos, uint64_t need, const zr_entry e):
 def status_error(int status, str message, path=None, field=None):
     """Raise the exception of a failure tuple's status (for the Python wrapper)."""
     raise_for_status(status, message, path=path, field=field)
+
+
+def buffer_views(cnp.ndarray buf, offsets, lens, dtype, shape=None):
+    """Arrays over ``buf`` (C-contiguous bytes): record i is ``lens[i]`` bytes at
+    ``offsets[i]``, viewed as ``dtype`` (reshaped to ``shape``); None where ``lens[i] < 0``."""
+    cdef const uint64_t[::1] off = offsets
+    cdef const int64_t[::1] ln = lens
+    cdef int64_t i, n = ln.shape[0]
+    cdef list out = [None] * n
+    cdef char *base = <char *>cnp.PyArray_DATA(buf)
+    cdef uint64_t size = <uint64_t>cnp.PyArray_NBYTES(buf)
+    if not cnp.PyArray_IS_C_CONTIGUOUS(buf):
+        raise ValueError("buf must be C-contiguous")
+    for i in range(n):
+        if ln[i] < 0:
+            continue
+        if off[i] + <uint64_t>ln[i] > size:
+            raise ValueError("a record outside the buffer")
+        out[i] = _view(base + off[i], ln[i], dtype, shape, buf)
+    return out
+
+
+cdef object _view(char *data, int64_t nbytes, object dtype, object shape, object owner):
+    """A read-only array of ``dtype`` over ``nbytes`` at ``data``, kept alive by ``owner``."""
+    cdef cnp.dtype descr = <cnp.dtype>dtype
+    cdef cnp.npy_intp dims[8]
+    cdef int nd = 1, k
+    cdef int64_t item = descr.itemsize
+    if shape is None:
+        dims[0] = nbytes // item
+    else:
+        nd = len(shape)
+        for k in range(nd):
+            dims[k] = shape[k]
+    Py_INCREF(descr)   # PyArray_NewFromDescr steals it
+    arr = PyArray_NewFromDescr(<void *>np.ndarray, descr, nd, dims, NULL, data,
+                               cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED, NULL)
+    Py_INCREF(owner)   # PyArray_SetBaseObject steals it
+    cnp.PyArray_SetBaseObject(<cnp.ndarray>arr, owner)
+    return arr

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.core import FileMapping, RecordGather, zrstore
+from zerobatch.core import FileMapping, RecordGather, buffer_views, zrstore
 from zerobatch.core import zrecord_status_error as status_error
 from zerobatch.core.io import open_regular_file
 from zerobatch.core.pool import shared_pool
@@ -423,9 +423,8 @@ class ZRecordStore:
                out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         max_len = spec.fixed_bytes or self.max_record_bytes
         while True:
-            r = self._gather.check(col, nchunks, k, spec.codec, spec.fixed_bytes if out is not None or
-                                   spec.shape is not None else 0, max_len, self.verify, out, self._pool,
-                                   self.num_threads)
+            r = self._gather.check(col, nchunks, k, spec.codec, spec.fixed_bytes, max_len, self.verify, out,
+                                   self._pool, self.num_threads, spec.np_dtype.itemsize)
             if isinstance(r[0], str):
                 if r[0] == "need_chunk":
                     self._map_chunk(r[1], spec.name, int(idx[r[2]]))
@@ -435,7 +434,8 @@ class ZRecordStore:
 
     def _raise(self, r: tuple[Any, ...], idx: np.ndarray, spec: Z.FieldSpec) -> None:
         _, status, pos, (c, off, ln) = r
-        what = {2: "bad magic", 6: "a field of its container disagrees (codec, field, length or inflated size)",
+        what = {2: "bad magic", 6: "a field of its container disagrees (codec, field, length, a length that is not "
+                "a whole number of items, or the inflated size)",
                 7: f"declares more than max_record_bytes ({self.max_record_bytes})",
                 8: "offset + length overflows", 11: "checksum mismatch"}.get(status, "damaged")
         status_error(status, f"{spec.name}: record {int(idx[pos])} (chunk {c}, offset {off}, {ln} bytes): {what}",
@@ -451,35 +451,18 @@ class ZRecordStore:
             return out, lens >= 0
         payload, lens = self._check(idx, col, nchunks, k, spec, None)
         present = lens >= 0
-        shape = spec.shape
-        values: list[Any] = [None] * n
         if spec.codec == 0:
-            chunks = col["chunk"]
-            objs = {}
-            for i in np.flatnonzero(present).tolist():
-                c = int(chunks[i])
-                base = objs.get(c)
-                if base is None:
-                    base = objs[c] = self._gather.chunk_array(c)
-                start = int(payload[i])
-                v = base[start:start + int(lens[i])].view(dt)
-                values[i] = v.reshape(shape) if shape is not None else v
-            return values, present
+            return self._gather.views(col["chunk"], payload, lens, dt, spec.shape), present
         sizes = np.where(present, lens, 0).astype(np.uint64)
         offsets = np.zeros(n, np.uint64)
         if n > 1:
             np.cumsum(sizes[:-1], out=offsets[1:])
-        total = int(sizes.sum())
-        buf = np.empty(total + dt.itemsize, np.uint8)  # +1 item: a zero-length view is still valid
+        buf = np.empty(int(sizes.sum()) + 16, np.uint8)  # never empty: a zero-length view still has a base
         buffers.append(buf)
         r = self._gather.inflate(col, k, payload, lens, buf, offsets, self._pool, self.num_threads)
         if isinstance(r[0], str):
             self._raise(r, idx, spec)
-        for i in np.flatnonzero(present).tolist():
-            start = int(offsets[i])
-            v = buf[start:start + int(sizes[i])].view(dt)
-            values[i] = v.reshape(shape) if shape is not None else v
-        return values, present
+        return buffer_views(buf, offsets, lens, dt, spec.shape), present
 
     def verify_all(self, *, batch: int = 4096) -> int:
         """Read and check every record of every field; returns the records checked."""
