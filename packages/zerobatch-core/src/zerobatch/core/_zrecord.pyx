@@ -285,8 +285,14 @@ cdef class RecordGather:
             offv = out_offsets
             offp = &offv[0]
         cdef const zr_entry *ents = <const zr_entry *>&ent_raw[0]
+        # The work to split: bytes read (checked), plus bytes inflated, which cost several
+        # times more per byte than a hash or a copy.
         for i in range(n):
             total += ents[i].length
+            if fill_only and ln[i] > 0:
+                total += 4 * <uint64_t>ln[i]
+        if codec == 1 and fixed_len and outp != NULL:
+            total += 4 * fixed_len * <uint64_t>n
         cm.base = self._chunk_base
         cm.size = self._chunk_size
         cm.mapped = self._chunk_cap
