@@ -146,15 +146,15 @@ def test_compiled_kernel_matches_its_pure_python_twin(tmp_path):
     make(tmp_path / "s")
     with ZRecordStore(tmp_path / "s") as s:
         rng = np.random.default_rng(3)
-        idx = rng.integers(-300, 300, 200)
+        idx = rng.integers(-300, 300, 60)
         entries, length, nch = s._gather.snapshot(idx, [0, 2, 3])
         twin = _reference.RecordGather(s._commit_map._m if hasattr(s._commit_map, "_m") else
                                        bytes(memoryview(s._commit_map)), 0)
         for k in range(len(FIELDS)):
-            twin.set_table(k, np.fromfile(tmp_path / "s" / f"{FIELDS[k].name}.offset", np.uint8),
-                           np.fromfile(tmp_path / "s" / f"{FIELDS[k].name}.check", np.uint8))
+            twin.set_table(k, np.memmap(tmp_path / "s" / f"{FIELDS[k].name}.offset", np.uint8, "r"),
+                           np.memmap(tmp_path / "s" / f"{FIELDS[k].name}.check", np.uint8, "r"))
         for c in range(nch):
-            twin.set_chunk(c, np.fromfile(tmp_path / "s" / "chunk" / f"{c}.zr", np.uint8))
+            twin.set_chunk(c, np.memmap(tmp_path / "s" / "chunk" / f"{c}.zr", np.uint8, "r"))
         t_entries, t_length, t_nch = twin.snapshot(idx, [0, 2, 3])
         assert (t_length, t_nch) == (length, nch) and t_entries.tobytes() == entries.tobytes()
         for j, k in enumerate([0, 2, 3]):
@@ -206,3 +206,27 @@ def test_every_batch_comes_from_one_committed_state_while_a_writer_commits(tmp_p
     s.close()
     assert not errors, errors
     assert len(seen) > 3
+
+
+def _child_gather(store, q) -> None:
+    q.put(store.gather([3, 1])["label"][:, 0].tolist())
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_store_in_forked_and_spawned_processes(tmp_path, method):
+    import multiprocessing as mp
+    import pickle
+
+    make(tmp_path / "s", n=10)
+    with ZRecordStore(tmp_path / "s") as s:
+        s.gather([0, 1])                      # mapped and pooled before the fork
+        copy = pickle.loads(pickle.dumps(s))
+        assert copy.gather([2])["label"].tolist() == [[2]]
+        copy.close()
+        ctx = mp.get_context(method)
+        q = ctx.Queue()
+        p = ctx.Process(target=_child_gather, args=(s, q))
+        p.start()
+        assert q.get(timeout=60) == [3, 1]
+        p.join(60)
+        assert p.exitcode == 0

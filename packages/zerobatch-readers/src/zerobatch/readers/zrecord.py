@@ -495,6 +495,16 @@ class ZRecordStore:
             except Exception:
                 pass
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles as its arguments: a process that unpickles it (a spawned DataLoader worker)
+        opens the store itself, with its own mappings and locks."""
+        return {"path": self.path, "num_threads": self.num_threads, "verify": self.verify,
+                "max_record_bytes": self.max_record_bytes}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        path = state.pop("path")
+        self.__init__(path, **state)  # type: ignore[misc]
+
     def __repr__(self) -> str:
         return f"ZRecordStore({self.path!r}, fields={self.keys()})"
 

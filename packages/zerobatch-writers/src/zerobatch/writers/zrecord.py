@@ -196,6 +196,7 @@ class ZRecordWriter:
         self._epoch = meta.epoch
         self._written = meta.written_bytes
         self._overlay: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self._changed = False
         self._tables: list[int] = []
         self._checks: list[int] = []
         self._table_entries: list[int] = []
@@ -365,6 +366,7 @@ class ZRecordWriter:
                              field="chunk", operation="pwrite") from exc
         with self._lock:
             self._written += pos - ch.pos
+            self._changed = True
         ch.pos = pos
         ch.count += 1
         ch.dirty = True
@@ -511,6 +513,7 @@ class ZRecordWriter:
             for k in range(len(self.fields)):
                 self._overlay.pop((k, last), None)
             self._length -= 1
+            self._changed = True
 
     def _index(self, index: int) -> int:
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
@@ -533,9 +536,13 @@ class ZRecordWriter:
         return base if not changes else _replace(base, **changes)
 
     def commit(self) -> None:
-        """Make every change so far durable and visible to readers, atomically."""
+        """Make every change so far durable and visible to readers, atomically (nothing to
+        do when nothing changed since the last commit)."""
         self._check_open()
         with self._lock:
+            if not self._changed:
+                self._retire()
+                return
             self._sync_data()
             meta = self._meta()
             updates = np.zeros(len(self._overlay), dtype=Z.JOURNAL_UPDATE_DTYPE)
@@ -545,6 +552,7 @@ class ZRecordWriter:
                                         Z.Commit(0, meta.length, meta.num_chunks, meta.generation, meta.epoch),
                                         meta, updates, ()))
             self._overlay.clear()
+            self._changed = False
             self._committed_length = self._length
             self._committed_chunks = self._num_chunks
             self._generation = meta.generation
@@ -667,10 +675,24 @@ class ZRecordWriter:
 
             try:
                 writer = new_chunk() if self._length else writer
+                pending: list[bytes] = []     # bytes for `writer` from flushed_at on
+                flushed_at = 0
+
+                def flush() -> None:
+                    nonlocal pending, flushed_at
+                    if writer.pos > writer.size:
+                        grow = -(-(writer.pos - writer.size) // self.chunk_grow_bytes) * self.chunk_grow_bytes
+                        _io("ftruncate", os.ftruncate, writer.fd, writer.size + grow)
+                        writer.size += grow
+                    if pending:
+                        _pwrite_all(writer.fd, b"".join(pending), flushed_at)
+                    pending, flushed_at = [], writer.pos
+
                 for index in order:
                     if writer.count >= self.chunk_size:
+                        flush()
                         writer = new_chunk()
-                    bufs = []
+                        flushed_at = 0
                     pos = writer.pos
                     for k, col in enumerate(cols):
                         c, off, ln = int(col[index]["chunk"]), int(col[index]["offset"]), int(col[index]["length"])
@@ -684,20 +706,15 @@ class ZRecordWriter:
                                                path=self.path, field="chunk")
                         span = Z.record_span(ln - Z.RECORD_HEADER_SIZE)
                         new_cols[k][index] = (writer.id, pos, ln)
-                        bufs += [raw, bytes(span - ln)]
+                        pending += [raw, bytes(span - ln)]
                         pos += span
-                    if pos > writer.size:
-                        grow = -(-(pos - writer.size) // self.chunk_grow_bytes) * self.chunk_grow_bytes
-                        _io("ftruncate", os.ftruncate, writer.fd, writer.size + grow)
-                        writer.size += grow
-                    if bufs:
-                        data = b"".join(bufs)
-                        done = 0
-                        while done < len(data):
-                            done += _io("pwrite", os.pwrite, writer.fd, data[done:], writer.pos + done)
                     written += pos - writer.pos
                     writer.pos = pos
                     writer.count += 1
+                    if writer.pos - flushed_at >= 1 << 26:   # write in pieces of 64 MiB at most
+                        flush()
+                if made:
+                    flush()
                 for ch in made:
                     _io("fdatasync", os.fdatasync, ch.fd)
                 _fsync_dir(os.path.join(self.path, Z.CHUNK_DIR))
