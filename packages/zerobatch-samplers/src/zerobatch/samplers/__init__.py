@@ -7,6 +7,10 @@ position from ``(seed, epoch, position)``:
   :class:`BlockShuffleOrder` (the LLMBATCH loader's order): every item once per epoch;
 - :class:`SlidingOrder` (a ring) and :class:`RandomOrder` (draws with replacement): endless.
 
+:class:`MixtureSchedule` interleaves several sources in exact proportions (Megatron's
+"largest sampling error first" rule), each in its own order, resumable after the weights
+change or sources are added.
+
 :class:`IndexSampler` cuts an order into global batches, deals them round-robin to ranks with
 no communication, seeks to any step in O(1) and saves / resumes an exact, JSON-able state on
 any world size that splits the global batch. :class:`FeistelPermutation` (gfc-compatible, any
@@ -21,12 +25,14 @@ from zerobatch.core._checks import check_count, check_rank, check_seed
 from zerobatch.samplers._dist import resolve_rank
 from zerobatch.samplers._version import __version__
 from zerobatch.samplers.block_shuffle import BlockShuffleOrder
+from zerobatch.samplers.mixture import MIXTURE_STATE_VERSION, MixtureSchedule
 from zerobatch.samplers.orders import GlobalRandomOrder, IndexOrder, RandomOrder, SequentialOrder, SlidingOrder
 from zerobatch.samplers.sampler import TAILS, IndexSampler
 from zerobatch.samplers.sharding import RankShard
 from zerobatch.samplers.state import STATE_VERSION, OrderState, state_from_json, state_to_json
 
 __all__ = [
+    "MIXTURE_STATE_VERSION",
     "STATE_VERSION",
     "TAILS",
     "BlockShuffleOrder",
@@ -34,6 +40,7 @@ __all__ = [
     "GlobalRandomOrder",
     "IndexOrder",
     "IndexSampler",
+    "MixtureSchedule",
     "OrderState",
     "RandomOrder",
     "RankShard",

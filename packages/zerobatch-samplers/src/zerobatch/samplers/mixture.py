@@ -1,0 +1,215 @@
+"""Mixing sources in exact proportions, resumable across changes of the weights.
+
+:class:`MixtureSchedule` decides, sample by sample, which source the next sample comes from
+and which item of that source it is:
+
+- **Which source**: the "largest sampling error first" rule of Megatron's blended datasets.
+  Pick ``t`` (counted from the last change of weights) goes to the source ``k`` with the
+  largest ``w[k] * (t + 1) - n[k]``, where ``n[k]`` counts the picks of ``k`` since that
+  change (ties: the source listed first). After any ``T`` picks every ``|n[k] - w[k] * T|``
+  stays below 1: the proportions are exact at every step, not only on average.
+- **Which item**: source ``k`` has its own order and its own count ``consumed[k]``; its
+  ``c``-th sample is position ``c mod size`` of epoch ``c // size`` of that order (a fresh
+  Feistel permutation per epoch with ``shuffle``, else ascending). A small source with a
+  large weight is upsampled by cycling through epochs; a source is never repeated within one
+  of its epochs.
+
+The state (:meth:`MixtureSchedule.state_dict`) holds every source's ``consumed`` count by
+name, the weights, and the picks since the weights last changed. Loading it into a schedule
+with *other* weights, or with sources added or removed, continues every source that both
+know exactly where it stopped (nothing already consumed comes again in that epoch), starts
+new sources at 0, and applies the new weights from that point on.
+
+Rank sharding needs no communication: every rank computes the same global sequence, and rank
+``r`` of ``w`` takes samples ``[r * b, (r + 1) * b)`` of each global batch of ``w * b``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from zerobatch.core._checks import check_count, check_rank, check_seed
+from zerobatch.formats.errors import ConfigError, StateError
+from zerobatch.samplers.orders import GlobalRandomOrder, IndexOrder, SequentialOrder
+
+__all__ = ["MIXTURE_STATE_VERSION", "MixtureSchedule"]
+
+MIXTURE_STATE_VERSION = 1
+
+
+def _source_seed(seed: int, name: str) -> int:
+    """A source's own seed: independent of the other sources, stable across reweighting."""
+    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+class MixtureSchedule:
+    """Which source and item each sample of a mixture is (see the module documentation).
+
+    Args:
+        sources: ``(name, size, weight)`` per source: a unique name (it identifies the source
+            in a saved state), its number of items (>= 1) and a weight (> 0; weights are
+            normalized).
+        seed: the seed of every source's order.
+        shuffle: each source in a fresh permutation per epoch (else ascending).
+
+    Raises:
+        ConfigError: a duplicate or empty name, a size below 1, a weight that is not a
+            positive finite number.
+    """
+
+    def __init__(self, sources: Sequence[tuple[str, int, float]], *, seed: int = 0, shuffle: bool = True) -> None:
+        if not sources:
+            raise ConfigError("sources: a mixture needs at least one source", field="sources")
+        names, sizes, weights = [], [], []
+        for entry in sources:
+            if not isinstance(entry, tuple) or len(entry) != 3:
+                raise ConfigError(f"sources: each source is (name, size, weight), got {entry!r}", field="sources")
+            name, size, weight = entry
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"sources: a name must be a non-empty string, got {name!r}", field="sources")
+            if name in names:
+                raise ConfigError(f"sources: {name!r} is listed twice", field="sources")
+            size = check_count(size, f"size of {name}", minimum=1)
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
+                    or weight <= 0:
+                raise ConfigError(f"sources: the weight of {name!r} must be a positive number, got {weight!r}",
+                                  field="weights")
+            names.append(name)
+            sizes.append(size)
+            weights.append(float(weight))
+        total = sum(weights)
+        self.names = names
+        self.sizes = sizes
+        self.weights = [w / total for w in weights]
+        self.seed = check_seed(seed)
+        self.shuffle = bool(shuffle)
+        self._orders: list[IndexOrder] = [
+            GlobalRandomOrder(n, seed=_source_seed(self.seed, name)) if self.shuffle else SequentialOrder(n)
+            for name, n in zip(names, sizes, strict=True)]
+        self.consumed = [0] * len(names)     # samples taken from each source, ever
+        self._since = [0] * len(names)       # picks of each source since the weights last changed
+        self._steps = 0                      # picks since the weights last changed
+
+    @property
+    def total(self) -> int:
+        """Samples taken so far, over all sources."""
+        return sum(self.consumed)
+
+    def _pick(self, n: int) -> np.ndarray:
+        """The sources of the next ``n`` samples; advances the pick counters."""
+        w, since, t = self.weights, self._since, self._steps
+        k_range = range(len(w))
+        out = np.empty(n, np.int32)
+        for i in range(n):
+            t += 1
+            best, best_err = 0, w[0] * t - since[0]
+            for k in k_range:
+                err = w[k] * t - since[k]
+                if err > best_err:
+                    best, best_err = k, err
+            since[best] += 1
+            out[i] = best
+        self._steps = t
+        return out
+
+    def take(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``n`` samples: ``(source index int32[n], item int64[n])``; advances."""
+        n = check_count(n, "n")
+        src = self._pick(n)
+        items = np.empty(n, np.int64)
+        for k, order in enumerate(self._orders):
+            where = np.flatnonzero(src == k)
+            if where.size == 0:
+                continue
+            counts = self.consumed[k] + np.arange(where.size, dtype=np.int64)
+            size = self.sizes[k]
+            epochs, positions = np.divmod(counts, size)
+            for e in np.unique(epochs).tolist():
+                sel = epochs == e
+                items[where[sel]] = order.items(int(e), positions[sel])
+            self.consumed[k] += int(where.size)
+        return src, items
+
+    def batch(self, batch_size: int, *, rank: int = 0, world_size: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's part of the next global batch of ``batch_size * world_size`` samples
+        (every rank advances by the whole global batch, with no communication)."""
+        batch_size = check_count(batch_size, "batch_size", minimum=1)
+        rank, world_size = check_rank(rank, world_size)
+        src, items = self.take(batch_size * world_size)
+        part = slice(rank * batch_size, (rank + 1) * batch_size)
+        return src[part].copy(), items[part].copy()
+
+    # ---------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able: each source's count and size by name, the weights, the picks since the
+        weights last changed."""
+        return {
+            "zerobatch_mixture": MIXTURE_STATE_VERSION,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "sources": {name: {"consumed": c, "size": n, "weight": w, "since": s}
+                        for name, c, n, w, s in zip(self.names, self.consumed, self.sizes, self.weights,
+                                                    self._since, strict=True)},
+            "steps": self._steps,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``, even with other weights or sources (module docs).
+
+        Raises:
+            StateError: not a mixture state, another seed or shuffle, a source whose size
+                changed (other data under the same name), or counts out of range.
+        """
+        if not isinstance(state, Mapping) or state.get("zerobatch_mixture") != MIXTURE_STATE_VERSION:
+            raise StateError("state: not a mixture state of this version", field="zerobatch_mixture")
+        if state.get("seed") != self.seed or state.get("shuffle") != self.shuffle:
+            raise StateError(f"state: saved with seed {state.get('seed')!r} and shuffle {state.get('shuffle')!r}, "
+                             f"this mixture has {self.seed} and {self.shuffle}", field="seed")
+        saved = state.get("sources")
+        if not isinstance(saved, Mapping):
+            raise StateError("state: sources must be a mapping", field="sources")
+        consumed = [0] * len(self.names)
+        since = [0] * len(self.names)
+        same_weights = set(saved) == set(self.names)
+        for k, name in enumerate(self.names):
+            entry = saved.get(name)
+            if entry is None:
+                continue
+            if not isinstance(entry, Mapping):
+                raise StateError(f"state: source {name!r} is not a mapping", field="sources")
+            if entry.get("size") != self.sizes[k]:
+                raise StateError(f"state: source {name!r} had {entry.get('size')!r} items, it has {self.sizes[k]} now",
+                                 field="size")
+            try:
+                consumed[k] = check_count(entry.get("consumed"), f"consumed of {name}")
+                since[k] = check_count(entry.get("since"), f"since of {name}")
+            except ConfigError as exc:
+                raise StateError(f"state: {exc}", field="consumed") from None
+            w = entry.get("weight")
+            if not isinstance(w, float) or abs(w - self.weights[k]) > 1e-12:
+                same_weights = False
+        steps = state.get("steps")
+        if same_weights:
+            try:
+                steps = check_count(steps, "steps")
+            except ConfigError as exc:
+                raise StateError(f"state: {exc}", field="steps") from None
+            if sum(since) != steps:
+                raise StateError("state: the picks since the last reweighting do not add up", field="steps")
+            self._since, self._steps = since, steps
+        else:
+            # New weights (or sources): the exact proportions start again from here; every
+            # source keeps its place in its own order.
+            self._since, self._steps = [0] * len(self.names), 0
+        self.consumed = consumed
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{n}: {w:.3f} of {s}" for n, w, s in zip(self.names, self.weights, self.sizes, strict=True))
+        return f"MixtureSchedule({parts}, seed={self.seed})"
