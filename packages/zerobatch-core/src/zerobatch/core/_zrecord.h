@@ -103,6 +103,16 @@ typedef struct {
     uint64_t committed;   /* chunks that exist in the committed state */
 } zr_chunkmap;
 
+/* A chunk's mapping is published base first, then size (both release); a kernel loads the
+ * size first, then the base (both acquire). A mapping is only ever replaced by a larger one
+ * of the same file and the old one stays mapped while the gather object lives, so whatever
+ * pair a kernel sees, the base covers the size. */
+static inline void zr_publish_chunk(const uint8_t **base_slot, uint64_t *size_slot,
+                                    const uint8_t *base, uint64_t size) {
+    __atomic_store_n(base_slot, base, __ATOMIC_RELEASE);
+    __atomic_store_n(size_slot, size, __ATOMIC_RELEASE);
+}
+
 /* One task: check (and copy or inflate) `count` records of one field. */
 typedef struct {
     const zr_chunkmap *cm;
@@ -159,7 +169,7 @@ static int zr_job_run(zr_job *j) {
             dst = j->fixed_len ? j->out + (uint64_t)i * j->fixed_len : j->out + j->out_off[i];
         if (j->fill_only) {
             if (j->lens[i] <= 0 || j->codec == 0) continue;
-            const uint8_t *p = cm->base[e->chunk] + j->payload[i];
+            const uint8_t *p = __atomic_load_n(&cm->base[e->chunk], __ATOMIC_ACQUIRE) + j->payload[i];
             status = zr_inflate(&zs, &zs_ready, p, e->length - ZR_HEADER, dst, (uint64_t)j->lens[i]);
             if (status != ZR_OK) { j->bad = i; break; }
             continue;
@@ -171,15 +181,18 @@ static int zr_job_run(zr_job *j) {
             continue;
         }
         if ((uint64_t)e->chunk >= cm->committed) { status = ZR_E_FIELD; j->bad = i; break; }
-        if ((uint64_t)e->chunk >= cm->mapped || cm->base[e->chunk] == NULL) {
+        if ((uint64_t)e->chunk >= cm->mapped) {
             status = ZR_NEED_CHUNK; j->need_chunk = e->chunk; j->bad = i; break;
         }
+        uint64_t csize = __atomic_load_n(&cm->size[e->chunk], __ATOMIC_ACQUIRE);
+        const uint8_t *cbase = __atomic_load_n(&cm->base[e->chunk], __ATOMIC_ACQUIRE);
+        if (cbase == NULL) { status = ZR_NEED_CHUNK; j->need_chunk = e->chunk; j->bad = i; break; }
         if (e->length < ZR_HEADER || (e->offset & 15u) != 0) { status = ZR_E_FIELD; j->bad = i; break; }
         if (e->offset > UINT64_MAX - e->length) { status = ZR_E_OVERFLOW; j->bad = i; break; }
-        if (e->offset + e->length > cm->size[e->chunk]) {
+        if (e->offset + e->length > csize) {
             status = ZR_NEED_CHUNK; j->need_chunk = e->chunk; j->bad = i; break;
         }
-        const uint8_t *h = cm->base[e->chunk] + e->offset;
+        const uint8_t *h = cbase + e->offset;
         uint64_t stored = (uint64_t)e->length - ZR_HEADER;
         uint32_t logical = zr_ld32(h + 8);
         if (h[13] != ZR_MAGIC) { status = ZR_E_MAGIC; j->bad = i; break; }

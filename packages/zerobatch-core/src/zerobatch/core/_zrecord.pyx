@@ -24,7 +24,7 @@
 
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.ref cimport Py_INCREF, PyObject
@@ -81,6 +81,8 @@ cdef extern from "_zrecord.h" nogil:
                     const uint64_t *table_entries, int64_t nf, const int64_t *idx, int64_t n,
                     zr_entry *out, uint64_t *length, uint64_t *num_chunks, int64_t *bad)
     int zr_job_run(zr_job *j)
+    void zr_publish_chunk(const uint8_t **base_slot, uint64_t *size_slot, const uint8_t *base,
+                          uint64_t size)
 
 #: Fewest bytes of records worth handing to another thread (waking a worker costs about
 #: as much as checking and copying this much).
@@ -106,6 +108,8 @@ cdef class RecordGather:
     cdef uint64_t *_chunk_size
     cdef uint64_t _chunk_cap
     cdef list _chunk_objs
+    cdef list _old_arrays      # addresses of outgrown pointer arrays: a kernel may still read them
+    cdef list _keep            # replaced mappings: a kernel may still read them
 
     def __cinit__(self, commit, uint64_t epoch):
         cdef const uint8_t[::1] mv = np.frombuffer(commit, dtype=np.uint8)
@@ -116,8 +120,14 @@ cdef class RecordGather:
         self.epoch = epoch
         self._table_objs = []
         self._chunk_objs = []
+        self._old_arrays = []
+        self._keep = []
 
     def __dealloc__(self):
+        cdef size_t addr
+        if self._old_arrays is not None:
+            for addr in self._old_arrays:
+                free(<void *>addr)
         free(self._tables)
         free(self._checks)
         free(self._table_entries)
@@ -132,6 +142,8 @@ cdef class RecordGather:
         cdef int64_t n
         if k < 0 or k > 65535:
             raise ValueError("field number out of range")
+        # The pointer arrays are only read with the GIL held (snapshot copies them), so they
+        # may be reallocated here; the mappings they point at are kept alive (see _keep).
         if k >= self._num_tables:
             n = k + 1
             self._tables = <const uint8_t **>realloc(self._tables, n * sizeof(uint8_t *))
@@ -145,6 +157,8 @@ cdef class RecordGather:
                 self._table_entries[self._num_tables] = 0
                 self._table_objs.append(None)
                 self._num_tables += 1
+        if self._table_objs[k] is not None:
+            self._keep.append(self._table_objs[k])   # a snapshot running now may read it
         self._table_objs[k] = (table, check)
         self._tables[k] = &mv[0] if mv.shape[0] else NULL
         self._checks[k] = &cv[0] if cv.shape[0] else NULL
@@ -152,27 +166,42 @@ cdef class RecordGather:
 
     def set_chunk(self, uint64_t c, mapping):
         """Register chunk c's mapping (None unmaps it here; live views keep theirs)."""
+        # Kernels read these arrays without the GIL while this runs on another thread: an
+        # outgrown array is kept (freed with this object), a replaced mapping is kept alive,
+        # and an entry is published base first, then size (zr_publish_chunk).
         cdef const uint8_t[::1] mv
         cdef uint64_t cap
+        cdef const uint8_t **nb
+        cdef uint64_t *ns
         if c >= self._chunk_cap:
             cap = max(c + 1, self._chunk_cap * 2, 16)
-            self._chunk_base = <const uint8_t **>realloc(self._chunk_base, cap * sizeof(uint8_t *))
-            self._chunk_size = <uint64_t *>realloc(self._chunk_size, cap * sizeof(uint64_t))
-            if self._chunk_base == NULL or self._chunk_size == NULL:
+            nb = <const uint8_t **>malloc(cap * sizeof(uint8_t *))
+            ns = <uint64_t *>malloc(cap * sizeof(uint64_t))
+            if nb == NULL or ns == NULL:
+                free(nb)
+                free(ns)
                 raise MemoryError()
-            memset(&self._chunk_base[self._chunk_cap], 0, (cap - self._chunk_cap) * sizeof(uint8_t *))
-            memset(&self._chunk_size[self._chunk_cap], 0, (cap - self._chunk_cap) * sizeof(uint64_t))
+            memset(nb, 0, cap * sizeof(uint8_t *))
+            memset(ns, 0, cap * sizeof(uint64_t))
+            if self._chunk_cap:
+                memcpy(nb, self._chunk_base, self._chunk_cap * sizeof(uint8_t *))
+                memcpy(ns, self._chunk_size, self._chunk_cap * sizeof(uint64_t))
+            if self._chunk_base != NULL:
+                self._old_arrays.append(<size_t>self._chunk_base)
+                self._old_arrays.append(<size_t>self._chunk_size)
+            self._chunk_base = nb
+            self._chunk_size = ns
             self._chunk_objs.extend([None] * (cap - self._chunk_cap))
             self._chunk_cap = cap
+        if self._chunk_objs[c] is not None:
+            self._keep.append(self._chunk_objs[c])
         if mapping is None or len(mapping) == 0:
-            self._chunk_base[c] = NULL
-            self._chunk_size[c] = 0
+            zr_publish_chunk(&self._chunk_base[c], &self._chunk_size[c], NULL, 0)
             self._chunk_objs[c] = None
             return
         mv = np.frombuffer(mapping, dtype=np.uint8)
-        self._chunk_base[c] = &mv[0]
-        self._chunk_size[c] = mv.shape[0]
         self._chunk_objs[c] = mapping
+        zr_publish_chunk(&self._chunk_base[c], &self._chunk_size[c], &mv[0], mv.shape[0])
 
     def chunk_array(self, uint64_t c):
         """A uint8 array over chunk c's mapping (views of records keep the mapping alive)."""

@@ -81,6 +81,29 @@ class _Cleaner:
 CLEANER = _Cleaner()
 
 
+class _Generation:
+    """What a reader maps for one rebalance epoch: the gather kernel (tables, chunks), the
+    chunk sizes mapped, and the shared lock on ``epoch-<E>.lock`` that keeps the epoch's
+    chunks on disk. A gather holds its generation from start to end, so a reopen on another
+    thread never pulls chunks from under it; the lock goes with the last user."""
+
+    __slots__ = ("gather", "commit_map", "epoch_fd", "chunk_sizes", "maps", "__weakref__")
+
+    def __init__(self, gather: Any, commit_map: Any, epoch_fd: int | None) -> None:
+        self.gather = gather
+        self.commit_map = commit_map
+        self.epoch_fd = epoch_fd
+        self.chunk_sizes: dict[int, int] = {}
+        self.maps = 0  # chunk mappings made so far: a check that failed before one may pass now
+
+    def release(self) -> None:
+        fd, self.epoch_fd = self.epoch_fd, None
+        zrstore.unlock(fd)
+
+    def __del__(self) -> None:
+        self.release()
+
+
 class RecordBatch:
     """The records of one gather, by field; see the module docstring. Release it with
     :meth:`release` (or a ``with`` block)."""
@@ -196,8 +219,8 @@ class ZRecordStore:
         self.verify = verify
         self.max_record_bytes = max_record_bytes
         self._pool = shared_pool(num_threads - 1) if num_threads > 1 else None
-        self._lock = threading.RLock()
-        self._epoch_fd: int | None = None
+        self._lock = threading.RLock()     # held to map or reopen, never while reading
+        self._gen: _Generation | None = None
         self._closed = False
         self._open()
 
@@ -241,14 +264,11 @@ class ZRecordStore:
                                         blocking=True)
             finally:
                 zrstore.unlock(sfd)
-            zrstore.unlock(self._epoch_fd)
-            self._epoch_fd = epoch_fd
             self.meta = meta
             self.fields = meta.fields
             self._field_no = {f.name: k for k, f in enumerate(meta.fields)}
             self._commit_map = commit_map
-            self._gather = gather
-            self._chunk_sizes: dict[int, int] = {}
+            self._gen = _Generation(gather, commit_map, epoch_fd)  # the previous one goes with its last user
             return
         raise StateError("switch.lock: the store kept changing under the reader", path=self.path, field="switch.lock")
 
@@ -314,21 +334,27 @@ class ZRecordStore:
                 os.close(fd)
         gather.set_table(k, maps[0], maps[1])
 
-    def _map_chunk(self, c: int, field: str, index: int) -> None:
+    def _map_chunk(self, gen: _Generation, c: int, field: str, index: int, maps_before: int) -> None:
+        """Map chunk c (again, if it grew) in ``gen``, for a check that started when
+        ``gen.maps`` was ``maps_before``."""
         cpath = os.path.join(self.path, Z.chunk_name(c))
-        try:
-            fd, st = open_regular_file(cpath)
-        except NotFoundError:
-            raise CorruptError(f"{field}.offset: record {index} points into chunk {c}, which does not exist",
-                               path=cpath, field="chunk_id") from None
-        try:
-            if st.st_size <= self._chunk_sizes.get(c, -1):
-                raise CorruptError(f"{field}.offset: the entry of record {index} runs past the end of chunk {c} "
-                                   f"({st.st_size} bytes)", path=cpath, field="offset")
-            self._gather.set_chunk(c, FileMapping(fd, st.st_size, cpath))
-            self._chunk_sizes[c] = st.st_size
-        finally:
-            os.close(fd)
+        with self._lock:
+            if gen.maps != maps_before:
+                return  # another thread mapped meanwhile: check again first
+            try:
+                fd, st = open_regular_file(cpath)
+            except NotFoundError:
+                raise CorruptError(f"{field}.offset: record {index} points into chunk {c}, which does not exist",
+                                   path=cpath, field="chunk_id") from None
+            try:
+                if st.st_size <= gen.chunk_sizes.get(c, -1):
+                    raise CorruptError(f"{field}.offset: the entry of record {index} runs past the end of chunk "
+                                       f"{c} ({st.st_size} bytes)", path=cpath, field="offset")
+                gen.gather.set_chunk(c, FileMapping(fd, st.st_size, cpath))
+                gen.chunk_sizes[c] = st.st_size
+                gen.maps += 1
+            finally:
+                os.close(fd)
 
     # ----------------------------------------------------------------------------------------
     # Reading
@@ -359,12 +385,15 @@ class ZRecordStore:
                 for i in range(len(idx)):
                     yield {f.name: _copy(batch[f.name][i]) for f in self.fields}
 
-    def _snapshot(self, idx: np.ndarray, fnos: list[int]) -> tuple[np.ndarray, int, int]:
+    def _snapshot(self, idx: np.ndarray, fnos: list[int]) -> tuple[_Generation, np.ndarray, int, int]:
         deadline = None
         while True:
-            r = self._gather.snapshot(idx, fnos)
+            gen = self._gen
+            if gen is None:
+                raise StateError("the store is closed", path=self.path, field="store")
+            r = gen.gather.snapshot(idx, fnos)
             if len(r) == 3 and not isinstance(r[0], str):
-                return r
+                return (gen, *r)
             code, detail = r[0], r[1]
             if code == "bad_entry":
                 name = self.fields[detail].name
@@ -373,15 +402,18 @@ class ZRecordStore:
                                      field="offset")
             if code == "need_table":
                 f = self.fields[detail]
-                c = zrstore.read_commit_waiting(self._commit_map, self.path, path=self.path)
-                self._map_table(self._gather, detail, f, c.length)
+                with self._lock:
+                    c = zrstore.read_commit_waiting(gen.commit_map, self.path, path=self.path)
+                    self._map_table(gen.gather, detail, f, c.length)
             elif code == "stale":
-                self._open()
+                with self._lock:
+                    if self._gen is gen:   # else another thread reopened already
+                        self._open()
             else:  # retry: a writer is applying a commit
                 if deadline is None:
                     deadline = time.monotonic() + 0.05
                 elif time.monotonic() > deadline:
-                    zrstore.read_commit_waiting(self._commit_map, self.path, path=self.path)
+                    zrstore.read_commit_waiting(gen.commit_map, self.path, path=self.path)
                     deadline = None
                 time.sleep(0)
 
@@ -408,26 +440,26 @@ class ZRecordStore:
             if name not in self._field_no:
                 raise KeyError(f"no field {name!r} (fields: {self.keys()})")
             fnos.append(self._field_no[name])
-        with self._lock:
-            entries, length, nchunks = self._snapshot(idx, fnos)
-            data: dict[str, Any] = {}
-            present: dict[str, np.ndarray] = {}
-            buffers: list[Any] = []
-            for j, k in enumerate(fnos):
-                spec = self.fields[k]
-                col = entries[:, j] if len(fnos) > 1 else entries.reshape(-1)
-                data[spec.name], present[spec.name] = self._field(idx, col, nchunks, k, spec, zero_copy, buffers)
+        gen, entries, length, nchunks = self._snapshot(idx, fnos)
+        data: dict[str, Any] = {}
+        present: dict[str, np.ndarray] = {}
+        buffers: list[Any] = []
+        for j, k in enumerate(fnos):
+            spec = self.fields[k]
+            col = entries[:, j] if len(fnos) > 1 else entries.reshape(-1)
+            data[spec.name], present[spec.name] = self._field(gen, idx, col, nchunks, k, spec, zero_copy, buffers)
         return RecordBatch(idx, data, present, buffers)
 
-    def _check(self, idx: np.ndarray, col: np.ndarray, nchunks: int, k: int, spec: Z.FieldSpec,
-               out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    def _check(self, gen: _Generation, idx: np.ndarray, col: np.ndarray, nchunks: int, k: int,
+               spec: Z.FieldSpec, out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         max_len = spec.fixed_bytes or self.max_record_bytes
         while True:
-            r = self._gather.check(col, nchunks, k, spec.codec, spec.fixed_bytes, max_len, self.verify, out,
-                                   self._pool, self.num_threads, spec.np_dtype.itemsize)
+            maps_before = gen.maps
+            r = gen.gather.check(col, nchunks, k, spec.codec, spec.fixed_bytes, max_len, self.verify, out,
+                                 self._pool, self.num_threads, spec.np_dtype.itemsize)
             if isinstance(r[0], str):
                 if r[0] == "need_chunk":
-                    self._map_chunk(r[1], spec.name, int(idx[r[2]]))
+                    self._map_chunk(gen, r[1], spec.name, int(idx[r[2]]), maps_before)
                     continue
                 self._raise(r, idx, spec)
             return r
@@ -441,25 +473,25 @@ class ZRecordStore:
         status_error(status, f"{spec.name}: record {int(idx[pos])} (chunk {c}, offset {off}, {ln} bytes): {what}",
                      path=os.path.join(self.path, Z.chunk_name(c)), field=spec.name)
 
-    def _field(self, idx: np.ndarray, col: np.ndarray, nchunks: int, k: int, spec: Z.FieldSpec,
-               zero_copy: bool, buffers: list[Any]) -> tuple[Any, np.ndarray]:
+    def _field(self, gen: _Generation, idx: np.ndarray, col: np.ndarray, nchunks: int, k: int,
+               spec: Z.FieldSpec, zero_copy: bool, buffers: list[Any]) -> tuple[Any, np.ndarray]:
         n = len(idx)
         dt = spec.np_dtype
         if spec.shape is not None and not (zero_copy and spec.codec == 0):
             out = np.empty((n, *spec.shape), dt)
-            _, lens = self._check(idx, col, nchunks, k, spec, out.reshape(-1).view(np.uint8))
+            _, lens = self._check(gen, idx, col, nchunks, k, spec, out.reshape(-1).view(np.uint8))
             return out, lens >= 0
-        payload, lens = self._check(idx, col, nchunks, k, spec, None)
+        payload, lens = self._check(gen, idx, col, nchunks, k, spec, None)
         present = lens >= 0
         if spec.codec == 0:
-            return self._gather.views(col["chunk"], payload, lens, dt, spec.shape), present
+            return gen.gather.views(col["chunk"], payload, lens, dt, spec.shape), present
         sizes = np.where(present, lens, 0).astype(np.uint64)
         offsets = np.zeros(n, np.uint64)
         if n > 1:
             np.cumsum(sizes[:-1], out=offsets[1:])
         buf = np.empty(int(sizes.sum()) + 16, np.uint8)  # never empty: a zero-length view still has a base
         buffers.append(buf)
-        r = self._gather.inflate(col, k, payload, lens, buf, offsets, self._pool, self.num_threads)
+        r = gen.gather.inflate(col, k, payload, lens, buf, offsets, self._pool, self.num_threads)
         if isinstance(r[0], str):
             self._raise(r, idx, spec)
         return buffer_views(buf, offsets, lens, dt, spec.shape), present
@@ -478,9 +510,9 @@ class ZRecordStore:
         if self._closed:
             return
         self._closed = True
-        zrstore.unlock(self._epoch_fd)
-        self._epoch_fd = None
-        self._gather = None  # type: ignore[assignment]
+        gen, self._gen = self._gen, None
+        if gen is not None:
+            gen.release()
 
     def __enter__(self) -> ZRecordStore:
         return self
