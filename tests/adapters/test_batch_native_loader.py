@@ -190,7 +190,7 @@ def test_mismatched_states_are_refused(path50, tmp_path):
         (BatchNativeLoader(path50, block_size=4, seed=6), state, "seed"),
         (BatchNativeLoader(path50, block_size=8, seed=5), state, "block_size"),
         (BatchNativeLoader(path50, block_size=4, seed=5, shuffle=False), state, "shuffle"),
-        (BatchNativeLoader(path50, block_size=4, seed=5, drop_last=False), state, "drop_last"),
+        (BatchNativeLoader(path50, block_size=4, seed=5, drop_last=False), state, "tail"),
         (BatchNativeLoader(make_file(tmp_path / "short.batch", 40), block_size=4, seed=5), state, "num_items"),
         (BatchNativeLoader(path50, block_size=4, seed=5), {**state, "consumed": 51}, "consumed"),
         (BatchNativeLoader(path50, block_size=4, seed=5), {**state, "zerobatch_state": 99}, "zerobatch_state"),

@@ -1,50 +1,227 @@
-"""PyTorch adapters: loaders that yield torch tensors from zerobatch files.
+"""PyTorch adapters: one stateful loader over every zerobatch source.
 
-:class:`BatchNativeLoader` streams an LLMBATCH file in block-shuffle order (the seed's
-design), sharded over ranks with no communication, with an exact-resume state and threaded
-read-ahead: worker threads verify and convert the next batches with the GIL released while
-the training step runs, and ``madvise(WILLNEED)`` asks the kernel to read the next block
-ahead.
+:class:`Loader` yields the batches of a source (an LLMBATCH file, token-stream windows or
+documents, ZRECORD fields, a :class:`~zerobatch.adapters.sources.Mixture` of them) as torch
+tensors, for one rank of a job, with compiled GIL-free reads on read-ahead threads inside the
+training process and an exact-resume state that follows the ``Stateful`` protocol of
+``torch.distributed.checkpoint``. It is also an ``IterableDataset``: inside a
+``torch.utils.data.DataLoader`` with worker processes (:meth:`Loader.dataloader`) each
+worker reads every ``num_workers``-th step, so the loop sees exactly the batches, in exactly
+the order, of the loader alone.
+
+:class:`BatchNativeLoader` (the seed's ``zerobatch.batch_loader.BatchNativeLoader``) is this
+loader over an LLMBATCH file in the seed's block-shuffle order.
 """
 
 from __future__ import annotations
 
-import collections
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
+import torch.utils.data
 
-from zerobatch.samplers._dist import resolve_rank
-from zerobatch.adapters._buffers import BufferPool
-from zerobatch.core.pool import shared_pool
-from zerobatch.formats.errors import ConfigError, StateError
+from zerobatch.adapters._loader import BaseLoader
+from zerobatch.adapters.sources import (LLMBatchSource, Mixture, RecordFields, Source, TokenDocuments,
+                                        TokenWindows)
+from zerobatch.formats.errors import ConfigError
 from zerobatch.readers.llmbatch import BatchFileReader
-from zerobatch.samplers import BlockShuffleOrder, OrderState, RankShard, check_count
 
-__all__ = ["BatchNativeLoader"]
+__all__ = ["BatchNativeLoader", "LLMBatchSource", "Loader", "Mixture", "RecordFields", "Source", "TokenDocuments",
+           "TokenWindows", "WorkerDataLoader"]
 
-#: Bytes of int64 output each read-ahead job converts (amortizes the hand-off between threads).
-CHUNK_BYTES = 1 << 20
-
-_KIND = "llmbatch/block-shuffle"
+_DTYPES = {torch.int64: np.dtype(np.int64), torch.int32: np.dtype(np.int32)}
 
 
-class BatchNativeLoader:
+def _accelerator_available() -> bool:
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and hasattr(acc, "is_available"):
+        return bool(acc.is_available())
+    return torch.cuda.is_available()
+
+
+class Loader(BaseLoader, torch.utils.data.IterableDataset):
+    """Batches of a zerobatch source for this rank, as torch tensors.
+
+    Args:
+        source: a :class:`~zerobatch.adapters.sources.Source` (``LLMBatchSource``,
+            ``TokenWindows``, ``TokenDocuments``, ``RecordFields``, ``Mixture``) or the
+            path of a ``.batch`` file.
+        batch_size: rows per batch on this rank (for an LLMBATCH file, a multiple of its
+            batch size; default one file batch). Or give ``global_batch_size``.
+        shuffle: shuffle the items (a Feistel permutation per epoch; the seed's block
+            shuffle for LLMBATCH files); ``False`` reads in order.
+        seed: integer in ``[0, 2**64)``.
+        drop_last: drop the items of a last step that does not fill every rank (default);
+            ``False`` keeps a short last step (a rank left without items yields nothing
+            for it). ``tail="pad"`` instead fills it with items from the start of the epoch,
+            so every rank takes the same number of steps.
+        order: an explicit :class:`~zerobatch.samplers.IndexOrder` over the source's items.
+        rank, world_size: this process's place (default: ``torch.distributed`` when it is
+            initialized, else ``RANK`` / ``WORLD_SIZE``, else one process).
+        epoch: the starting epoch.
+        prefetch: batches read ahead of the training loop.
+        num_threads: read-ahead threads (default: one fewer than the CPUs, at least 1;
+            0 reads on the calling thread).
+        dtype: ``torch.int64`` (default) or ``torch.int32`` (zero-copy views where the
+            source allows: an LLMBATCH file read one file batch per step).
+        pin_memory: copy each batch into page-locked memory (ignored, with a warning, on a
+            machine without an accelerator).
+        device: move each batch there (``non_blocking`` copies from pinned memory).
+
+    Each step is what the source hands out: a tensor, an ``(x, y)`` pair of views of one
+    buffer (next-token windows), or a dict (documents, boundaries, metadata, several fields).
+
+    Example::
+
+        source = TokenWindows("data/tokens", seq_len=2048)
+        loader = Loader(source, batch_size=8, seed=1234, device="cuda", pin_memory=True)
+        for epoch in range(loader.epoch, num_epochs):
+            loader.set_epoch(epoch)
+            for x, y in loader:
+                ...
+                checkpoint["loader"] = loader.state_dict()
+    """
+
+    def __init__(self, source: Any, batch_size: int | None = None, *, global_batch_size: int | None = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = True, tail: str | None = None,
+                 order: Any = None, rank: int | None = None, world_size: int | None = None, epoch: int = 0,
+                 prefetch: int = 8, num_threads: int | None = None, dtype: Any = torch.int64,
+                 pin_memory: bool = False, device: Any = None) -> None:
+        if dtype not in _DTYPES:
+            raise ConfigError(f"dtype must be torch.int64 or torch.int32, got {dtype!r}", field="dtype")
+        super().__init__(source, batch_size, global_batch_size=global_batch_size, shuffle=shuffle, seed=seed,
+                         drop_last=drop_last, tail=tail, order=order, rank=rank, world_size=world_size, epoch=epoch,
+                         prefetch=prefetch, num_threads=num_threads, dtype=_DTYPES[dtype])
+        self.torch_dtype = dtype
+        self.pin_memory = bool(pin_memory)
+        if self.pin_memory and not _accelerator_available():
+            warnings.warn("pin_memory=True but no accelerator is available: batches are not pinned",
+                          RuntimeWarning, stacklevel=2)
+            self.pin_memory = False
+        self.device = None if device is None else torch.device(device)
+        if self.device is not None and self.device.type == "cpu":
+            self.device = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._iter()
+
+    def _worker_split(self) -> tuple[int, int]:
+        info = torch.utils.data.get_worker_info()
+        return (0, 1) if info is None else (info.id, info.num_workers)
+
+    def _tensor(self, value: Any) -> Any:
+        if not isinstance(value, np.ndarray):
+            return value
+        t = torch.from_numpy(value) if value.flags.writeable else torch.from_numpy(value.copy())
+        if self.pin_memory:
+            t = t.pin_memory()
+        if self.device is not None:
+            t = t.to(self.device, non_blocking=self.pin_memory)
+        return t
+
+    def _convert(self, result: Any, steps: int) -> list[Any]:
+        emit = self.source.emit
+        if isinstance(result, dict):
+            key = self.source.passthrough
+            if key is not None:
+                return list(self._tensor(result[key]).unbind(0))
+            if steps == 1:
+                return [emit({k: self._tensor(v)[0] if isinstance(v, np.ndarray) else v[0]
+                              for k, v in result.items()})]
+            cols = {k: self._tensor(v).unbind(0) for k, v in result.items()}
+            return [emit({k: c[i] for k, c in cols.items()}) for i in range(steps)]
+        return [emit({k: self._tensor(v) for k, v in step.items()}) for step in result]
+
+    def dataloader(self, num_workers: int = 2, **kwargs: Any) -> WorkerDataLoader:
+        """A ``torch.utils.data.DataLoader`` over this loader with ``num_workers`` worker
+        processes (``multiprocessing_context`` and the other DataLoader options pass through),
+        whose ``state_dict`` counts the batches it delivered."""
+        return WorkerDataLoader(self, num_workers=num_workers, **kwargs)
+
+
+class WorkerDataLoader(torch.utils.data.DataLoader):
+    """A ``torch.utils.data.DataLoader`` with worker processes over a :class:`Loader`.
+
+    Worker ``w`` of ``k`` reads steps ``w, w + k, w + 2k...`` of the rank's steps and the
+    DataLoader hands them out in step order, so the loop receives exactly what the loader
+    alone would give. The position is counted here, in the training process: ``state_dict``
+    is the loader's state after the batches delivered, ``load_state_dict`` (before iterating)
+    resumes there. Workers are started for each pass (``persistent_workers`` would not see a
+    new epoch or position, so it is refused).
+    """
+
+    def __init__(self, loader: Loader, num_workers: int = 2, **kwargs: Any) -> None:
+        if kwargs.pop("persistent_workers", False):
+            raise ConfigError("persistent_workers: the workers must see each pass's epoch and position",
+                              field="persistent_workers")
+        for key in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
+            if key in kwargs:
+                raise ConfigError(f"{key}: the zerobatch loader batches, orders and shards itself", field=key)
+        super().__init__(loader, batch_size=None, num_workers=num_workers, **kwargs)
+        self.zb = loader
+        self._start: dict[str, Any] | None = None
+        self._delivered = 0
+
+    def __len__(self) -> int:
+        return len(self.zb)
+
+    def set_epoch(self, epoch: int) -> None:
+        self._settle()
+        self.zb.set_epoch(epoch)
+
+    def _settle(self) -> None:
+        """Move the loader to the position the last pass reached."""
+        if self._start is not None:
+            state = self.state_dict()
+            self._start, self._delivered = None, 0
+            completed = self.zb._completed
+            self.zb.load_state_dict(state)
+            self.zb._completed = completed
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._settle()
+        zb = self.zb
+        if zb._completed:
+            zb._consumed, zb._completed = 0, False
+        self._start = zb.state_dict()
+        self._delivered = 0
+        steps = None if zb.endless else zb._steps_from(zb._consumed)
+        for batch in super().__iter__():
+            self._delivered += 1
+            yield batch
+        if steps is not None and self._delivered >= steps:
+            self._settle()
+            zb._completed = True
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._start is None:
+            return self.zb.state_dict()
+        return self.zb._advanced_state(self._start, self._delivered)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._start, self._delivered = None, 0
+        self.zb.load_state_dict(state)
+
+
+class BatchNativeLoader(Loader):
     """Iterate over the batches of an LLMBATCH file as ``[batch_size, seq_len]`` tensors.
 
-    Block-shuffle order, exactly as the seed describes it: the file's batches are cut into
-    super-blocks of ``block_size`` consecutive batches, each epoch visits the blocks in the
-    order ``numpy.random.default_rng(seed ^ epoch).permutation(num_blocks)`` and the batches
-    of a block in ascending order (see :class:`zerobatch.samplers.BlockShuffleOrder`).
+    :class:`Loader` over :class:`~zerobatch.adapters.sources.LLMBatchSource`, one file batch
+    per rank per step, with the seed's signature. Block-shuffle order, exactly as the seed
+    describes it: the file's batches are cut into super-blocks of ``block_size`` consecutive
+    batches, each epoch visits the blocks in the order
+    ``numpy.random.default_rng(seed ^ epoch).permutation(num_blocks)`` and the batches of a
+    block in ascending order (see :class:`zerobatch.samplers.BlockShuffleOrder`).
 
     With ``world_size`` ranks, global step ``s`` gives rank ``r`` the batch at position
     ``s * world_size + r`` of that order: every rank gets ``len(loader)`` batches per epoch,
     the ranks' batches are disjoint, and no rank talks to another. The tail that does not
     fill a step on every rank is dropped (``drop_last=True``) or padded by wrapping to the
-    start of the epoch.
+    start of the epoch. A state resumes on any world size.
 
     Args:
         path: the ``.batch`` file, or an open :class:`BatchFileReader`.
@@ -52,16 +229,10 @@ class BatchNativeLoader:
         shuffle: shuffle the block order (``False``: the file's order).
         seed: integer in ``[0, 2**64)`` for the block order.
         epoch: the starting epoch.
-        rank: this process's rank; default from ``torch.distributed``, else ``RANK``.
-        world_size: number of ranks; default from ``torch.distributed``, else ``WORLD_SIZE``, else 1.
+        rank, world_size, num_threads, prefetch, pin_memory, device: as for :class:`Loader`.
         drop_last: drop the tail of fewer than ``world_size`` batches (else pad it).
         dtype: ``torch.int64`` (default, as the seed) or ``torch.int32`` (views of the mapped
             file: no copy, no threads; refused when a token id is 2**31 or more).
-        num_threads: read-ahead worker threads (default: one fewer than the CPUs, at least 1;
-            0 converts on the calling thread). The training thread helps with queued reads
-            whenever it would otherwise wait, so ``cpus - 1`` workers keep every core busy.
-        prefetch: batches queued ahead of the training loop (default 64: 8 MiB of int64
-            for 32 x 512 batches).
         verify: check each batch's checksum the first time it is read.
 
     Example::
@@ -77,243 +248,16 @@ class BatchNativeLoader:
     def __init__(self, path: str | os.PathLike[str] | BatchFileReader, block_size: int = 256,
                  shuffle: bool = True, seed: int = 42, epoch: int = 0, *, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = True, dtype: Any = torch.int64,
-                 num_threads: int | None = None, prefetch: int = 64, verify: bool = True) -> None:
-        self.reader = path if isinstance(path, BatchFileReader) else BatchFileReader(path, verify=verify)
-        self.order = BlockShuffleOrder(self.reader.num_batches, block_size, seed=seed, shuffle=shuffle)
-        self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.drop_last = bool(drop_last)
-        if dtype not in (torch.int64, torch.int32):
-            raise ConfigError(f"dtype must be torch.int64 or torch.int32, got {dtype!r}", field="dtype")
-        self.dtype = dtype
-        if num_threads is None:
-            num_threads = max(1, (os.cpu_count() or 2) - 1)
-        self.num_threads = check_count(num_threads, "num_threads", maximum=256)
-        self.prefetch = check_count(prefetch, "prefetch", minimum=1, maximum=1 << 20)
-        self.epoch = check_count(epoch, "epoch")
-        self._consumed = 0          # global positions of this epoch delivered to the loop
-        self._completed = False     # an iterator ran this epoch to its end in this process
-        self._active: _LoaderIterator | None = None
-
-    # ---------------------------------------------------------------------------------------
+                 num_threads: int | None = None, prefetch: int = 64, verify: bool = True,
+                 pin_memory: bool = False, device: Any = None) -> None:
+        source = LLMBatchSource(path, block_size=block_size, verify=verify)
+        super().__init__(source, None, shuffle=shuffle, seed=seed, tail="drop" if drop_last else "pad",
+                         rank=rank, world_size=world_size, epoch=epoch, prefetch=prefetch,
+                         num_threads=num_threads, dtype=dtype, pin_memory=pin_memory, device=device)
+        self.reader = source.reader
 
     @property
     def block_size(self) -> int:
         """Batches per super-block."""
-        return self.order.block_size
+        return self.source.block_size  # type: ignore[attr-defined]
 
-    @property
-    def shuffle(self) -> bool:
-        """Whether the block order is shuffled."""
-        return self.order.shuffle
-
-    @property
-    def seed(self) -> int:
-        """The block-order seed."""
-        return self.order.seed
-
-    def _shard(self, start: int) -> RankShard:
-        return RankShard(self.reader.num_batches, self.rank, self.world_size, self.drop_last, start)
-
-    def __len__(self) -> int:
-        """Batches this rank yields in a whole epoch."""
-        return self._shard(0).num_steps
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch (and so the block order). A new epoch starts at its beginning;
-        the current epoch keeps its position, so a resumed loop can call ``set_epoch`` as usual."""
-        epoch = check_count(epoch, "epoch")
-        if epoch != self.epoch:
-            self._close_active()
-            self.epoch = epoch
-            self._consumed = 0
-            self._completed = False
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        self._close_active()
-        if self._completed:
-            self._consumed = 0
-            self._completed = False
-        it = _LoaderIterator(self)
-        self._active = it
-        return it.batches()
-
-    def _close_active(self) -> None:
-        if self._active is not None:
-            self._active.close()
-            self._active = None
-
-    def close(self) -> None:
-        """Stop read-ahead threads and release the file."""
-        self._close_active()
-        self.reader.close()
-
-    def __enter__(self) -> BatchNativeLoader:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    # ---------------------------------------------------------------------------------------
-    # state
-
-    def _order_state(self, consumed: int, global_batch_size: int | None = None) -> OrderState:
-        return OrderState(
-            kind=_KIND, seed=self.order.seed, epoch=self.epoch, consumed=consumed,
-            num_items=self.reader.num_batches,
-            global_batch_size=self.world_size if global_batch_size is None else global_batch_size,
-            fingerprint=self.reader.fingerprint,
-            params={"block_size": self.order.block_size, "shuffle": self.order.shuffle,
-                    "drop_last": self.drop_last},
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        """The position after the last batch delivered to the training loop (JSON-able).
-
-        Batches converted ahead but not yet delivered are not counted.
-        """
-        d = self._order_state(self._consumed).to_dict()
-        d["world_size"] = self.world_size
-        return d
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where ``state`` stopped, on any world size.
-
-        Raises:
-            StateError: the state belongs to another file, seed, block size, shuffle or
-                drop_last setting, another state version, or its position is out of range.
-        """
-        loaded = OrderState.from_dict(state)
-        saved_world = state.get("world_size", 1)
-        if isinstance(saved_world, bool) or not isinstance(saved_world, int) or saved_world < 1:
-            raise StateError(f"world_size: must be a positive integer, got {saved_world!r}", field="world_size")
-        nb = self.reader.num_batches
-        max_consumed = nb if self.drop_last else nb + saved_world - 1
-        # Every rank reads one whole file batch per step, so the global batch is the world
-        # size: a batch-native run may resume on another world size (elastic restarts),
-        # continuing at the saved position without skipping or repeating a batch.
-        loaded.check_fits(self._order_state(0, loaded.global_batch_size), max_consumed=max_consumed)
-        self._close_active()
-        self.epoch = loaded.epoch
-        self._consumed = loaded.consumed
-        self._completed = False
-
-
-class _LoaderIterator:
-    """One pass over the rest of the current epoch.
-
-    With read-ahead threads, up to ``prefetch`` batches are queued on a shared
-    :class:`~zerobatch.core.pool.TaskPool` as gathers of a few batches each; the workers
-    verify and convert them with the GIL released from start to finish, and this thread
-    only waits for the oldest one, wraps it as tensors and queues the next.
-    """
-
-    def __init__(self, loader: BatchNativeLoader) -> None:
-        self.loader = loader
-        self.shard = loader._shard(loader._consumed)
-        self.steps = self.shard.num_steps
-        self.epoch = loader.epoch
-        self.closed = False
-        reader = loader.reader
-        self._shape = (reader.batch_size, reader.seq_len)
-        self._tickets: collections.deque[Any] = collections.deque()
-        self._chunk = self._chunk_steps()
-        self._plan = self._plan_chunks()
-        self._advised: set[int] = set()
-        self._pool = None
-        self._depth = max(2, -(-loader.prefetch // self._chunk))
-        self._buffers = BufferPool((self._chunk, *self._shape), np.int64, max_buffers=self._depth + 4)
-        if loader.dtype != torch.int32 and loader.num_threads:
-            self._pool = shared_pool(loader.num_threads)
-            self._fill()
-
-    def _chunk_steps(self) -> int:
-        per_batch = self._shape[0] * self._shape[1] * 8
-        return max(1, min(self.loader.prefetch, CHUNK_BYTES // per_batch))
-
-    def _plan_chunks(self) -> Iterator[np.ndarray]:
-        """Batch indices of each read, in order: up to ``chunk`` steps per read (the hand-off
-        between threads is paid once per read), the first reads smaller (1, 2, 4... steps) so
-        the first batch is ready as soon as possible. Indices are computed a page of steps
-        at a time (one compiled call), reads are slices of a page."""
-        order, shard = self.loader.order, self.shard
-        page_steps = max(self._chunk, 1024)
-        size = 1
-        for page_first in range(0, self.steps, page_steps):
-            page_count = min(page_steps, self.steps - page_first)
-            page = order.items(self.epoch, shard.positions(page_first, page_count))
-            at = 0
-            while at < page_count:
-                count = min(size, self._chunk, page_count - at)
-                items = page[at:at + count]
-                self._advise(items)
-                yield items
-                at += count
-                size *= 2
-
-    def _advise(self, items: np.ndarray) -> None:
-        """``madvise(WILLNEED)`` each block of the file the first time a read reaches it, so
-        the kernel reads the whole block ahead of the converters."""
-        bs = self.loader.order.block_size
-        first, last = int(items[0]) // bs, int(items[-1]) // bs
-        blocks = (first,) if first == last else np.unique(items // bs).tolist()
-        for b in blocks:
-            if b not in self._advised:
-                self._advised.add(b)
-                self.loader.reader.advise(b * bs, (b + 1) * bs)
-
-    def _fill(self) -> None:
-        gather_async = self.loader.reader._slots.gather_async
-        while len(self._tickets) < self._depth:
-            items = next(self._plan, None)
-            if items is None:
-                return
-            out = self._buffers.acquire()[:len(items)]
-            self._tickets.append((gather_async(self._pool, items, out), out))
-
-    def _chunks(self) -> Iterator[Any]:
-        """Each read's batches, as a sequence of tensors, in order."""
-        reader = self.loader.reader
-        if self.loader.dtype == torch.int32:
-            read = reader.read_batch_torch
-            for items in self._plan:
-                yield [read(int(i), dtype=torch.int32) for i in items]
-        elif self._pool is None:
-            gather = reader._slots.gather
-            for items in self._plan:
-                yield torch.from_numpy(gather(items, self._buffers.acquire()[:len(items)])).unbind(0)
-        else:
-            tickets = self._tickets
-            while tickets:
-                ticket, out = tickets.popleft()
-                ticket.wait()
-                self._fill()
-                yield torch.from_numpy(out).unbind(0)
-
-    def batches(self) -> Iterator[torch.Tensor]:
-        """The generator ``iter(loader)`` returns."""
-        loader = self.loader
-        start, world = self.shard.start, self.shard.world_size
-        step = 0
-        try:
-            for chunk in self._chunks():
-                for batch in chunk:
-                    if self.closed:
-                        return
-                    step += 1
-                    # Counted as delivered now: a state saved while the loop works on this
-                    # batch resumes after it.
-                    loader._consumed = start + step * world
-                    yield batch
-                del chunk
-            if not self.closed:
-                loader._completed = True
-                loader._active = None
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """Stop: drop queued reads (waiting only for those a worker has started). Idempotent."""
-        self.closed = True
-        while self._tickets:
-            ticket, _ = self._tickets.popleft()
-            ticket.cancel()
