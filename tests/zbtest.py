@@ -75,3 +75,14 @@ def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float =
     return subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd)
 
 
+def token_stream(folder, n_tokens=4000, seed=0, metadata=False, offset=0):
+    """A TOKSTREAM dataset whose token at global position p is ``p + offset`` (a window's
+    first token names it), in documents of random lengths; returns ``(folder, documents)``."""
+    from zerobatch.writers.tokstream import TokenStreamWriter
+    rng = np.random.default_rng(seed)
+    cuts = np.sort(rng.choice(np.arange(1, n_tokens), size=n_tokens // 60, replace=False))
+    docs = np.split(np.arange(n_tokens) + offset, cuts)
+    with TokenStreamWriter(folder, vocab_size=1 << 20, metadata=metadata, shard_tokens=900) as w:
+        for k, d in enumerate(docs):
+            w.add_document(d, {"doc": k} if metadata else None)
+    return str(folder), docs

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from zbtest import run_python
+from zbtest import run_python, token_stream
 
 from zerobatch.adapters.torch import (Loader, LLMBatchSource, Mixture, RecordFields, TokenDocuments,
                                       TokenWindows)
@@ -17,21 +17,9 @@ from zerobatch.formats.errors import ConfigError, IntegrityError, StateError
 from zerobatch.readers.tokstream import TokenStreamReader
 from zerobatch.samplers import GlobalRandomOrder, IndexSampler, SequentialOrder
 from zerobatch.writers.llmbatch import write_batch_file
-from zerobatch.writers.tokstream import TokenStreamWriter
 from zerobatch.writers.zrecord import ZRecordWriter
 
 SEQ = 16
-
-
-def token_stream(folder, n_tokens=4000, seed=0, metadata=False, offset=0):
-    """Token at global position p is ``p + offset``: a window's first token names it."""
-    rng = np.random.default_rng(seed)
-    cuts = np.sort(rng.choice(np.arange(1, n_tokens), size=n_tokens // 60, replace=False))
-    docs = np.split(np.arange(n_tokens) + offset, cuts)
-    with TokenStreamWriter(folder, vocab_size=1 << 20, metadata=metadata, shard_tokens=900) as w:
-        for k, d in enumerate(docs):
-            w.add_document(d, {"doc": k} if metadata else None)
-    return str(folder), docs
 
 
 @pytest.fixture(scope="module")

@@ -901,6 +901,10 @@ cdef class WindowGather:
             pdt = position_dtype if type(position_dtype) is np.dtype else np.dtype(position_dtype)
         elif position_ids is not None:
             raise ConfigError("position_ids must be a NumPy array", field="position_ids")
+        if pdt is not None and pdt == _INT64:
+            pdt = _INT64
+        elif pdt is not None and pdt == _INT32:
+            pdt = _INT32
         if pdt is not None and pdt is not _INT64 and pdt is not _INT32:
             raise ConfigError(f"position_ids must be int64 or int32, got {pdt}", field="position_ids")
         pos_ids = None
@@ -969,7 +973,8 @@ cdef void *_acquire(object buf, Py_buffer *view, object dtype, int64_t rows, int
     # ndarray of `dtype` holding rows * cols elements, shaped (rows, cols) when cols >= 0.
     # The caller releases `view` (PyBuffer_Release) once the pointer is no longer used.
     cdef int64_t n = rows if cols < 0 else rows * cols
-    cdef bint ok = type(buf) is np.ndarray and (<object>buf).dtype is dtype
+    # equality, not identity: an unpickled dtype is equal to the canonical one but another object
+    cdef bint ok = type(buf) is np.ndarray and (<object>buf).dtype == dtype
     if ok:
         try:
             PyObject_GetBuffer(buf, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
@@ -990,7 +995,7 @@ cdef void *_acquire(object buf, Py_buffer *view, object dtype, int64_t rows, int
 cdef void *_acquire_out(object out, Py_buffer *view, int64_t n, uint64_t vocab, int64_t rows,
                         int64_t cols) except NULL:
     # the token output of gather / gather_ranges: int64, or int32 when the vocabulary fits
-    dtype = out.dtype if type(out) is np.ndarray and out.dtype is _INT32 else _INT64
+    dtype = _INT32 if type(out) is np.ndarray and out.dtype == _INT32 else _INT64
     if dtype is _INT32 and vocab > 2**31:
         raise ConfigError("out: int32 cannot hold every id of this vocabulary", field="out")
     if type(out) is np.ndarray and (<object>out).size != n:
