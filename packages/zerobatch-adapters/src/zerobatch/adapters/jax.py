@@ -1,0 +1,101 @@
+"""JAX adapter: the zerobatch loader yielding NumPy arrays or ``jax.Array`` s.
+
+:class:`Loader` is the same loader as :class:`zerobatch.adapters.torch.Loader` (one
+implementation, :mod:`zerobatch.adapters._loader`): the same sources, orders, read-ahead
+threads and state, sharded over JAX processes by ``jax.process_index()`` /
+``jax.process_count()`` with no communication. It needs ``jax`` (``pip install
+zerobatch-adapters[jax]``), not torch.
+
+Example::
+
+    loader = Loader(TokenWindows("data/tokens", seq_len=2048), batch_size=8, seed=1)
+    for x, y in loader:                 # jax.Array int32 (8, 2048), this process's rows
+        state = train_step(state, x, y)
+    ckpt["loader"] = loader.state_dict()
+
+With ``sharding`` (a ``jax.sharding.Sharding`` over the global batch) every batch becomes one
+global ``jax.Array`` assembled from each process's rows
+(``jax.make_array_from_process_local_data``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from zerobatch.adapters._loader import BaseLoader
+from zerobatch.adapters.sources import LLMBatchSource, Mixture, RecordFields, Source, TokenDocuments, TokenWindows
+from zerobatch.formats.errors import ConfigError
+
+try:
+    import jax
+except ImportError as exc:  # pragma: no cover - exercised only without jax
+    raise ImportError("zerobatch.adapters.jax needs jax: pip install 'zerobatch-adapters[jax]'") from exc
+
+__all__ = ["LLMBatchSource", "Loader", "Mixture", "RecordFields", "Source", "TokenDocuments", "TokenWindows"]
+
+OUTPUTS = ("jax", "numpy")
+
+
+class Loader(BaseLoader):
+    """Batches of a zerobatch source for this JAX process.
+
+    Args:
+        source, batch_size, global_batch_size, shuffle, seed, drop_last, tail, order,
+        epoch, prefetch, num_threads: as for :class:`zerobatch.adapters.torch.Loader`.
+        rank, world_size: default ``jax.process_index()`` / ``jax.process_count()``.
+        dtype: ``int32`` (default, JAX's integer) or ``int64`` (needs ``jax_enable_x64``
+            for ``jax.Array`` output).
+        output: ``"jax"`` (``jax.Array`` on ``device``, or global arrays over
+            ``sharding``) or ``"numpy"``.
+        device: a ``jax.Device`` for the arrays (default: JAX's default device).
+        sharding: a ``jax.sharding.Sharding`` of the global batch; each array becomes a
+            global array made of every process's rows.
+    """
+
+    def __init__(self, source: Any, batch_size: int | None = None, *, global_batch_size: int | None = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = True, tail: str | None = None,
+                 order: Any = None, rank: int | None = None, world_size: int | None = None, epoch: int = 0,
+                 prefetch: int = 8, num_threads: int | None = None, dtype: Any = np.int32, output: str = "jax",
+                 device: Any = None, sharding: Any = None) -> None:
+        if rank is None and world_size is None:
+            rank, world_size = jax.process_index(), jax.process_count()
+        if output not in OUTPUTS:
+            raise ConfigError(f"output must be one of {OUTPUTS}, got {output!r}", field="output")
+        super().__init__(source, batch_size, global_batch_size=global_batch_size, shuffle=shuffle, seed=seed,
+                         drop_last=drop_last, tail=tail, order=order, rank=rank, world_size=world_size, epoch=epoch,
+                         prefetch=prefetch, num_threads=num_threads, dtype=dtype)
+        if output == "jax" and self.dtype == np.int64 and not jax.config.jax_enable_x64:
+            raise ConfigError("dtype int64 needs jax_enable_x64 (jax.config.update('jax_enable_x64', True)); "
+                              "JAX would silently cut the ids to int32", field="dtype")
+        if device is not None and sharding is not None:
+            raise ConfigError("pass device or sharding, not both", field="sharding")
+        self.output = output
+        self.device = device
+        self.sharding = sharding
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._iter()
+
+    def _array(self, value: Any) -> Any:
+        if self.output == "numpy" or not isinstance(value, np.ndarray):
+            return value
+        if self.sharding is not None:
+            return jax.make_array_from_process_local_data(self.sharding, value)
+        return jax.device_put(value, self.device)
+
+    def _convert(self, result: Any, steps: int) -> list[Any]:
+        emit = self.source.emit
+        steps_data = ([{k: v[i] for k, v in result.items()} for i in range(steps)]
+                      if isinstance(result, dict) else result)
+        if self.output == "numpy":
+            return [emit(step) for step in steps_data]
+        # Emit first, then convert: next-token views become two arrays (JAX has no views).
+        out = []
+        for step in steps_data:
+            emitted = emit(step)
+            out.append(jax.tree_util.tree_map(self._array, emitted,
+                                              is_leaf=lambda v: not isinstance(v, (tuple, list, dict))))
+        return out
