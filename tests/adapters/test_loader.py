@@ -164,6 +164,9 @@ def test_record_fields(tmp_path):
     assert [t.tolist() for t in lists] == [r[0].tolist() for r in recs[:3]]
     labels = next(iter(Loader(RecordFields(str(tmp_path / "s"), ["label"]), batch_size=3, shuffle=False)))
     assert labels.tolist() == [[0, 0], [1, -1], [2, -2]]
+    ids32 = next(iter(Loader(RecordFields(str(tmp_path / "s"), ["ids", "label"], pad_to=8, token_fields=["ids"]),
+                             batch_size=3, shuffle=False, dtype=torch.int32)))
+    assert ids32["ids"].dtype == torch.int32 and ids32["label"].dtype == torch.int64
     with pytest.raises(ConfigError):
         RecordFields(str(tmp_path / "s"), ["nope"])
 

@@ -347,11 +347,28 @@ class TokenDocuments(Source):
 
     def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
         steps, per = items.shape
-        tokens, mask = self.reader.documents(items.reshape(-1), pad_to=self.width, pad_id=self.pad_id, dtype=dtype)
-        out = {"tokens": tokens.reshape(steps, per, self.width), "mask": mask.reshape(steps, per, self.width)}
+        width, reader = self.width, self.reader
+        flat = items.reshape(-1)
+        starts, stops = reader.document_spans(flat)
+        lengths = np.minimum(stops - starts, width)
+        tokens = self._buffer((flat.size, width), dtype)
+        full = lengths == width
+        if full.all():                     # every row is filled: one compiled window gather
+            reader.windows(starts, width, out=tokens)
+        else:
+            rows = np.flatnonzero(full)
+            if rows.size:
+                tokens[rows] = reader.windows(starts[rows], width, dtype=dtype)
+            short = np.flatnonzero(~full)
+            docs, offsets = reader.documents(flat[short], dtype=dtype)
+            for r, a, b in zip(short.tolist(), offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
+                tokens[r, :b - a] = docs[a:b]
+                tokens[r, b - a:] = self.pad_id
+        mask = np.arange(width)[None, :] < lengths[:, None]
+        out = {"tokens": tokens.reshape(steps, per, width), "mask": mask.reshape(steps, per, width)}
         if self.next_token:
             labels = np.where(mask, tokens, np.asarray(IGNORE_INDEX, dtype))
-            out["labels"] = labels.reshape(steps, per, self.width)
+            out["labels"] = labels.reshape(steps, per, width)
         return out
 
     def emit(self, step: dict[str, Any]) -> Any:
@@ -374,6 +391,8 @@ class RecordFields(Source):
             array (longer records are cut) with a ``<field>_mask``; an int for every such
             field or a dict by field. Unpadded variable-length fields come as lists of arrays.
         pad_value: the value written into padding.
+        token_fields: fields holding token ids: handed out in the loader's ``dtype``
+            (``int64`` by default) instead of their stored type.
 
     Fixed-shape fields come as ``[batch, *shape]`` arrays (absent records are zeros). One
     field is handed out as itself, several as a dict by name. A store that grows after the
@@ -383,7 +402,7 @@ class RecordFields(Source):
     kind = "zrecord"
 
     def __init__(self, store: Any, fields: Sequence[str] | None = None, *, pad_to: int | dict[str, int] | None = None,
-                 pad_value: int | float = 0, num_threads: int = 1) -> None:
+                 pad_value: int | float = 0, token_fields: Sequence[str] = (), num_threads: int = 1) -> None:
         super().__init__()
         from zerobatch.readers.zrecord import ZRecordStore
         self.store = _open(store, ZRecordStore, num_threads=num_threads)
@@ -409,6 +428,10 @@ class RecordFields(Source):
             w = check_count(pad_to, "pad_to", minimum=1)
             self.pad_to = {n: w for n in names if not self._fixed[n]}
         self.pad_value = pad_value
+        self.token_fields = set(token_fields)
+        unknown = sorted(self.token_fields - set(names))
+        if unknown:
+            raise ConfigError(f"token_fields: {unknown[0]!r} is not a read field", field="token_fields")
         self.stacked = all(self._fixed[n] or n in self.pad_to for n in names)
         self.passthrough = names[0] if self.stacked and len(names) == 1 and names[0] not in self.pad_to else None
         self.num_items = len(self.store)
@@ -420,11 +443,12 @@ class RecordFields(Source):
             data: dict[str, Any] = {}
             for name in self.fields:
                 value = batch[name]
+                cast = dtype if name in self.token_fields else None
                 if self._fixed[name]:
-                    data[name] = value
+                    data[name] = value if cast is None else value.astype(cast)
                 elif name in self.pad_to:
                     width = self.pad_to[name]
-                    arr = np.full((flat.size, width), self.pad_value, dtype=self._dtypes[name])
+                    arr = np.full((flat.size, width), self.pad_value, dtype=cast or self._dtypes[name])
                     mask = np.zeros((flat.size, width), dtype=bool)
                     for row, rec in enumerate(value):
                         k = min(len(rec), width)
@@ -432,7 +456,7 @@ class RecordFields(Source):
                         mask[row, :k] = True
                     data[name], data[f"{name}_mask"] = arr, mask
                 else:
-                    data[name] = [np.array(rec) for rec in value]
+                    data[name] = [np.array(rec, dtype=cast) for rec in value]
         if self.stacked:
             return {k: v.reshape(steps, per, *v.shape[1:]) for k, v in data.items()}
         return [{k: v[s * per:(s + 1) * per] for k, v in data.items()} for s in range(steps)]
