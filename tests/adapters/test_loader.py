@@ -268,6 +268,22 @@ def test_held_batches_are_never_overwritten(stream):
     assert all(torch.equal(a, b) for a, b in held)
 
 
+def loader_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("zerobatch-loader")]
+
+
+def test_threads_stop_at_the_end_of_iteration_and_on_close(stream):
+    folder, _ = stream
+    ld = Loader(TokenWindows(folder, SEQ), batch_size=4, seed=2, num_threads=2)
+    run(ld)
+    assert loader_threads() == []
+    it = iter(ld)
+    next(it)
+    assert len(loader_threads()) == 2
+    ld.close()
+    assert loader_threads() == []
+
+
 def test_abandoned_iterators_and_close(stream):
     folder, _ = stream
     src = TokenWindows(folder, SEQ)
@@ -301,8 +317,8 @@ def test_fork_during_iteration(stream):
     assert os.read(rfd, 1) == b"1"
     os.waitpid(pid, 0)
     os.close(rfd)
-    assert head + [win_ids(b) for b in it] == full
-    assert any(t.name.startswith("zerobatch-loader") for t in threading.enumerate())
+    assert head + [win_ids(b) for b in it] == full      # threads restarted after the fork
+    assert loader_threads() == []
 
 
 def test_exit_with_a_live_iterator_is_clean(stream):

@@ -198,6 +198,9 @@ class BaseLoader:
         """Per-step outputs of one read (NumPy here; subclasses make tensors)."""
         emit = self.source.emit
         if isinstance(result, dict):
+            out = self.source.emit_stacked(result, list)
+            if out is not None:
+                return out
             return [emit({k: v[i] for k, v in result.items()}) for i in range(steps)]
         return [emit(step) for step in result]
 
@@ -320,6 +323,7 @@ class _Pass:
                 self.pool = shared_pool(loader.num_threads)
             else:
                 self.workers = shared_workers(loader.num_threads)
+                self.workers.attach()
         self._tickets: collections.deque[Any] = collections.deque()
         if loader.mixture:
             self._schedule = copy.deepcopy(loader.source.schedule)  # type: ignore[union-attr]
@@ -471,6 +475,9 @@ class _Pass:
         while self._tickets:
             ticket, _ = self._tickets.popleft()
             ticket.cancel()
+        if self.workers is not None:
+            workers, self.workers = self.workers, None
+            workers.detach()
 
 
 class _Ready:

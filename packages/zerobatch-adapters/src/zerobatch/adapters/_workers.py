@@ -5,7 +5,9 @@ A job is claimed exactly once: by a worker, or by the thread that waits for it (
 thread that would otherwise sit idle reads the batch itself). Before ``fork`` every worker
 finishes its current job and exits, so the child never inherits a thread that holds a lock;
 queued jobs stay queued. The parent's workers restart right after the fork, a child's on its
-first job. At interpreter exit the workers are stopped before the interpreter tears down.
+first job. The threads also stop when the last pass using them ends (the end of an
+iteration, ``close()``), and start again with the next job. At interpreter exit the workers
+are stopped before the interpreter tears down.
 """
 
 from __future__ import annotations
@@ -83,11 +85,29 @@ class Workers:
         self._threads: list[threading.Thread] = []
         self._stopping = False
         self._held = False          # stopped for a fork: do not restart until it is over
+        self._users = 0
+        self._users_lock = threading.Lock()
         _all.add(self)
 
     @property
     def threads(self) -> list[threading.Thread]:
         return list(self._threads)
+
+    def attach(self) -> None:
+        """A pass starts using the threads."""
+        with self._users_lock:
+            self._users += 1
+
+    def detach(self) -> None:
+        """A pass is over; the last one out stops the threads (they restart with the next job)."""
+        with self._users_lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            with self._cv:
+                if self._users or self._queue:
+                    return
+            self.stop()
 
     def submit(self, fn: Callable[[], Any]) -> Job:
         job = Job(fn)

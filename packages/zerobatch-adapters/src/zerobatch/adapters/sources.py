@@ -105,6 +105,11 @@ class Source(ABC):
     def emit(self, step: dict[str, Any]) -> Any:
         """What the loop receives for one step's arrays (NumPy, torch or JAX alike)."""
 
+    def emit_stacked(self, arrays: dict[str, Any], unstack: Any) -> list[Any] | None:
+        """All steps of a stacked read at once (``unstack(a)`` splits ``a`` along its first
+        axis); ``None`` when the source emits step by step."""
+        return None
+
     def _buffer(self, shape: tuple[int, ...], dtype: np.dtype, count: int = 24) -> np.ndarray:
         """A reusable output array (never one the training loop still holds)."""
         key = (shape, dtype.str)
@@ -298,6 +303,12 @@ class TokenWindows(Source):
                 step.update(metadata_ids=meta.ids, metadata=meta.objects)
             result.append(step)
         return result
+
+    def emit_stacked(self, arrays: dict[str, Any], unstack: Any) -> list[Any] | None:
+        if not (self.stacked and self.next_token):
+            return None
+        t = arrays["tokens"]
+        return list(zip(unstack(t[:, :, :-1]), unstack(t[:, :, 1:]), strict=True))
 
     def emit(self, step: dict[str, Any]) -> Any:
         t = step["tokens"]

@@ -36,6 +36,10 @@ __all__ = ["BatchNativeLoader", "LLMBatchSource", "Loader", "Mixture", "RecordFi
 _DTYPES = {torch.int64: np.dtype(np.int64), torch.int32: np.dtype(np.int32)}
 
 
+def _unbind(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return t.unbind(0)
+
+
 def _accelerator_available() -> bool:
     acc = getattr(torch, "accelerator", None)
     if acc is not None and hasattr(acc, "is_available"):
@@ -129,10 +133,11 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
             key = self.source.passthrough
             if key is not None:
                 return list(self._tensor(result[key]).unbind(0))
-            if steps == 1:
-                return [emit({k: self._tensor(v)[0] if isinstance(v, np.ndarray) else v[0]
-                              for k, v in result.items()})]
-            cols = {k: self._tensor(v).unbind(0) for k, v in result.items()}
+            tensors = {k: self._tensor(v) for k, v in result.items()}
+            out = self.source.emit_stacked(tensors, _unbind)
+            if out is not None:
+                return out
+            cols = {k: v.unbind(0) for k, v in tensors.items()}
             return [emit({k: c[i] for k, c in cols.items()}) for i in range(steps)]
         return [emit({k: self._tensor(v) for k, v in step.items()}) for step in result]
 
