@@ -77,16 +77,16 @@ def test_epochs_differ_and_are_deterministic(path50):
 def test_every_configuration_yields_the_same_batches(path50, threads, prefetch):
     ref = [b.clone() for b in BatchNativeLoader(path50, block_size=4, seed=3, num_threads=0)]
     got = list(BatchNativeLoader(path50, block_size=4, seed=3, num_threads=threads, prefetch=prefetch))
-    assert len(got) == len(ref) and all((g == r).all() for g, r in zip(got, ref))
+    assert len(got) == len(ref) and all((g == r).all() for g, r in zip(got, ref, strict=True))
     i32 = list(BatchNativeLoader(path50, block_size=4, seed=3, dtype=torch.int32))
-    assert all(g.dtype == torch.int32 and (g == r).all() for g, r in zip(i32, ref))
+    assert all(g.dtype == torch.int32 and (g == r).all() for g, r in zip(i32, ref, strict=True))
 
 
 def test_batches_held_by_the_loop_are_never_overwritten(path50):
     """Output buffers are reused only once nothing references them."""
     kept = list(BatchNativeLoader(path50, block_size=4, seed=3, prefetch=2))
     again = [b.clone() for b in BatchNativeLoader(path50, block_size=4, seed=3, num_threads=0)]
-    assert all((k == a).all() for k, a in zip(kept, again))
+    assert all((k == a).all() for k, a in zip(kept, again, strict=True))
 
 
 def run_steps(loader, k):

@@ -432,9 +432,10 @@ class _Pass:
                 yield self._submit(plan)
             return
         tickets = self._tickets
+        workers = self.workers
         while tickets:
             ticket, after = tickets.popleft()
-            result = ticket.wait()
+            result = ticket.wait() if workers is None or isinstance(ticket, _Ready) else workers.wait(ticket)
             self._fill()
             yield _Ready(result), after
 

@@ -5,7 +5,7 @@ A job is claimed exactly once: by a worker, or by the thread that waits for it (
 thread that would otherwise sit idle reads the batch itself). Before ``fork`` every worker
 finishes its current job and exits, so the child never inherits a thread that holds a lock;
 queued jobs stay queued. The parent's workers restart right after the fork, a child's on its
-first job. The threads also stop when the last pass using them ends (the end of an
+first job. A thread waiting for a job runs other queued jobs meanwhile. The threads also stop when the last pass using them ends (the end of an
 iteration, ``close()``), and start again with the next job. At interpreter exit the workers
 are stopped before the interpreter tears down.
 """
@@ -65,6 +65,9 @@ class Job:
             raise self._error
         return self._result
 
+    def done(self) -> bool:
+        return self._done.is_set()
+
     def cancel(self) -> None:
         """Drop the job if it has not started (a started one finishes; its result is dropped)."""
         with self._lock:
@@ -117,6 +120,23 @@ class Workers:
                 self._start_locked()
             self._cv.notify()
         return job
+
+    def wait(self, job: Job) -> Any:
+        """``job.wait()``, but the waiting thread runs queued jobs (oldest first) while ``job``
+        is still running on a worker: a training thread that would sit idle reads ahead."""
+        while not job.done():
+            other = None
+            with self._cv:
+                queue = self._queue
+                while queue:
+                    candidate = queue.popleft()
+                    if candidate._state == _PENDING:
+                        other = candidate
+                        break
+            if other is None:
+                break
+            other.run()
+        return job.wait()
 
     def _start_locked(self) -> None:
         self._stopping = False

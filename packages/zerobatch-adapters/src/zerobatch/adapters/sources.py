@@ -89,7 +89,7 @@ class Source(ABC):
         """True when a read costs nothing worth a thread (zero-copy views)."""
         return False
 
-    def prepare(self, items: np.ndarray) -> None:
+    def prepare(self, items: np.ndarray) -> None:  # noqa: B027 - optional hook, no-op by default
         """Called in order as reads are planned (read-ahead hints)."""
 
     #: ``read_async(pool, items, dtype)``: queue a compiled read on a
@@ -121,7 +121,7 @@ class Source(ABC):
                 pool = self._pools[key] = BufferPool(shape, dtype, max_buffers=count)
         return pool.acquire()
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Release the files."""
 
     def __getstate__(self) -> dict[str, Any]:
