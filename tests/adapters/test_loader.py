@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
 import torch
 from zbtest import run_python, token_stream
 
-from zerobatch.adapters.torch import (Loader, LLMBatchSource, Mixture, RecordFields, TokenDocuments,
+from zerobatch.adapters.torch import (Loader, LLMBatchSource, Mixture, RecordFields, Source, TokenDocuments,
                                       TokenWindows)
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import ConfigError, IntegrityError, StateError
@@ -282,6 +283,44 @@ def test_threads_stop_at_the_end_of_iteration_and_on_close(stream):
     assert len(loader_threads()) == 2
     ld.close()
     assert loader_threads() == []
+
+
+class SlowSource(Source):
+    """Reads take 30 ms and record whether the source was closed under them."""
+
+    kind = "slow"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_items = 400
+        self.closed = False
+        self.read_after_close = False
+
+    def read(self, items, dtype):
+        time.sleep(0.03)
+        if self.closed:
+            self.read_after_close = True
+        return {"tokens": items.astype(dtype)}
+
+    def emit(self, step):
+        return step["tokens"]
+
+    def close(self):
+        self.closed = True
+
+
+def test_close_waits_for_reads_in_flight():
+    """close() releases the source only after the reads a thread has started (a read under a
+    released mapping would crash the process)."""
+    for threads in (1, 2):
+        src = SlowSource()
+        ld = Loader(src, batch_size=4, num_threads=threads, prefetch=8)
+        it = iter(ld)
+        next(it)
+        ld.close()
+        time.sleep(0.06)                     # a read still running would finish by now
+        assert src.closed and not src.read_after_close
+        assert list(it) == []
 
 
 def test_abandoned_iterators_and_close(stream):

@@ -471,7 +471,8 @@ class _Pass:
             self.close()
 
     def close(self) -> None:
-        """Stop: drop queued reads (a read a worker has started finishes). Idempotent."""
+        """Stop: drop queued reads, wait for those a thread has started (the source may be
+        closed right after). Idempotent."""
         self.closed = True
         while self._tickets:
             ticket, _ = self._tickets.popleft()

@@ -69,13 +69,15 @@ class Job:
         return self._done.is_set()
 
     def cancel(self) -> None:
-        """Drop the job if it has not started (a started one finishes; its result is dropped)."""
+        """Drop the job if it has not started; else wait for it to finish (so nothing it reads
+        is released under it) and drop its result. Never raises."""
         with self._lock:
             if self._state == _PENDING:
                 self._state = _CANCELLED
                 self._fn = None
                 self._done.set()
-        self._result = None
+        self._done.wait()
+        self._result = self._error = None
 
 
 class Workers:
@@ -108,7 +110,10 @@ class Workers:
             last = self._users == 0
         if last:
             with self._cv:
-                if self._users or self._queue:
+                live = [job for job in self._queue if job._state == _PENDING]
+                self._queue.clear()
+                self._queue.extend(live)
+                if self._users or live:
                     return
             self.stop()
 
