@@ -208,7 +208,8 @@ class BaseLoader:
     # state
 
     def _order_state(self, consumed: int, global_batch_size: int | None = None) -> OrderState:
-        assert self.order is not None
+        if self.order is None:
+            raise StateError("kind: a mixture's state is its schedule's", field="kind")
         params = dict(self.order.params())
         params["tail"] = self.tail
         return OrderState(kind=f"{self.source.kind}/{self.order.kind}", seed=self.order.seed, epoch=self.epoch,

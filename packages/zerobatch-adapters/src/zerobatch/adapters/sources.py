@@ -549,7 +549,8 @@ class Mixture(Source):
             if where.size == 0:
                 continue
             part = source.read(flat_items[where].reshape(1, -1), dtype)
-            assert isinstance(part, dict)
+            if not isinstance(part, dict):
+                raise ConfigError(f"sources: {self.names[k]!r} did not read stacked arrays", field="sources")
             for key, value in part.items():
                 value = value.reshape(where.size, rows, *value.shape[2:])
                 dest = out.get(key)
