@@ -5,20 +5,20 @@ A job is claimed exactly once: by a worker, or by the thread that waits for it (
 thread that would otherwise sit idle reads the batch itself). Before ``fork`` every worker
 finishes its current job and exits, so the child never inherits a thread that holds a lock;
 queued jobs stay queued. The parent's workers restart right after the fork, a child's on its
-first job. A thread waiting for a job runs other queued jobs meanwhile. The threads also stop when the last pass using them ends (the end of an
-iteration, ``close()``), and start again with the next job. At interpreter exit the workers
-are stopped before the interpreter tears down.
+first job (the fork and exit handling is :mod:`zerobatch.core.pool`'s, shared with the
+compiled pools). A thread waiting for a job runs other queued jobs meanwhile. The threads
+also stop when the last pass using them ends (the end of an iteration, ``close()``) and
+start again with the next job.
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
-import os
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any
+
+from zerobatch.core.pool import track
 
 __all__ = ["Job", "Workers", "shared_workers"]
 
@@ -89,10 +89,9 @@ class Workers:
         self._cv = threading.Condition()
         self._threads: list[threading.Thread] = []
         self._stopping = False
-        self._held = False          # stopped for a fork: do not restart until it is over
         self._users = 0
         self._users_lock = threading.Lock()
-        _all.add(self)
+        track(self)                 # stopped before fork and at exit, like the compiled pools
 
     @property
     def threads(self) -> list[threading.Thread]:
@@ -121,7 +120,7 @@ class Workers:
         job = Job(fn)
         with self._cv:
             self._queue.append(job)
-            if not self._threads and not self._held:
+            if not self._threads:
                 self._start_locked()
             self._cv.notify()
         return job
@@ -161,22 +160,20 @@ class Workers:
                 job = queue.popleft()
             job.run()
 
-    def stop(self, hold: bool = False) -> None:
+    def stop(self) -> None:
         """Let every worker finish its current job and exit (queued jobs stay queued)."""
         with self._cv:
             self._stopping = True
-            self._held = hold
             threads, self._threads = self._threads, []
             self._cv.notify_all()
         for t in threads:
             if t is not threading.current_thread():
                 t.join()
 
-    def resume(self) -> None:
-        """Restart after :meth:`stop` if jobs are queued."""
+    def start(self) -> None:
+        """Start the threads again (after a fork) if a pass still uses them."""
         with self._cv:
-            self._held = False
-            if self._queue and not self._threads:
+            if not self._threads and (self._queue or self._users):
                 self._start_locked()
 
     def reinit_after_fork(self) -> None:
@@ -184,10 +181,8 @@ class Workers:
         self._cv = threading.Condition()
         self._threads = []
         self._stopping = False
-        self._held = False
 
 
-_all: weakref.WeakSet[Workers] = weakref.WeakSet()
 _shared: dict[int, Workers] = {}
 _lock = threading.Lock()
 
@@ -199,33 +194,3 @@ def shared_workers(num_threads: int) -> Workers:
         if w is None:
             w = _shared[num_threads] = Workers(num_threads)
         return w
-
-
-def _before_fork() -> None:
-    _lock.acquire()
-    for w in list(_all):
-        w.stop(hold=True)
-
-
-def _after_fork_parent() -> None:
-    for w in list(_all):
-        w.resume()
-    _lock.release()
-
-
-def _after_fork_child() -> None:
-    global _lock
-    for w in list(_all):
-        w.reinit_after_fork()
-    _lock = threading.Lock()
-
-
-def _stop_all() -> None:
-    for w in list(_all):
-        w.stop()
-
-
-atexit.register(_stop_all)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent,
-                        after_in_child=_after_fork_child)
