@@ -30,7 +30,7 @@ from zerobatch.adapters.sources import (LLMBatchSource, Mixture, RecordFields, S
 from zerobatch.formats.errors import ConfigError
 from zerobatch.readers.llmbatch import BatchFileReader
 
-__all__ = ["BatchNativeLoader", "LLMBatchSource", "Loader", "Mixture", "RecordFields", "Source", "TokenDocuments",
+__all__ = ["BatchNativeLoader", "DatasetLoader", "LLMBatchSource", "Loader", "Mixture", "RecordFields", "Source", "TokenDocuments",
            "TokenWindows", "WorkerDataLoader"]
 
 _DTYPES = {torch.int64: np.dtype(np.int64), torch.int32: np.dtype(np.int32)}
@@ -266,3 +266,62 @@ class BatchNativeLoader(Loader):
         """Batches per super-block."""
         return self.source.block_size  # type: ignore[attr-defined]
 
+
+
+class DatasetLoader:
+    """The seed's npy-folder loader: ``get_batch()`` returns ``(x, y)`` long tensors on ``device``.
+
+    A folder of ``.npy`` token files, memory-mapped, read in sorted order (see
+    :mod:`zerobatch.adapters.npy_folder` for the exact positions and where the seed's code and
+    text disagree). Rank ``process_rank`` starts at ``batch * seq_len * process_rank`` and every
+    call advances by ``batch * seq_len * num_processes``; at the end of a file the loader moves to
+    the next one and after the last back to the first. ``x`` and ``y`` are views of one
+    ``int64`` buffer of ``batch * seq_len + 1`` tokens, shifted by one.
+
+    Example (the seed's)::
+
+        loader = DatasetLoader(batch=2, seq_len=4, process_rank=0, num_processes=1,
+                               dataset_dir="data", device="cpu")
+        x, y = loader.get_batch()
+
+    ``state_dict()`` / ``load_state_dict()`` save and restore the position.
+    """
+
+    def __init__(self, batch: int, seq_len: int, process_rank: int, num_processes: int,
+                 dataset_dir: str | os.PathLike[str], device: Any = "cpu") -> None:
+        from zerobatch.adapters.npy_folder import NpyTokenFolder
+        self.stream = NpyTokenFolder(dataset_dir, batch, seq_len, process_rank, num_processes)
+        self.batch, self.seq_len = self.stream.batch, self.stream.seq_len
+        self.process_rank, self.num_processes = self.stream.rank, self.stream.world_size
+        self.device = torch.device(device)
+        self.filepaths = list(self.stream.paths)
+
+    @property
+    def file_idx(self) -> int:
+        """Index of the current file in :attr:`filepaths`."""
+        return self.stream.file_idx
+
+    @property
+    def tok_idx(self) -> int:
+        """Where this rank's next batch starts in the current file."""
+        return self.stream.offset + self.process_rank * self.stream.per_rank
+
+    def get_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next ``(x, y)``: ``int64`` ``[batch, seq_len]`` each, ``y`` shifted by one token."""
+        flat = torch.from_numpy(self.stream.next_tokens())
+        if self.device.type != "cpu":
+            flat = flat.to(self.device, non_blocking=True)
+        b, t = self.batch, self.seq_len
+        return flat[:-1].view(b, t), flat[1:].view(b, t)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            yield self.get_batch()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position of the next batch (JSON-able, the same on every rank)."""
+        return self.stream.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at ``state``'s position."""
+        self.stream.load_state_dict(state)
