@@ -171,3 +171,23 @@ class TrainingLoop:
         return 100.0 * (loaded - bare) / bare
 
     track_added_step_time_percent.unit = "%"
+
+
+class NpyFolderGetBatch:
+    """The seed's npy-folder ``DatasetLoader.get_batch()``: 32 x 512 (x, y) from memory-mapped
+    uint16 ``.npy`` files (four of 2M tokens)."""
+
+    def setup_cache(self):
+        folder = os.path.abspath("loader.npy")
+        os.makedirs(folder, exist_ok=True)
+        rng = np.random.default_rng(0)
+        for k in range(4):
+            np.save(os.path.join(folder, f"part_{k}.npy"), rng.integers(0, 50257, 1 << 21, dtype=np.uint16))
+        return folder
+
+    def setup(self, folder):
+        from zerobatch.adapters.torch import DatasetLoader
+        self.loader = DatasetLoader(BS, SL, 0, 1, folder, "cpu")
+
+    def time_get_batch(self, folder):
+        self.loader.get_batch()
