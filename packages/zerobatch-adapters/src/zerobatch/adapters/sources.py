@@ -13,6 +13,8 @@ its arguments, so loaders work in spawned worker processes.
 
 - :class:`LLMBatchSource`: items are the file's ``[batch_size, seq_len]`` batches; the default
   order is the seed's block shuffle.
+- :class:`LLMChunkSource`: items are the records of an LLMCHNK file, padded or cut to a row
+  length chosen at read time;
 - :class:`TokenWindows`: items are windows of a TOKSTREAM dataset, optionally with the
   document-boundary outputs for variable-length attention and per-token metadata.
 - :class:`TokenDocuments`: items are whole documents, padded (or cut) to a fixed width with
@@ -36,7 +38,7 @@ from zerobatch.core._checks import check_count
 from zerobatch.formats.errors import ConfigError
 from zerobatch.samplers import BlockShuffleOrder, GlobalRandomOrder, IndexOrder, MixtureSchedule, SequentialOrder
 
-__all__ = ["LLMBatchSource", "Mixture", "RecordFields", "Source", "TokenDocuments", "TokenWindows"]
+__all__ = ["LLMBatchSource", "LLMChunkSource", "Mixture", "RecordFields", "Source", "TokenDocuments", "TokenWindows"]
 
 #: Bytes one read-ahead job fills when steps can be read together (amortizes the hand-off
 #: between threads).
@@ -227,6 +229,57 @@ class _Ticket:
 
     def cancel(self) -> None:
         self.ticket.cancel()
+
+
+class LLMChunkSource(Source):
+    """The records of an LLMCHNK file, one per row, padded or cut to ``seq_len`` tokens (the
+    batch size is chosen at read time).
+
+    Args:
+        path: the file or an open :class:`~zerobatch.readers.llmchnk.LLMChunkReader`.
+        seq_len: tokens per row (default: the header's nominal length).
+        pad_id: the id written after a short record.
+        mask: hand out ``{"input_ids", "attention_mask"}`` (True on record tokens) instead of
+            the token array alone.
+        verify: check each record's checksum the first time it is read.
+    """
+
+    kind = "llmchnk"
+
+    def __init__(self, path: Any, seq_len: int | None = None, *, pad_id: int = 0, mask: bool = False,
+                 verify: bool = True) -> None:
+        super().__init__()
+        from zerobatch.readers.llmchnk import LLMChunkReader
+        self.reader = _open(path, LLMChunkReader, verify=verify)
+        width = self.reader.seq_len if seq_len is None else seq_len
+        self.seq_len = check_count(width, "seq_len", minimum=1)
+        self.pad_id = int(pad_id)
+        self.mask = bool(mask)
+        self.passthrough = None if self.mask else "tokens"
+        self.num_items = self.reader.num_records
+        self.fingerprint = self.reader.fingerprint
+
+    def chunk_steps(self, items_per_step: int) -> int:
+        return max(1, CHUNK_BYTES // (items_per_step * self.seq_len * 8))
+
+    def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
+        steps, per = items.shape
+        out = self._buffer((steps * per, self.seq_len), dtype)
+        tokens, mask = self.reader.gather(items.reshape(-1), out=out, pad_id=self.pad_id)
+        result = {"tokens": tokens.reshape(steps, per, self.seq_len)}
+        if self.mask:
+            if mask is None:
+                mask = np.ones(tokens.shape, bool)
+            result["mask"] = mask.reshape(steps, per, self.seq_len)
+        return result
+
+    def emit(self, step: dict[str, Any]) -> Any:
+        if self.mask:
+            return {"input_ids": step["tokens"], "attention_mask": step["mask"]}
+        return step["tokens"]
+
+    def close(self) -> None:
+        self.reader.close()
 
 
 class TokenWindows(Source):

@@ -50,6 +50,7 @@ if PURE_PYTHON:
         xxh3_64,
     )
     from zerobatch.core._reference import RecordGather, buffer_views, zrecord_status_error
+    from zerobatch.core._reference import ChunkRecords
 else:
     try:
         from zerobatch.core._feistel import FeistelPermutation, epoch_seed, random_draws
@@ -61,6 +62,7 @@ else:
         from zerobatch.core._tokstream import WindowGather, gather_windows
         from zerobatch.core._zrecord import RecordGather, buffer_views
         from zerobatch.core._zrecord import status_error as zrecord_status_error
+        from zerobatch.core._llmchnk import ChunkRecords
     except ImportError as _exc:  # pragma: no cover - exercised by a broken install only
         raise ImportError(
             "zerobatch.core: the compiled extensions are missing or broken "
@@ -73,6 +75,7 @@ from zerobatch.core import io, pool
 from zerobatch.core.pool import TaskPool, shared_pool
 
 __all__ = [
+    "ChunkRecords",
     "FeistelPermutation",
     "FileMapping",
     "LLMBatchSlots",

@@ -1,0 +1,280 @@
+"""Read LLMCHNK (ZeroBatch v1) files: validated, memory-mapped, zero-copy records and batch
+gathers of any size chosen at read time (``docs/formats/llmchnk.md``)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from zerobatch.core import ChunkRecords, xxh3_64
+from zerobatch.core._checks import check_count
+from zerobatch.core.digest import block_digest
+from zerobatch.core.io import open_regular_file, pread_exact
+from zerobatch.formats import llmchnk as C
+from zerobatch.formats.errors import ConfigError, CorruptError, IntegrityError, ReadError, StateError
+
+__all__ = ["LLMChunkReader", "VerifyReport"]
+
+
+@dataclass
+class VerifyReport:
+    """The result of :meth:`LLMChunkReader.verify`."""
+
+    path: str
+    records_checked: int = 0
+    bad_records: list[int] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad_records
+
+
+class LLMChunkReader:
+    """Zero-copy, validated access to the records of an LLMCHNK file.
+
+    On open the header, the offset table (from the data start to the data end, never
+    decreasing, a whole number of tokens per record) and the trailer digest are checked; with
+    ``verify`` each record is checked against its checksum the first time it is read.
+
+    Args:
+        path: the file.
+        verify: check record checksums on first read (files with checksums).
+
+    Raises:
+        NotFoundError, ReadError: the file is missing or cannot be opened or mapped.
+        FormatError: any fault of structure (``TruncatedError``, ``CorruptError``,
+            ``IntegrityError``, ``UnsupportedVersionError``, ``LimitExceededError``), naming
+            the file and the field.
+
+    Example::
+
+        reader = LLMChunkReader("train.chunk")
+        rec = reader.read_record(7)                 # uint32 view of the mapped file
+        x, mask = reader.gather([3, 1, 4], 2048)    # int64 (3, 2048), padded rows masked
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
+        self.path = os.fspath(path)
+        self.verify_records = bool(verify)
+        self._open()
+
+    def _open(self) -> None:
+        fd, st = open_regular_file(self.path)
+        try:
+            size = st.st_size
+            head = pread_exact(fd, min(size, C.HEADER_SIZE), 0, path=self.path, field="header")
+            header = C.parse_header(head, path=self.path)
+            geo = C.geometry(header, size, path=self.path)
+            try:
+                self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+            except OSError as exc:
+                raise ReadError(f"file: cannot map: {exc.strerror}", errno=exc.errno, path=self.path,
+                                field="file") from exc
+        finally:
+            os.close(fd)
+        self.header, self.geometry = header, geo
+        n = header.num_records
+        table = np.frombuffer(self._mm, "<u8", n + 1, C.HEADER_SIZE)
+        self._check_table(table, header, geo)
+        if header.checksums:
+            if self._mm[size - 8:size] != C.TRAILER_MAGIC:
+                raise CorruptError(f"trailer_magic: expected {C.TRAILER_MAGIC!r} at the end of the file",
+                                   path=self.path, field="trailer_magic")
+            stored = int.from_bytes(self._mm[size - 16:size - 8], "little")
+            view = memoryview(self._mm)
+            got = block_digest([view[:geo.data_start], view[geo.checksums_offset:geo.digest_offset]],
+                               C.DIGEST_BLOCK)
+            view.release()
+            if got != stored:
+                raise IntegrityError(f"table_digest: the header, offset table and checksums do not match their "
+                                     f"digest (stored 0x{stored:016x}, computed 0x{got:016x})",
+                                     path=self.path, field="table_digest")
+            self.fingerprint = f"{stored:016x}"
+        else:
+            view = memoryview(self._mm)
+            self.fingerprint = f"nosum:{size}:{xxh3_64(view[:geo.data_start]):016x}"
+            view.release()
+        self._table = table
+        self._dtype = np.dtype(header.np_dtype)
+        self._records = ChunkRecords(self._mm, n, header.itemsize, header.checksums, self.verify_records,
+                                     self.path)
+        self.closed = False
+
+    def _check_table(self, table: np.ndarray, h: C.LLMChunkHeader, geo: C.Geometry) -> None:
+        if int(table[0]) != geo.data_start:
+            raise CorruptError(f"offsets: the first record must start at {geo.data_start} (after the table), "
+                               f"the table says {int(table[0])}", path=self.path, field="offsets")
+        if int(table[-1]) != geo.data_end:
+            raise CorruptError(f"offsets: the records must end at {geo.data_end} (before the trailer), the table "
+                               f"says {int(table[-1])}", path=self.path, field="offsets")
+        if table.size > 1:
+            back = np.flatnonzero(table[1:] < table[:-1])
+            if back.size:
+                i = int(back[0])
+                raise CorruptError(f"offsets: record {i} ends before it starts ({int(table[i + 1])} < "
+                                   f"{int(table[i])})", path=self.path, field="offsets")
+            sizes = table[1:] - table[:-1]
+            odd = np.flatnonzero(sizes % h.itemsize)
+            if odd.size:
+                i = int(odd[0])
+                raise CorruptError(f"offsets: record {i} has {int(sizes[i])} bytes, not a whole number of "
+                                   f"{h.itemsize}-byte tokens", path=self.path, field="offsets")
+            if int(sizes.max()) // h.itemsize > C.MAX_RECORD_TOKENS:
+                i = int(np.argmax(sizes))
+                raise CorruptError(f"offsets: record {i} is longer than {C.MAX_RECORD_TOKENS} tokens",
+                                   path=self.path, field="offsets")
+
+    # ---------------------------------------------------------------------------------------
+
+    @property
+    def num_records(self) -> int:
+        return self.header.num_records
+
+    @property
+    def seq_len(self) -> int:
+        """The nominal record length from the header (0: none)."""
+        return self.header.seq_len
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The stored token type (``uint32`` or ``uint16``, little-endian)."""
+        return self._dtype
+
+    @property
+    def num_tokens(self) -> int:
+        return (self.geometry.data_end - self.geometry.data_start) // self.header.itemsize
+
+    def __len__(self) -> int:
+        return self.num_records
+
+    def _ready(self) -> None:
+        if self.closed:
+            raise StateError("the reader is closed", path=self.path, field="reader")
+
+    def lengths(self, indices: Any = None) -> np.ndarray:
+        """Tokens per record at ``indices`` (default: all records), ``int64``."""
+        self._ready()
+        if indices is None:
+            return ((self._table[1:] - self._table[:-1]) // self.header.itemsize).astype(np.int64)
+        return self._records.lengths(indices)
+
+    def read_record(self, i: int) -> np.ndarray:
+        """Record ``i``: a read-only view of the mapped file (``uint32`` / ``uint16``), no copy.
+
+        Raises:
+            IndexError: ``i`` out of range. IntegrityError: a checksum mismatch.
+        """
+        self._ready()
+        i = int(i)
+        if i < 0:
+            i += self.num_records
+        offset, length = self._records.span(i)
+        return np.frombuffer(self._mm, self._dtype, length, offset)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.read_record(i)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for i in range(self.num_records):
+            yield self.read_record(i)
+
+    def gather(self, indices: Any, seq_len: int | None = None, *, out: np.ndarray | None = None,
+               dtype: Any = np.int64, pad_id: int = 0, mask: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The records at ``indices`` as rows of one ``[len(indices), seq_len]`` array, in one
+        compiled call (GIL released): each row holds its record's first ``seq_len`` tokens,
+        then ``pad_id``.
+
+        Args:
+            indices: record indices (any order, repeats allowed).
+            seq_len: row length (default: ``out``'s, else the header's).
+            out: a preallocated C-contiguous ``int64`` / ``int32`` buffer to fill.
+            dtype: ``int64`` or ``int32`` when ``out`` is not given.
+            pad_id: the id written after a short record.
+            mask: a preallocated bool buffer for the mask.
+
+        Returns:
+            ``(tokens, mask)``: ``mask`` is a bool array (True on record tokens) when a row was
+            padded or a ``mask`` buffer was given, else ``None``.
+
+        Raises:
+            IndexError, IntegrityError, ConfigError: a bad index, a checksum mismatch, an
+            unfit buffer or an id that does not fit ``int32``.
+        """
+        self._ready()
+        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        if out is None:
+            width = self.seq_len if seq_len is None else check_count(seq_len, "seq_len", maximum=C.MAX_RECORD_TOKENS)
+            if seq_len is None and width == 0:
+                raise ConfigError("seq_len: the file has no nominal record length; give one", path=self.path,
+                                  field="seq_len")
+            dt = np.dtype(dtype)
+            if dt not in (np.int64, np.int32):
+                raise ConfigError(f"dtype must be int64 or int32, got {dt}", field="dtype")
+            out = np.empty((idx.size, width), dt)
+        elif seq_len is not None and out.ndim == 2 and out.shape[1] != seq_len:
+            raise ConfigError(f"out has rows of {out.shape[1]} tokens, seq_len is {seq_len}", field="out")
+        lengths = self._records.gather(idx, out, mask, pad_id)
+        if mask is not None:
+            return out, mask
+        width = out.shape[1]
+        if lengths.size and int(lengths.min()) < width:
+            return out, np.arange(width)[None, :] < lengths[:, None]
+        return out, None
+
+    def verify(self, progress: Callable[[int, int], None] | None = None, *, chunk: int = 4096) -> VerifyReport:
+        """Check every record against its checksum (the structure was checked on open)."""
+        self._ready()
+        report = VerifyReport(self.path)
+        if not self.header.checksums:
+            return report
+        n = self.num_records
+        probe = ChunkRecords(self._mm, n, self.header.itemsize, True, True, self.path)
+        for start in range(0, n, chunk):
+            for i in range(start, min(n, start + chunk)):
+                try:
+                    probe.span(i)
+                except IntegrityError:
+                    report.bad_records.append(i)
+                report.records_checked += 1
+            if progress is not None:
+                progress(min(n, start + chunk), n)
+        return report
+
+    def close(self) -> None:
+        """Release the mapping (arrays returned by :meth:`read_record` keep their pages until
+        they are dropped). Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self._records = None  # type: ignore[assignment]
+        self._table = None  # type: ignore[assignment]
+        try:
+            self._mm.close()
+        except BufferError:
+            pass   # views handed out are still alive: the mapping goes with the last of them
+
+    def __enter__(self) -> LLMChunkReader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "verify": self.verify_records, "fingerprint": self.fingerprint}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path, self.verify_records = state["path"], state["verify"]
+        self._open()
+        if self.fingerprint != state["fingerprint"]:
+            raise IntegrityError(f"fingerprint: the file changed since this reader was pickled (was "
+                                 f"{state['fingerprint']}, now {self.fingerprint})", path=self.path,
+                                 field="fingerprint")
+
+    def __repr__(self) -> str:
+        return f"LLMChunkReader({self.path!r}, num_records={self.num_records}, seq_len={self.seq_len})"
