@@ -26,7 +26,8 @@ GROUP = 1024
 
 
 def llmchnk_to_llmbatch(src: str | os.PathLike[str], dst: str | os.PathLike[str], batch_size: int, *,
-                        seq_len: int | None = None, seed: int = 0, shuffle: bool = True, pad_id: int | None = None) -> int:
+                        seq_len: int | None = None, seed: int = 0, shuffle: bool = True,
+                        pad_id: int | None = None) -> int:
     """Write the records of an LLMCHNK file as an LLMBATCH file of ``batch_size`` records per
     batch (shuffled with ``seed`` exactly as the seed's writer does, or in order).
 
