@@ -16,7 +16,7 @@ DEBUG = os.environ.get("ZEROBATCH_CYTHON_DEBUG") == "1"
 SRC = "src/zerobatch/core"
 
 KERNELS = ["_hash", "_header", "_pool", "_gather", "_offsets", "_feistel", "_tokstream", "_mapping", "_zrecord",
-           "_llmchnk"]
+           "_llmchnk", "_features"]
 #: System libraries a kernel links (zlib: the raw deflate of ZRECORD's flate records).
 LIBRARIES = {"_zrecord": ["z"]}
 #: Kernels that use NumPy's C API (building against NumPy 2 headers also runs on NumPy 1.x).

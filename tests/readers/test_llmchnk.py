@@ -162,9 +162,9 @@ def test_structure_faults_are_typed(tmp_path, small):
             reopen(tmp_path, data)
     # offset tables that lie: re-sign the digest so only the table check can refuse them
     table = np.frombuffer(good, "<u8", n + 1, 32).copy()
-    for name, t in {"first": np.r_[table[0] + 4, table[1:]], "last": np.r_[table[:-1], table[-1] + 4],
+    for t in {"first": np.r_[table[0] + 4, table[1:]], "last": np.r_[table[:-1], table[-1] + 4],
                     "backwards": np.r_[table[:2], table[1] - 4, table[3:]],
-                    "odd": np.r_[table[:2], table[2] + 1, table[3:]]}.items():
+                    "odd": np.r_[table[:2], table[2] + 1, table[3:]]}.values():
         data = bytearray(good)
         data[32:32 + 8 * (n + 1)] = t.astype("<u8").tobytes()
         data = _resign(bytes(data), n)
@@ -224,8 +224,8 @@ def test_every_single_bit_flip_is_caught_or_harmless(small):
                 except ZerobatchError:
                     typed += 1
                     continue
-                if len(got) == len(expect) and all(a.shape == b.shape and (a == b).all() for a, b in zip(got, expect)) \\
-                        and (g == g_expect).all():
+                same_records = all(a.shape == b.shape and (a == b).all() for a, b in zip(got, expect))
+                if len(got) == len(expect) and same_records and (g == g_expect).all():
                     same += 1
                 else:
                     wrong += 1
@@ -233,7 +233,8 @@ def test_every_single_bit_flip_is_caught_or_harmless(small):
     """, timeout=600)
     assert r.returncode == 0, r.stderr
     tried, typed, same, wrong = map(int, r.stdout.split())
-    print(f"LLMCHNK bit-flip harness: {tried} cases, {typed} typed errors, {same} identical, 0 crashes, {wrong} silent wrong")
+    print(f"LLMCHNK bit-flip harness: {tried} cases, {typed} typed errors, {same} identical, 0 crashes, "
+          f"{wrong} silent wrong")
     assert tried == typed + same and wrong == 0 and typed == tried
 
 

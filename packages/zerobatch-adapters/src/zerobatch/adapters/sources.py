@@ -15,6 +15,7 @@ its arguments, so loaders work in spawned worker processes.
   order is the seed's block shuffle.
 - :class:`LLMChunkSource`: items are the records of an LLMCHNK file, padded or cut to a row
   length chosen at read time;
+- :class:`FeatureWindows`: items are windows of rows of a flat feature matrix;
 - :class:`TokenWindows`: items are windows of a TOKSTREAM dataset, optionally with the
   document-boundary outputs for variable-length attention and per-token metadata.
 - :class:`TokenDocuments`: items are whole documents, padded (or cut) to a fixed width with
@@ -38,7 +39,8 @@ from zerobatch.core._checks import check_count
 from zerobatch.formats.errors import ConfigError
 from zerobatch.samplers import BlockShuffleOrder, GlobalRandomOrder, IndexOrder, MixtureSchedule, SequentialOrder
 
-__all__ = ["LLMBatchSource", "LLMChunkSource", "Mixture", "RecordFields", "Source", "TokenDocuments", "TokenWindows"]
+__all__ = ["FeatureWindows", "LLMBatchSource", "LLMChunkSource", "Mixture", "RecordFields", "Source", "TokenDocuments",
+           "TokenWindows"]
 
 #: Bytes one read-ahead job fills when steps can be read together (amortizes the hand-off
 #: between threads).
@@ -280,6 +282,51 @@ class LLMChunkSource(Source):
 
     def close(self) -> None:
         self.reader.close()
+
+
+class FeatureWindows(Source):
+    """Windows of a flat feature matrix (``zerobatch.readers.features``): ``W`` rows of one
+    key, never crossing into the next, with the next ``horizon`` rows as the target.
+
+    Args:
+        folder: the dataset folder or an open :class:`~zerobatch.readers.features.FeatureMatrix`.
+        window, stride, horizon: as for ``FeatureMatrix``.
+
+    A step is ``x`` (``[B, W, features]`` floats), or ``(x, y)`` with a horizon. The loader's
+    ``dtype`` (for token ids) does not apply: values keep the matrix's float type.
+    """
+
+    kind = "features"
+
+    def __init__(self, folder: Any, window: int | None = None, *, stride: int = 1, horizon: int = 0,
+                 verify: bool = True) -> None:
+        super().__init__()
+        from zerobatch.readers.features import FeatureMatrix
+        if isinstance(folder, FeatureMatrix):
+            self.matrix = folder
+        else:
+            if window is None:
+                raise ConfigError("window: give the rows per window", field="window")
+            self.matrix = FeatureMatrix(folder, window, stride=stride, horizon=horizon, verify=verify)
+        self.horizon = self.matrix.horizon
+        self.passthrough = None if self.horizon else "x"
+        self.num_items = len(self.matrix)
+        self.fingerprint = self.matrix.build_id
+
+    def chunk_steps(self, items_per_step: int) -> int:
+        m = self.matrix
+        return max(1, CHUNK_BYTES // max(1, items_per_step * (m.window + m.horizon) * m._row_bytes))
+
+    def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
+        steps, per = items.shape
+        x, y = self.matrix.windows(items.reshape(-1))
+        out = {"x": x.reshape(steps, per, *x.shape[1:])}
+        if y is not None:
+            out["y"] = y.reshape(steps, per, *y.shape[1:])
+        return out
+
+    def emit(self, step: dict[str, Any]) -> Any:
+        return (step["x"], step["y"]) if self.horizon else step["x"]
 
 
 class TokenWindows(Source):

@@ -50,7 +50,7 @@ if PURE_PYTHON:
         xxh3_64,
     )
     from zerobatch.core._reference import RecordGather, buffer_views, zrecord_status_error
-    from zerobatch.core._reference import ChunkRecords
+    from zerobatch.core._reference import ChunkRecords, gather_rows, locate_windows
 else:
     try:
         from zerobatch.core._feistel import FeistelPermutation, epoch_seed, random_draws
@@ -63,6 +63,8 @@ else:
         from zerobatch.core._zrecord import RecordGather, buffer_views
         from zerobatch.core._zrecord import status_error as zrecord_status_error
         from zerobatch.core._llmchnk import ChunkRecords
+        from zerobatch.core._features import gather_rows
+        from zerobatch.core._features import locate as locate_windows
     except ImportError as _exc:  # pragma: no cover - exercised by a broken install only
         raise ImportError(
             "zerobatch.core: the compiled extensions are missing or broken "
@@ -87,6 +89,7 @@ __all__ = [
     "block_shuffle_items",
     "buffer_views",
     "epoch_seed",
+    "gather_rows",
     "gather_windows",
     "zrecord_status_error",
     "random_draws",
@@ -94,6 +97,7 @@ __all__ = [
     "io",
     "llmbatch_batch_offsets",
     "llmbatch_geometry",
+    "locate_windows",
     "max_u32",
     "pack_llmbatch_header",
     "parse_llmbatch_header",

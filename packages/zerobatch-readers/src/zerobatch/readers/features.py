@@ -1,0 +1,279 @@
+"""Read flat feature matrices as windows of rows that never cross a key boundary
+(``docs/formats/features.md``).
+
+Window ``g`` of the dataset is found by a binary search over the cumulative window counts of
+the keys (compiled, O(log K)); a single window is a zero-copy view of the mapped matrix, a
+batch of windows one compiled copy into a ``[B, W, features]`` array. Every block of the
+matrix is checked against its XXH3-64 the first time a read touches it.
+
+A :class:`FeatureMatrix` pickles as its folder and options and opens lazily, in each process,
+on first use: it works in ``torch.utils.data.DataLoader`` workers under ``fork``,
+``forkserver`` and ``spawn`` without copying the matrix, and its index is NumPy arrays (no
+per-key Python objects for forked workers to copy).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+import numpy as np
+
+from zerobatch.core import gather_rows, locate_windows, xxh3_64
+from zerobatch.core._checks import check_count
+from zerobatch.core.io import open_regular_file, pread_exact
+from zerobatch.formats import features as F
+from zerobatch.formats.errors import (ConfigError, CorruptError, IntegrityError, LimitExceededError, ReadError,
+                                      TruncatedError)
+
+__all__ = ["FeatureMatrix"]
+
+
+class FeatureMatrix:
+    """Windows of ``window`` rows of a feature-matrix dataset.
+
+    Args:
+        folder: the dataset folder.
+        window: rows per window (``W``).
+        stride: rows between the starts of consecutive windows of a key (default 1).
+        horizon: rows after each window handed out as its target (0: none).
+        verify: check each block's checksum the first time a read touches it.
+
+    Key ``k`` with ``n`` rows has ``max(0, (n - W - horizon) // stride + 1)`` windows; window
+    ``j`` of it covers rows ``[start + j*stride, start + j*stride + W)`` and its target the
+    next ``horizon`` rows.
+
+    Raises:
+        NotFoundError, ReadError: a missing or unreadable file.
+        FormatError: bad metadata, data or checksum files (sizes, digest), naming the file
+            and field.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], window: int, *, stride: int = 1, horizon: int = 0,
+                 verify: bool = True) -> None:
+        self.folder = os.path.abspath(os.fspath(folder))
+        self.window = check_count(window, "window", minimum=1)
+        self.stride = check_count(stride, "stride", minimum=1)
+        self.horizon = check_count(horizon, "horizon")
+        self.verify_blocks = bool(verify)
+        self._expected_build: str | None = None
+        self._open_pid: int | None = None
+        self._ensure()
+
+    # -- opening (lazily, once per process) -----------------------------------------------------
+
+    def _ensure(self) -> None:
+        if self._open_pid == os.getpid():
+            return
+        path = os.path.join(self.folder, F.METADATA)
+        fd, st = open_regular_file(path)
+        try:
+            if st.st_size > F.MAX_METADATA_BYTES:
+                raise LimitExceededError(f"metadata: {st.st_size} bytes exceeds {F.MAX_METADATA_BYTES}", path=path,
+                                         field="metadata")
+            raw = pread_exact(fd, st.st_size, 0, path=path, field="metadata")
+        finally:
+            os.close(fd)
+        meta = F.parse_metadata(raw, path=path)
+        if self._expected_build is not None and meta.build_id != self._expected_build:
+            raise IntegrityError(f"build_id: the dataset was rebuilt since this reader was made (was "
+                                 f"{self._expected_build}, now {meta.build_id})", path=path, field="build_id")
+        data_name, sums_name = F.data_file_names(meta.build_id)
+        data_path, sums_path = os.path.join(self.folder, data_name), os.path.join(self.folder, sums_name)
+        fd, st = open_regular_file(sums_path)
+        try:
+            want = 8 * meta.num_blocks
+            if st.st_size != want:
+                raise (TruncatedError if st.st_size < want else CorruptError)(
+                    f"file: {st.st_size} bytes, the checksums of {meta.num_blocks} blocks need {want}", path=sums_path,
+                    field="file")
+            sums_raw = pread_exact(fd, want, 0, path=sums_path, field="file")
+        finally:
+            os.close(fd)
+        if f"{xxh3_64(sums_raw):016x}" != meta.sums_xxh3:
+            raise IntegrityError("sums_xxh3: the checksum file does not match the metadata", path=sums_path,
+                                 field="sums_xxh3")
+        fd, st = open_regular_file(data_path)
+        try:
+            if st.st_size != meta.data_bytes:
+                raise (TruncatedError if st.st_size < meta.data_bytes else CorruptError)(
+                    f"file: {st.st_size} bytes, {meta.num_rows} rows of {meta.num_features} {meta.dtype} need "
+                    f"{meta.data_bytes}", path=data_path, field="file")
+            mm = None
+            if meta.data_bytes:
+                try:
+                    mm = mmap.mmap(fd, meta.data_bytes, access=mmap.ACCESS_READ)
+                except OSError as exc:
+                    raise ReadError(f"file: cannot map: {exc.strerror}", errno=exc.errno, path=data_path,
+                                    field="file") from exc
+        finally:
+            os.close(fd)
+        self.meta = meta
+        self.data_path = data_path
+        self._mm = mm
+        self._sums = np.frombuffer(sums_raw, "<u8")
+        self._verified = np.zeros(meta.num_blocks, bool)
+        buf = mm if mm is not None else b""
+        self.matrix = np.frombuffer(buf, meta.np_dtype).reshape(meta.num_rows, meta.num_features)
+        self._row_bytes = meta.num_features * meta.itemsize
+        self.key_names = np.array([k.key for k in meta.keys]) if meta.keys else np.array([], dtype=str)
+        self.key_starts = np.array([k.start for k in meta.keys], np.int64)
+        self.key_stops = np.array([k.stop for k in meta.keys], np.int64)
+        span = self.window + self.horizon
+        lengths = self.key_stops - self.key_starts
+        counts = np.where(lengths >= span, (lengths - span) // self.stride + 1, 0)
+        self.key_windows = counts.astype(np.int64)
+        self._cum = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._expected_build = meta.build_id
+        self._open_pid = os.getpid()
+
+    # -- geometry ---------------------------------------------------------------------------------
+
+    @property
+    def num_rows(self) -> int:
+        return self.meta.num_rows
+
+    @property
+    def num_features(self) -> int:
+        return self.meta.num_features
+
+    @property
+    def build_id(self) -> str:
+        return self.meta.build_id
+
+    @property
+    def mean(self) -> np.ndarray | None:
+        return None if self.meta.mean is None else np.array(self.meta.mean)
+
+    @property
+    def std(self) -> np.ndarray | None:
+        return None if self.meta.std is None else np.array(self.meta.std)
+
+    def __len__(self) -> int:
+        """Windows in the dataset."""
+        self._ensure()
+        return int(self._cum[-1])
+
+    def locate(self, indices: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(key index, first row)`` of each global window index (compiled binary search).
+
+        Raises:
+            IndexError: an index outside ``[0, len(self))``.
+        """
+        self._ensure()
+        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        rows, keys = np.empty(idx.size, np.int64), np.empty(idx.size, np.int64)
+        locate_windows(self._cum, self.key_starts, self.stride, idx, rows, keys)
+        return keys, rows
+
+    def key_rows(self, key: str) -> np.ndarray:
+        """All rows of ``key`` (a read-only view)."""
+        self._ensure()
+        hits = np.flatnonzero(self.key_names == key)
+        if not hits.size:
+            raise KeyError(f"no key {key!r}")
+        a, b = int(self.key_starts[hits[0]]), int(self.key_stops[hits[0]])
+        self._check_rows(a, b)
+        return self.matrix[a:b]
+
+    # -- checksums --------------------------------------------------------------------------------
+
+    def _check_rows(self, a: int, b: int) -> None:
+        if not self.verify_blocks or b <= a:
+            return
+        block = self.meta.block_bytes
+        first, last = a * self._row_bytes // block, (b * self._row_bytes - 1) // block
+        todo = np.flatnonzero(~self._verified[first:last + 1])
+        if not todo.size:
+            return
+        view = memoryview(self._mm)  # type: ignore[arg-type]
+        try:
+            for k in (todo + first).tolist():
+                lo, hi = k * block, min((k + 1) * block, self.meta.data_bytes)
+                got = xxh3_64(view[lo:hi])
+                if got != int(self._sums[k]):
+                    raise IntegrityError(f"block_checksum: block {k} (bytes {lo}..{hi}) does not match its checksum "
+                                         f"(stored 0x{int(self._sums[k]):016x}, computed 0x{got:016x})",
+                                         path=self.data_path, field="block_checksum")
+                self._verified[k] = True
+        finally:
+            view.release()
+
+    def _check_windows(self, rows: np.ndarray) -> None:
+        if not self.verify_blocks or not rows.size:
+            return
+        span = self.window + self.horizon
+        block = self.meta.block_bytes
+        firsts = rows * self._row_bytes // block
+        lasts = ((rows + span) * self._row_bytes - 1) // block
+        if self._verified[firsts].all() and self._verified[lasts].all() and (lasts - firsts <= 1).all():
+            return
+        for r in rows.tolist():
+            self._check_rows(r, r + span)
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def window_at(self, i: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Window ``i``: ``(x, y)`` read-only views of the matrix (``y`` is ``None`` without a
+        horizon)."""
+        keys, rows = self.locate([i])
+        r = int(rows[0])
+        w, h = self.window, self.horizon
+        self._check_rows(r, r + w + h)
+        return self.matrix[r:r + w], (self.matrix[r + w:r + w + h] if h else None)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray | None]:
+        return self.window_at(i)
+
+    def windows(self, indices: Any, *, out: np.ndarray | None = None,
+                target_out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Windows at ``indices`` copied into ``[B, W, features]`` (and targets into
+        ``[B, horizon, features]``) in one compiled call each."""
+        keys, rows = self.locate(indices)
+        self._check_windows(rows)
+        b, f, dt = rows.size, self.num_features, self.matrix.dtype
+        if out is None:
+            out = np.empty((b, self.window, f), dt)
+        elif out.shape != (b, self.window, f) or out.dtype != dt:
+            raise ConfigError(f"out must be {dt} of shape {(b, self.window, f)}", field="out")
+        buf = self._mm if self._mm is not None else b""
+        gather_rows(buf, self._row_bytes, self.num_rows, rows, self.window, out)
+        y = None
+        if self.horizon:
+            if target_out is None:
+                target_out = np.empty((b, self.horizon, f), dt)
+            elif target_out.shape != (b, self.horizon, f) or target_out.dtype != dt:
+                raise ConfigError(f"target_out must be {dt} of shape {(b, self.horizon, f)}", field="target_out")
+            gather_rows(buf, self._row_bytes, self.num_rows, rows + self.window, self.horizon, target_out)
+            y = target_out
+        return out, y
+
+    def verify(self) -> None:
+        """Check every block (raises ``IntegrityError`` naming the first bad one)."""
+        self._ensure()
+        self._check_rows(0, self.num_rows)
+
+    # -- processes --------------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"folder": self.folder, "window": self.window, "stride": self.stride, "horizon": self.horizon,
+                "verify": self.verify_blocks, "build": self._expected_build}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.folder, self.window, self.stride = state["folder"], state["window"], state["stride"]
+        self.horizon, self.verify_blocks = state["horizon"], state["verify"]
+        self._expected_build = state["build"]
+        self._open_pid = None         # opened on first use in this process
+
+    def __getattr__(self, name: str) -> Any:
+        # the lazily opened parts of an unpickled reader
+        if name in ("meta", "matrix", "data_path", "key_names", "key_starts", "key_stops", "key_windows", "_mm",
+                    "_sums", "_verified", "_cum", "_row_bytes"):
+            self._ensure()
+            return self.__dict__[name]
+        raise AttributeError(name)
+
+    def __repr__(self) -> str:
+        return f"FeatureMatrix({self.folder!r}, window={self.window}, stride={self.stride}, horizon={self.horizon})"
+
