@@ -55,3 +55,32 @@ class Gather:
     def time_llmbatch_read(self, files, batch):
         self.k = (self.k + 1) & 63
         self.batch.read_batch_numpy(int(self.bidx[self.k]), out=self.out)
+
+
+class FeatureWindowsBatch:
+    """Flat feature matrix: a batch of 64 random windows of 32 rows x 64 float32 features
+    (one compiled locate and one compiled gather), from a 32 MiB matrix of 16 keys."""
+
+    def setup_cache(self):
+        from zerobatch.writers.features import write_feature_matrix
+        rng = np.random.default_rng(0)
+        folder = os.path.abspath("features")
+        write_feature_matrix(folder, {f"k{i}": rng.normal(size=(8192, 64)) for i in range(16)})
+        return folder
+
+    def setup(self, folder):
+        from zerobatch.readers.features import FeatureMatrix
+        self.fm = FeatureMatrix(folder, 32)
+        self.fm.verify()
+        rng = np.random.default_rng(1)
+        self.idx = [rng.integers(0, len(self.fm), 64) for _ in range(64)]
+        self.out = np.empty((64, 32, 64), np.float32)
+        self.k = 0
+
+    def time_windows(self, folder):
+        self.k = (self.k + 1) & 63
+        self.fm.windows(self.idx[self.k], out=self.out)
+
+    def time_window_view(self, folder):
+        self.k = (self.k + 1) & 63
+        self.fm.window_at(int(self.idx[self.k][0]))
