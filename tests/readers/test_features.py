@@ -13,10 +13,11 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from zbtest import run_python
 
 from zerobatch.adapters.torch import FeatureWindows, Loader
 from zerobatch.core import _reference as ref
-from zerobatch.core import gather_rows, locate_windows
+from zerobatch.core import gather_rows, locate_windows, xxh3_64
 from zerobatch.formats import features as F
 from zerobatch.formats.errors import (ConfigError, CorruptError, FormatError, IntegrityError, LimitExceededError,
                                       NotFoundError, TruncatedError, UnsupportedVersionError)
@@ -157,6 +158,11 @@ def test_crafted_metadata_and_files(tmp_path):
     good = (folder / "metadata.json").read_bytes()
     d = json.loads(good)
 
+    def sign(doc):
+        """``doc`` as JSON with a fresh metadata_xxh3, so only the field checks can refuse it."""
+        doc = {**doc, "metadata_xxh3": f"{xxh3_64(F.canonical(doc)):016x}"}
+        return json.dumps(doc).encode()
+
     def with_meta(raw):
         (folder / "metadata.json").write_bytes(raw)
         try:
@@ -167,21 +173,23 @@ def test_crafted_metadata_and_files(tmp_path):
     cases = [
         (b"{", CorruptError), (b"[]", CorruptError), (good[:-1] + b', "dtype": "float32"}', CorruptError),
         (good.replace(b'"num_rows": 600', b'"num_rows": NaN'), CorruptError),
-        (json.dumps({**d, "zerobatch_features": 2}).encode(), UnsupportedVersionError),
-        (json.dumps({**d, "dtype": "int8"}).encode(), UnsupportedVersionError),
-        (json.dumps({**d, "num_rows": 2**62}).encode(), LimitExceededError),
-        (json.dumps({**d, "num_rows": True}).encode(), CorruptError),
-        (json.dumps({**d, "num_features": 0}).encode(), LimitExceededError),
-        (json.dumps({**d, "keys": d["keys"][::-1]}).encode(), CorruptError),
-        (json.dumps({**d, "keys": [{**d["keys"][0], "stop": 401}, d["keys"][1]]}).encode(), CorruptError),
-        (json.dumps({**d, "keys": [d["keys"][0], {**d["keys"][1], "key": d["keys"][0]["key"]}]}).encode(),
+        (sign({**d, "zerobatch_features": 2}), UnsupportedVersionError),
+        (sign({**d, "dtype": "int8"}), UnsupportedVersionError),
+        (sign({**d, "num_rows": 2**62}), LimitExceededError),
+        (sign({**d, "num_rows": True}), CorruptError),
+        (sign({**d, "num_features": 0}), LimitExceededError),
+        (sign({**d, "keys": d["keys"][::-1]}), CorruptError),
+        (sign({**d, "keys": [{**d["keys"][0], "stop": 401}, d["keys"][1]]}), CorruptError),
+        (sign({**d, "keys": [d["keys"][0], {**d["keys"][1], "key": d["keys"][0]["key"]}]}),
          CorruptError),
-        (json.dumps({**d, "extra": 1}).encode(), CorruptError),
-        (json.dumps({**d, "build_id": "../../etc/pass"}).encode(), CorruptError),
-        (json.dumps({**d, "build_id": "0123456789abcdef"}).encode(), NotFoundError),
-        (json.dumps({**d, "normalization": {"mean": [0, 0, 0], "std": [1, 0, 1]}}).encode(), CorruptError),
-        (json.dumps({**d, "sums_xxh3": "0" * 16}).encode(), IntegrityError),
-        (json.dumps({**d, "num_features": 4}).encode(), FormatError),
+        (sign({**d, "extra": 1}), CorruptError),
+        (sign({**d, "build_id": "../../etc/pass"}), CorruptError),
+        (sign({**d, "build_id": "0123456789abcdef"}), NotFoundError),
+        (sign({**d, "normalization": {"mean": [0, 0, 0], "std": [1, 0, 1]}}), CorruptError),
+        (sign({**d, "sums_xxh3": "0" * 16}), IntegrityError),
+        (json.dumps({**d, "num_rows": 599}).encode(), IntegrityError),          # a field changed, not re-signed
+        (json.dumps({**d, "metadata_xxh3": "x"}).encode(), CorruptError),
+        (sign({**d, "num_features": 4}), FormatError),
     ]
     for raw, err in cases:
         with pytest.raises(err):
@@ -209,6 +217,47 @@ def test_crafted_metadata_and_files(tmp_path):
         FeatureMatrix(folder, 2)
     (folder / sums_name).write_bytes(sums)
     FeatureMatrix(folder, 2).verify()
+
+
+def test_every_single_bit_flip_in_every_file_is_caught_or_harmless(tmp_path):
+    folder = tmp_path / "flip"
+    write_feature_matrix(folder, {"a": np.arange(60.0).reshape(20, 3), "b": np.ones((9, 3))}, block_bytes=4096)
+    r = run_python(f"""
+        import os, numpy as np
+        from zerobatch.readers.features import FeatureMatrix
+        from zerobatch.formats.errors import ZerobatchError
+        folder = {str(folder)!r}
+        def read():
+            fm = FeatureMatrix(folder, 4, horizon=1)
+            x, y = fm.windows(np.arange(len(fm)))
+            return x.copy(), y.copy(), fm.mean, fm.std, list(fm.key_names), fm.key_starts.copy()
+        expect = read()
+        typed = same = wrong = 0
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            good = open(path, "rb").read()
+            for byte in range(len(good)):
+                for bit in range(8):
+                    data = bytearray(good)
+                    data[byte] ^= 1 << bit
+                    open(path, "wb").write(data)
+                    try:
+                        got = read()
+                    except ZerobatchError:
+                        typed += 1
+                        continue
+                    ok = all(np.array_equal(a, b) for a, b in zip(got[:4], expect[:4]))
+                    ok = ok and got[4] == expect[4] and np.array_equal(got[5], expect[5])
+                    same += ok
+                    wrong += not ok
+            open(path, "wb").write(good)
+        print(typed + same + wrong, typed, same, wrong)
+    """, timeout=600)
+    assert r.returncode == 0, r.stderr
+    tried, typed, same, wrong = map(int, r.stdout.split())
+    print(f"feature-matrix bit-flip harness: {tried} cases, {typed} typed errors, {same} identical, 0 crashes, "
+          f"{wrong} silent wrong")
+    assert tried == typed + same and wrong == 0 and typed > 0.99 * tried
 
 
 def test_rebuild_keeps_mapped_readers_and_refuses_a_stale_pickle(tmp_path):

@@ -15,12 +15,14 @@ reader of the previous build has mapped.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from zerobatch.formats._json import loads_strict
-from zerobatch.formats.errors import CorruptError, LimitExceededError, UnsupportedVersionError
+from zerobatch.formats.errors import CorruptError, IntegrityError, LimitExceededError, UnsupportedVersionError
 
 __all__ = ["BLOCK_BYTES", "DTYPES", "FeatureMeta", "KeyRange", "MAX_METADATA_BYTES", "METADATA", "VERSION",
            "data_file_names", "parse_metadata"]
@@ -83,7 +85,8 @@ class FeatureMeta:
     def num_blocks(self) -> int:
         return -(-self.data_bytes // self.block_bytes)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, digest: Callable[[bytes], int]) -> dict[str, Any]:
+        """The document to write, with its ``metadata_xxh3`` (``digest`` is XXH3-64)."""
         d: dict[str, Any] = {
             "zerobatch_features": VERSION, "dtype": self.dtype, "num_rows": self.num_rows,
             "num_features": self.num_features, "build_id": self.build_id, "block_bytes": self.block_bytes,
@@ -94,7 +97,15 @@ class FeatureMeta:
             d["normalization"] = {"mean": list(self.mean), "std": list(self.std or ())}
         if self.columns is not None:
             d["columns"] = list(self.columns)
+        d["metadata_xxh3"] = f"{digest(canonical(d)):016x}"
         return d
+
+
+def canonical(d: dict[str, Any]) -> bytes:
+    """The bytes ``metadata_xxh3`` covers: the document without that field, as sorted,
+    compact JSON (floats as Python writes them, which parse back to the same value)."""
+    body = {k: v for k, v in d.items() if k != "metadata_xxh3"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _int(d: dict[str, Any], name: str, path: Any, *, minimum: int = 0, maximum: int = 2**63 - 1) -> int:
@@ -118,9 +129,10 @@ def _floats(v: Any, n: int, name: str, path: Any, *, positive: bool = False) -> 
     return tuple(out)
 
 
-def parse_metadata(raw: bytes, *, path: Any = None) -> FeatureMeta:
+def parse_metadata(raw: bytes, *, path: Any = None, digest: Callable[[bytes], int] | None = None) -> FeatureMeta:
     """Parse and check ``metadata.json``: every field typed and in range, the key ranges
-    contiguous from 0 to ``num_rows``, sizes that do not overflow.
+    contiguous from 0 to ``num_rows``, sizes that do not overflow, and (with ``digest``,
+    XXH3-64) the document against its ``metadata_xxh3``.
 
     Raises:
         LimitExceededError: too large, or a count out of range. UnsupportedVersionError:
@@ -132,6 +144,13 @@ def parse_metadata(raw: bytes, *, path: Any = None) -> FeatureMeta:
     d = loads_strict(raw, error=CorruptError, field="metadata", path=path)
     if not isinstance(d, dict):
         raise CorruptError("metadata: expected a JSON object", path=path, field="metadata")
+    stored = d.get("metadata_xxh3")
+    if not isinstance(stored, str) or not _HEX64.match(stored):
+        raise CorruptError(f"metadata_xxh3: must be 16 lowercase hex digits, got {stored!r}", path=path,
+                           field="metadata_xxh3")
+    if digest is not None and f"{digest(canonical(d)):016x}" != stored:
+        raise IntegrityError("metadata_xxh3: the metadata does not match its checksum (a field was changed)",
+                             path=path, field="metadata_xxh3")
     if d.get("zerobatch_features") != VERSION or isinstance(d.get("zerobatch_features"), bool):
         raise UnsupportedVersionError(f"zerobatch_features: version {d.get('zerobatch_features')!r} (this release "
                                       f"reads {VERSION})", path=path, field="zerobatch_features")
@@ -180,7 +199,7 @@ def parse_metadata(raw: bytes, *, path: Any = None) -> FeatureMeta:
             raise CorruptError(f"columns: must be a list of {feats} strings", path=path, field="columns")
         columns = tuple(columns)
     extra = sorted(set(d) - {"zerobatch_features", "dtype", "num_rows", "num_features", "build_id", "block_bytes",
-                             "sums_xxh3", "keys", "normalization", "columns"})
+                             "sums_xxh3", "keys", "normalization", "columns", "metadata_xxh3"})
     if extra:
         raise CorruptError(f"{extra[0]}: unknown field", path=path, field=extra[0])
     return FeatureMeta(dtype=dtype, num_rows=rows, num_features=feats, build_id=build_id, block_bytes=block,

@@ -75,7 +75,7 @@ class FeatureMatrix:
             raw = pread_exact(fd, st.st_size, 0, path=path, field="metadata")
         finally:
             os.close(fd)
-        meta = F.parse_metadata(raw, path=path)
+        meta = F.parse_metadata(raw, path=path, digest=xxh3_64)
         if self._expected_build is not None and meta.build_id != self._expected_build:
             raise IntegrityError(f"build_id: the dataset was rebuilt since this reader was made (was "
                                  f"{self._expected_build}, now {meta.build_id})", path=path, field="build_id")

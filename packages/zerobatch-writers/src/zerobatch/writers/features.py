@@ -200,7 +200,7 @@ def write_feature_matrix(folder: str | os.PathLike[str], sources: Mapping[str, A
         std=tuple(float(v) for v in std) if normalize else None,
         columns=tuple(columns) if columns is not None else None)
     with AtomicFile(os.path.join(folder, F.METADATA)) as f:
-        f.write(json.dumps(meta.to_json(), allow_nan=False).encode())
+        f.write(json.dumps(meta.to_json(xxh3_64), allow_nan=False).encode())
     for entry in os.listdir(folder):         # the previous builds' data (mapped readers keep their pages)
         if _STALE.match(entry) and entry not in (data_name, sums_name):
             try:
