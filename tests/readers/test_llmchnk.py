@@ -271,6 +271,40 @@ def test_writer_refuses_bad_records_and_keeps_the_old_file(tmp_path):
     assert p.read_bytes() == old and sorted(os.listdir(tmp_path)) == ["w.chunk"]
 
 
+@pytest.mark.parametrize("shape, dtype", [((300, 17), "uint32"), ((5, 0), "uint32"), ((40, 9), "uint16")])
+def test_a_2d_array_is_written_whole_and_byte_identical(tmp_path, shape, dtype):
+    rows = np.random.default_rng(1).integers(0, 60000, shape)
+    a, b = tmp_path / "a.chunk", tmp_path / "b.chunk"
+    write_chunk_file(a, rows, seq_len=shape[1], dtype=dtype)
+    write_chunk_file(b, list(rows), seq_len=shape[1], dtype=dtype)
+    assert a.read_bytes() == b.read_bytes()
+    with pytest.raises(ConfigError, match="records 0..299"):
+        write_chunk_file(tmp_path / "c.chunk", np.full((300, 2), -1))
+
+
+def test_writer_memory_is_bounded(tmp_path):
+    """Peak traced memory of the writer: neither the tokens nor the records' table are held."""
+    r = run_python(f"""
+        import tracemalloc, numpy as np
+        from zerobatch.writers.llmchnk import LLMChunkWriter
+        def run(n, length, name):
+            rec = np.arange(length, dtype=np.uint32)
+            tracemalloc.start()
+            with LLMChunkWriter({str(tmp_path)!r} + "/" + name) as w:
+                for _ in range(n):
+                    w.add(rec)
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            return peak
+        print(run(2000, 512, "s.chunk"), run(2000, 16384, "b.chunk"), run(100000, 4, "m.chunk"))
+    """, timeout=300)
+    assert r.returncode == 0, r.stderr
+    small, big, many = map(int, r.stdout.split())
+    assert big < 2000 * 16384 * 4 / 8, (small, big)          # far below the 128 MiB of tokens
+    assert big - small < 12 * 2**20, (small, big)            # the copy buffer, not the data
+    assert many < 16 * 2**20, many                            # 100,000 records: the table is not held
+
+
 @pytest.mark.slow
 def test_kill_after_every_io_call_leaves_old_or_new_file(tmp_path):
     path = tmp_path / "k.chunk"

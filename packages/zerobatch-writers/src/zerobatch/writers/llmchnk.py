@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.core import xxh3_64
+from zerobatch.core import hash_slots, xxh3_64
 from zerobatch.core.digest import BlockDigest
 from zerobatch.core.io import AtomicFile
 from zerobatch.formats import llmchnk as C
@@ -29,6 +29,8 @@ __all__ = ["LLMChunkWriter", "write_chunk_file"]
 INDEX_BLOCK = 1 << 16
 #: Bytes copied per call when the staged records are moved into the final file.
 COPY_BYTES = 8 << 20
+#: Record bytes gathered in memory before one write to the staging file.
+WRITE_BYTES = 4 << 20
 
 _DTYPE_CODES = {"uint32": C.DTYPE_UINT32, "uint16": C.DTYPE_UINT16}
 
@@ -70,6 +72,8 @@ class LLMChunkWriter:
         self.data_bytes = 0
         self._index = np.empty((INDEX_BLOCK, 2), np.uint64)   # per record: byte length, checksum
         self._fill = 0
+        self._pending = bytearray()          # record bytes not yet written to the staging file
+        self._staged = 0                     # record bytes written to the staging file
         self._closed = False
         self._data = AtomicFile(f"{self.path}.records-staging")
         try:
@@ -77,6 +81,15 @@ class LLMChunkWriter:
         except BaseException:
             self._data.abort()
             raise
+
+    def _check_tokens(self, a: np.ndarray, what: str) -> None:
+        if a.size:
+            if a.dtype.kind not in "ui" or a.dtype == np.bool_:
+                raise ConfigError(f"{what}: token ids must be integers, got {a.dtype}", path=self.path, field="tokens")
+            lo, hi = int(a.min()), int(a.max())
+            if lo < 0 or hi >= self.limit:
+                raise ConfigError(f"{what}: token ids must lie in [0, {self.limit}), got [{lo}, {hi}]",
+                                  path=self.path, field="tokens")
 
     def add(self, tokens: Any) -> None:
         """Append one record (a 1-D array-like of token ids; may be empty)."""
@@ -86,21 +99,16 @@ class LLMChunkWriter:
         if a.ndim != 1:
             raise ConfigError(f"record {self.num_records}: expected a 1-D array of token ids, got shape {a.shape}",
                               path=self.path, field="tokens")
-        if a.size:
-            if a.dtype.kind not in "ui" or a.dtype == np.bool_:
-                raise ConfigError(f"record {self.num_records}: token ids must be integers, got {a.dtype}",
-                                  path=self.path, field="tokens")
-            lo, hi = int(a.min()), int(a.max())
-            if lo < 0 or hi >= self.limit:
-                raise ConfigError(f"record {self.num_records}: token ids must lie in [0, {self.limit}), got "
-                                  f"[{lo}, {hi}]", path=self.path, field="tokens")
+        self._check_tokens(a, f"record {self.num_records}")
         if a.size > C.MAX_RECORD_TOKENS:
             raise LimitExceededError(f"record {self.num_records}: {a.size} tokens exceed {C.MAX_RECORD_TOKENS}",
                                      path=self.path, field="tokens")
         data = np.ascontiguousarray(a, dtype=self.np_dtype).tobytes()
         if self.num_records >= 2**40:
             raise LimitExceededError("num_records: more than 2**40 records", path=self.path, field="num_records")
-        self._data.pwrite(data, self.data_bytes)
+        self._pending += data
+        if len(self._pending) >= WRITE_BYTES:
+            self._flush_data()
         self._index[self._fill] = (len(data), xxh3_64(data) if self.checksums else 0)
         self._fill += 1
         self.num_records += 1
@@ -109,9 +117,50 @@ class LLMChunkWriter:
             self._flush_index()
 
     def add_many(self, records: Iterable[Any]) -> None:
-        """Append every record of ``records`` (rows of a 2-D array, or any iterable of 1-D ones)."""
-        for r in records:
-            self.add(r)
+        """Append every record of ``records`` (rows of a 2-D array, or any iterable of 1-D ones).
+
+        A 2-D array is checked, converted and checksummed whole (one compiled hash over its
+        rows), in groups of rows that bound the memory used.
+        """
+        if not (isinstance(records, np.ndarray) and records.ndim == 2):
+            for r in records:
+                self.add(r)
+            return
+        if self._closed:
+            raise ConfigError("the writer is closed", path=self.path, field="writer")
+        n, length = records.shape
+        if length > C.MAX_RECORD_TOKENS:
+            raise LimitExceededError(f"records of {length} tokens exceed {C.MAX_RECORD_TOKENS}", path=self.path,
+                                     field="tokens")
+        group = max(1, WRITE_BYTES // max(1, length * self.itemsize))
+        for at in range(0, n, group):
+            rows = np.asarray(records[at:at + group])
+            self._check_tokens(rows, f"records {self.num_records}..{self.num_records + rows.shape[0] - 1}")
+            data = np.ascontiguousarray(rows, dtype=self.np_dtype).tobytes()
+            k, row_bytes = rows.shape[0], length * self.itemsize
+            sums = hash_slots(data, 0, row_bytes, k) if self.checksums and row_bytes else np.zeros(k, np.uint64)
+            if not row_bytes and self.checksums:
+                sums[:] = xxh3_64(b"")
+            self._pending += data
+            if len(self._pending) >= WRITE_BYTES:
+                self._flush_data()
+            done = 0
+            while done < k:
+                take = min(k - done, INDEX_BLOCK - self._fill)
+                self._index[self._fill:self._fill + take, 0] = row_bytes
+                self._index[self._fill:self._fill + take, 1] = sums[done:done + take]
+                self._fill += take
+                done += take
+                if self._fill == INDEX_BLOCK:
+                    self._flush_index()
+            self.num_records += k
+            self.data_bytes += len(data)
+
+    def _flush_data(self) -> None:
+        if self._pending:
+            self._data.pwrite(self._pending, self._staged)
+            self._staged += len(self._pending)
+            self._pending.clear()
 
     def _flush_index(self) -> None:
         if self._fill:
@@ -135,6 +184,7 @@ class LLMChunkWriter:
         """Assemble the file, ``fsync`` it and rename it into place (atomic). Idempotent."""
         if self._closed:
             return
+        self._flush_data()
         out = AtomicFile(self.path)
         try:
             n = self.num_records
