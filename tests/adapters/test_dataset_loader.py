@@ -8,8 +8,10 @@ import os
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from zerobatch.adapters.torch import DatasetLoader
+from zerobatch.adapters.torch import DatasetLoader, Loader, NpyTokenWindows
 from zerobatch.formats.errors import ConfigError, CorruptError, FormatError, NotFoundError, StateError
 
 
@@ -180,3 +182,37 @@ def test_position_saved_and_restored(tmp_path):
     for bad in ({**state, "files": []}, {**state, "file_idx": 9}, {**state, "offset": -1}, {}, "x"):
         with pytest.raises(StateError):
             again.load_state_dict(bad)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 90), min_size=1, max_size=5), st.integers(1, 3), st.integers(1, 5), st.integers(1, 3))
+def test_property_every_rank_matches_the_text_rule(tmp_path_factory, lengths, b, t, world):
+    stride = b * t * world
+    if not any(n >= stride + 1 for n in lengths):
+        return
+    d = folder_of(tmp_path_factory.mktemp("p"), lengths)
+    files = [np.load(os.path.join(d, n)) for n in sorted(os.listdir(d))]
+    for rank in range(world):
+        loader = DatasetLoader(b, t, rank, world, d, "cpu")
+        for (x, y), (rx, ry) in zip([loader.get_batch() for _ in range(12)], reference(files, b, t, rank, world, 12),
+                                    strict=True):
+            assert (x.numpy() == rx).all() and (y.numpy() == ry).all()
+
+
+def test_npy_windows_serve_the_loader(tmp_path):
+    d = folder_of(tmp_path, [100, 7, 64, 33])
+    src = NpyTokenWindows(d, 8)
+    files = [np.load(os.path.join(d, n)) for n in sorted(os.listdir(d))]
+    windows = [f[k * 8:k * 8 + 9] for f in files for k in range(max(0, (len(f) - 9) // 8 + 1))]
+    assert src.num_items == len(windows)
+    seen = []
+    for x, y in Loader(src, batch_size=4, seed=3, drop_last=False):
+        assert x.dtype == torch.int64 and torch.equal(x[:, 1:], y[:, :-1])
+        for row, nxt in zip(x.numpy(), y.numpy(), strict=True):
+            full = np.r_[row, nxt[-1]]
+            hits = [i for i, w in enumerate(windows) if np.array_equal(w, full)]
+            assert len(hits) == 1                          # a real window of one file
+            seen.append(hits[0])
+    assert sorted(seen) == list(range(len(windows)))
+    plain = next(iter(Loader(NpyTokenWindows(d, 8, next_token=False), batch_size=2, shuffle=False)))
+    assert plain.tolist() == [list(range(0, 8)), list(range(8, 16))]

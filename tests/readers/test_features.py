@@ -13,6 +13,8 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from zbtest import run_python
 
 from zerobatch.adapters.torch import FeatureWindows, Loader
@@ -335,3 +337,24 @@ def test_the_loader_over_feature_windows(built):
     plain = next(iter(Loader(FeatureWindows(folder, 5), batch_size=4, shuffle=False)))
     assert torch.equal(plain, torch.from_numpy(np.stack(reference_windows(src, 5, 1, 0, np.array(meta.mean),
                                                                             np.array(meta.std))[0][:4])))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=5), st.integers(1, 12), st.integers(1, 5), st.integers(0, 3),
+       st.integers(1, 4))
+def test_property_windows_equal_numpy(tmp_path_factory, lengths, w, stride, horizon, features):
+    rng = np.random.default_rng(len(lengths) * 7 + w)
+    src = {f"k{i}": rng.normal(size=(n, features)) for i, n in enumerate(lengths)}
+    folder = tmp_path_factory.mktemp("prop")
+    try:
+        meta = write_feature_matrix(folder, src, chunk_rows=int(rng.integers(1, 20)))
+    except ConfigError:
+        raise AssertionError("a valid set of sources was refused") from None
+    fm = FeatureMatrix(folder, w, stride=stride, horizon=horizon)
+    xs, ys = reference_windows(src, w, stride, horizon, np.array(meta.mean), np.array(meta.std))
+    assert len(fm) == len(xs)
+    if xs:
+        bx, by = fm.windows(np.arange(len(xs)))
+        assert np.allclose(bx, np.stack(xs), atol=1e-6)
+        if horizon:
+            assert np.allclose(by, np.stack(ys), atol=1e-6)

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from zerobatch.adapters._loader import BaseLoader
-from zerobatch.adapters.sources import (FeatureWindows, LLMBatchSource, LLMChunkSource, Mixture, RecordFields, Source,
-                                        TokenDocuments, TokenWindows)
+from zerobatch.adapters.sources import (FeatureWindows, LLMBatchSource, LLMChunkSource, Mixture, NpyTokenWindows,
+                                        RecordFields, Source, TokenDocuments, TokenWindows)
 from zerobatch.formats.errors import ConfigError
 
 try:
@@ -35,8 +35,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without jax
     raise ImportError("zerobatch.adapters.jax needs jax: pip install 'zerobatch-adapters[jax]'") from exc
 
-__all__ = ["FeatureWindows", "LLMBatchSource", "LLMChunkSource", "Loader", "Mixture", "RecordFields", "Source",
-           "TokenDocuments", "TokenWindows"]
+__all__ = ["FeatureWindows", "LLMBatchSource", "LLMChunkSource", "Loader", "Mixture", "NpyTokenWindows",
+           "RecordFields", "Source", "TokenDocuments", "TokenWindows"]
 
 OUTPUTS = ("jax", "numpy")
 

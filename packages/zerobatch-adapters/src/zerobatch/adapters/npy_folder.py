@@ -43,7 +43,8 @@ class NpyTokenFolder:
         ConfigError: bad sizes, or no file long enough for one step.
     """
 
-    def __init__(self, folder: str | os.PathLike[str], batch: int, seq_len: int, rank: int, world_size: int) -> None:
+    def __init__(self, folder: str | os.PathLike[str], batch: int, seq_len: int, rank: int, world_size: int, *,
+                 require_step: bool = True) -> None:
         self.folder = os.fspath(folder)
         self.batch = check_count(batch, "batch", minimum=1, maximum=1 << 30)
         self.seq_len = check_count(seq_len, "seq_len", minimum=1, maximum=1 << 30)
@@ -58,7 +59,7 @@ class NpyTokenFolder:
         self.lengths = [self._length(p) for p in self.paths]
         self.per_rank = self.batch * self.seq_len
         self.stride = self.per_rank * self.world_size
-        if not any(self._fits(f, 0) for f in range(len(self.paths))):
+        if require_step and not any(self._fits(f, 0) for f in range(len(self.paths))):
             raise ConfigError(
                 f"dataset_dir: no file holds one step of {self.stride + 1} tokens (batch {self.batch} x seq_len "
                 f"{self.seq_len} x {self.world_size} processes + 1); the longest has {max(self.lengths)}",
@@ -66,7 +67,8 @@ class NpyTokenFolder:
         self.file_idx = 0
         self.offset = 0
         self._data: np.ndarray | None = None
-        self._skip_short()
+        if require_step:
+            self._skip_short()
 
     @staticmethod
     def _length(path: str) -> int:

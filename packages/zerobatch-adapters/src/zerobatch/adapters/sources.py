@@ -16,6 +16,7 @@ its arguments, so loaders work in spawned worker processes.
 - :class:`LLMChunkSource`: items are the records of an LLMCHNK file, padded or cut to a row
   length chosen at read time;
 - :class:`FeatureWindows`: items are windows of rows of a flat feature matrix;
+- :class:`NpyTokenWindows`: items are next-token windows of a folder of ``.npy`` token files;
 - :class:`TokenWindows`: items are windows of a TOKSTREAM dataset, optionally with the
   document-boundary outputs for variable-length attention and per-token metadata.
 - :class:`TokenDocuments`: items are whole documents, padded (or cut) to a fixed width with
@@ -36,11 +37,11 @@ import numpy as np
 
 from zerobatch.adapters._buffers import BufferPool
 from zerobatch.core._checks import check_count
-from zerobatch.formats.errors import ConfigError
+from zerobatch.formats.errors import ConfigError, CorruptError
 from zerobatch.samplers import BlockShuffleOrder, GlobalRandomOrder, IndexOrder, MixtureSchedule, SequentialOrder
 
-__all__ = ["FeatureWindows", "LLMBatchSource", "LLMChunkSource", "Mixture", "RecordFields", "Source", "TokenDocuments",
-           "TokenWindows"]
+__all__ = ["FeatureWindows", "LLMBatchSource", "LLMChunkSource", "Mixture", "NpyTokenWindows", "RecordFields",
+           "Source", "TokenDocuments", "TokenWindows"]
 
 #: Bytes one read-ahead job fills when steps can be read together (amortizes the hand-off
 #: between threads).
@@ -48,6 +49,11 @@ CHUNK_BYTES = 1 << 20
 
 #: Label of tokens that are padding (the ``ignore_index`` of ``torch.nn.functional.cross_entropy``).
 IGNORE_INDEX = -100
+
+
+def xxh3_hex(data: bytes) -> str:
+    from zerobatch.core import xxh3_64
+    return f"{xxh3_64(data):016x}"
 
 
 def _token_dtype(dtype: Any) -> np.dtype:
@@ -282,6 +288,70 @@ class LLMChunkSource(Source):
 
     def close(self) -> None:
         self.reader.close()
+
+
+class NpyTokenWindows(Source):
+    """Next-token windows of a folder of ``.npy`` token files (the seed's DatasetLoader data):
+    window ``k`` of a file is its tokens ``[k*seq_len, k*seq_len + seq_len + 1)``; windows
+    never cross from one file into the next. Files are memory-mapped, in sorted name order.
+
+    Args:
+        folder: the folder of 1-D ``.npy`` files (``uint16``, ``uint32``, ``int32``, ``int64``).
+        seq_len: tokens per training sequence.
+        next_token: hand out ``(x, y)`` (two views of one ``[B, seq_len + 1]`` buffer); else
+            windows of ``seq_len`` tokens.
+    """
+
+    kind = "npy-windows"
+
+    def __init__(self, folder: Any, seq_len: int, *, next_token: bool = True) -> None:
+        super().__init__()
+        from zerobatch.adapters.npy_folder import NpyTokenFolder
+        self.seq_len = check_count(seq_len, "seq_len", minimum=1)
+        self.next_token = bool(next_token)
+        self.length = self.seq_len + 1 if self.next_token else self.seq_len
+        self.files = NpyTokenFolder(folder, 1, self.seq_len, 0, 1, require_step=False)
+        lengths = np.array(self.files.lengths, np.int64)
+        counts = np.where(lengths >= self.length, (lengths - self.length) // self.seq_len + 1, 0)
+        self._cum = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._starts = np.zeros(len(lengths), np.int64)
+        self.num_items = int(self._cum[-1])
+        self.fingerprint = xxh3_hex(repr(self.files.fingerprint()).encode())
+        self.passthrough = None if self.next_token else "tokens"
+        self._maps: list[np.ndarray] | None = None
+
+    def chunk_steps(self, items_per_step: int) -> int:
+        return max(1, CHUNK_BYTES // (items_per_step * self.length * 8))
+
+    def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
+        from zerobatch.core import locate_windows
+        steps, per = items.shape
+        flat = items.reshape(-1)
+        rows, files = np.empty(flat.size, np.int64), np.empty(flat.size, np.int64)
+        locate_windows(self._cum, self._starts, self.seq_len, flat, rows, files)
+        if self._maps is None:
+            self._maps = [np.load(p, mmap_mode="r", allow_pickle=False) for p in self.files.paths]
+        out = self._buffer((flat.size, self.length), dtype)
+        for r, (f, row) in enumerate(zip(files.tolist(), rows.tolist(), strict=True)):
+            np.copyto(out[r], self._maps[f][row:row + self.length], casting="unsafe")
+        if out.size and int(out.min()) < 0:
+            raise CorruptError("a negative token id in a window", path=self.files.folder, field="token")
+        return {"tokens": out.reshape(steps, per, self.length)}
+
+    def emit_stacked(self, arrays: dict[str, Any], unstack: Any) -> list[Any] | None:
+        if not self.next_token:
+            return None
+        t = arrays["tokens"]
+        return list(zip(unstack(t[:, :, :-1]), unstack(t[:, :, 1:]), strict=True))
+
+    def emit(self, step: dict[str, Any]) -> Any:
+        t = step["tokens"]
+        return (t[:, :-1], t[:, 1:]) if self.next_token else t
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = super().__getstate__()
+        d["_maps"] = None
+        return d
 
 
 class FeatureWindows(Source):

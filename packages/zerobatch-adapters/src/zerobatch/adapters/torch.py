@@ -25,13 +25,13 @@ import torch
 import torch.utils.data
 
 from zerobatch.adapters._loader import BaseLoader
-from zerobatch.adapters.sources import (FeatureWindows, LLMBatchSource, LLMChunkSource, Mixture, RecordFields, Source,
-                                        TokenDocuments, TokenWindows)
+from zerobatch.adapters.sources import (FeatureWindows, LLMBatchSource, LLMChunkSource, Mixture, NpyTokenWindows,
+                                        RecordFields, Source, TokenDocuments, TokenWindows)
 from zerobatch.formats.errors import ConfigError
 from zerobatch.readers.llmbatch import BatchFileReader
 
 __all__ = ["BatchNativeLoader", "DatasetLoader", "FeatureWindows", "LLMBatchSource", "LLMChunkSource", "Loader",
-           "Mixture", "RecordFields", "Source", "TokenDocuments", "TokenWindows", "WorkerDataLoader"]
+           "Mixture", "NpyTokenWindows", "RecordFields", "Source", "TokenDocuments", "TokenWindows", "WorkerDataLoader"]
 
 _DTYPES = {torch.int64: np.dtype(np.int64), torch.int32: np.dtype(np.int32)}
 

@@ -39,6 +39,8 @@ def _chunks(source: Any, key: str, chunk_rows: int, columns: Sequence[str] | Non
         if source.ndim != 2:
             raise ConfigError(f"{key}: expected a 2-D [rows, features] array, got shape {source.shape}",
                               field="sources")
+        if source.shape[0] == 0:
+            yield np.asarray(source)           # no rows, but its feature count
         for at in range(0, source.shape[0], chunk_rows):
             yield np.asarray(source[at:at + chunk_rows])
         return
