@@ -2,12 +2,18 @@
 
 ::
 
-    zerobatch inspect FILE [--json]     header fields and derived sizes
-    zerobatch verify FILE [--quiet]     check a whole file; exit 1 on any fault
-    zerobatch bench [options]           write a sample .batch file, stream an epoch, print tokens/s
+    zerobatch convert SRC DST --to FORMAT     text / JSONL / Parquet / HF dataset / .npy / nanoGPT .bin /
+                                              Megatron .bin+.idx  ->  llmbatch, llmchnk, tokstream, zrecord
+    zerobatch inspect PATH [--json]           header or manifest, counts, sizes, dtype, build id, checksums
+    zerobatch verify PATH                     full integrity check; exit 1 and the faulty file and place
+    zerobatch head PATH -n N [--tokenizer T]  the first samples, decoded with a tokenizer
+    zerobatch stats PATH [--plot out.png]     token and document-length distributions
+    zerobatch bench [PATH]                    read throughput and latency percentiles (no PATH: a sample)
+    zerobatch quickstart                      tokenizer, conversion and a tiny LM trained through the loader
 
-Exit status: 0 success, 1 a fault found in a file (``verify``) or a zerobatch error,
-2 bad command-line usage.
+Every format is recognised from its bytes (file magic) or its folder's files. Exit status: 0
+success, 1 a fault found (``verify``) or an error (one line on stderr, never a traceback;
+``ZEROBATCH_DEBUG=1`` prints it), 2 bad command-line usage, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -19,128 +25,271 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
-from zerobatch.formats import llmbatch as L
+import numpy as np
+
+from zerobatch.cli.datasets import human, open_dataset, percentiles, time_reads
 from zerobatch.formats.errors import ZerobatchError
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (``zerobatch convert: error: ...``) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _detect(path: str) -> str:
-    from zerobatch.core.io import open_regular_file, pread_exact
+def _bar(args: argparse.Namespace, total: int, unit: str, desc: str) -> Any:
+    if getattr(args, "quiet", False):
+        return None
+    from tqdm import tqdm
 
-    fd, st = open_regular_file(path)
-    try:
-        magic = pread_exact(fd, min(8, st.st_size), 0, path=path, field="magic")
-    finally:
-        os.close(fd)
-    if magic == L.MAGIC:
-        return "llmbatch"
-    from zerobatch.formats.errors import CorruptError
+    return tqdm(total=total, unit=unit, unit_scale=True, desc=desc, file=sys.stderr, mininterval=0.5,
+                disable=None)
 
-    raise CorruptError(f"magic: not a zerobatch file (first bytes {magic!r})", path=path, field="magic")
+
+# --------------------------------------------------------------------------------------------
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from zerobatch.readers.llmbatch import BatchFileReader
-
-    _detect(args.file)
-    with BatchFileReader(args.file, verify=False) as r:
-        h = r.header
+    ds = open_dataset(args.path, field=getattr(args, "field", None))
+    try:
+        rows = ds.info()
         if args.json:
-            d = {"format": "LLMBATCH", "path": args.file, **h.to_dict()}
-            print(json.dumps(d, indent=2))
+            d: dict[str, Any] = ds.json_info() if hasattr(ds, "json_info") else {
+                "format": ds.kind, "path": args.path, **{k: v for k, v in rows}}
+            print(json.dumps(d, indent=2, default=str))
             return 0
-        rows = [
-            ("format", f"LLMBATCH v{h.version}" + (" + zerobatch integrity extension" if h.has_extension else " (seed layout, no checksums)")),
-            ("batch_size", h.batch_size),
-            ("seq_len", h.seq_len),
-            ("num_batches", h.num_batches),
-            ("dtype", "uint32 (code 0)"),
-            ("seed", h.seed),
-            ("total_records", f"{h.total_records} ({h.total_records - h.num_batches * h.batch_size} dropped)"),
-            ("tokens", h.num_tokens),
-            ("raw_batch_bytes", h.raw_batch_bytes),
-            ("padded_batch_bytes", f"{h.padded_batch_bytes} ({h.padded_batch_bytes - h.raw_batch_bytes} padding)"),
-            ("data", f"bytes {h.data_offset}..{h.trailer_offset}"),
-            ("file_size", f"{h.file_size} ({_human(h.file_size)})"),
-        ]
-        if h.has_extension:
-            rows += [
-                ("checksums", f"XXH3-64 per batch, trailer at {h.trailer_offset} ({h.trailer_size} bytes)" if h.has_checksums else "none"),
-                ("max_token", h.max_token if h.max_token is not None else "not recorded"),
-                ("int32 safe", "yes" if h.max_token is not None and h.max_token < 2**31 else "no"),
-                ("build_id", h.build_id.hex() if h.build_id else ""),
-            ]
         width = max(len(k) for k, _ in rows)
+        print(f"{'path':<{width}}  {args.path}")
         for k, v in rows:
             print(f"{k:<{width}}  {v}")
+    finally:
+        ds.close()
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from zerobatch.readers.llmbatch import BatchFileReader
-
-    _detect(args.file)
     started = time.perf_counter()
-    with BatchFileReader(args.file, verify=False) as r:
-        bar = None
-        if not args.quiet and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            bar = tqdm(total=r.num_batches, unit="batch", desc="verify", file=sys.stderr)
+    try:
+        ds = open_dataset(args.path)
+    except ZerobatchError as exc:   # structure damaged: a fault of the file, not of the command
+        print(f"{args.path}: FAULT: {exc}", file=sys.stderr)
+        return 1
+    try:
+        bar = _bar(args, 0, "", "verify")
 
         def progress(done: int, total: int) -> None:
             if bar is not None:
+                bar.total = total
                 bar.update(done - bar.n)
-
-        report = r.verify(progress)
+        try:
+            faults, summary = ds.verify(progress)
+        except ZerobatchError as exc:
+            faults, summary = [str(exc)], ""
         if bar is not None:
             bar.close()
-        elapsed = time.perf_counter() - started
-        size = r.header.file_size
-    faults = []
-    if report.num_bad_batches:
-        shown = ", ".join(map(str, report.bad_batches[:10]))
-        faults.append(f"{report.num_bad_batches} batches do not match their checksums (first: {shown})")
-    if not report.padding_ok:
-        faults.append("page padding is not all zero")
-    if not report.max_token_ok:
-        faults.append(f"the header's max_token does not match the largest token id found ({report.max_token})")
+    finally:
+        ds.close()
     if faults:
         for f in faults:
-            print(f"{args.file}: FAULT: {f}", file=sys.stderr)
+            print(f"{args.path}: FAULT: {f}", file=sys.stderr)
         return 1
     if not args.quiet:
-        what = "checksums, padding and max_token" if report.has_checksums else "structure and padding (no checksums in this file)"
-        print(f"{args.file}: OK: {report.num_batches} batches, {what} verified "
-              f"({_human(size)} in {elapsed:.2f} s)")
+        print(f"{args.path}: OK: {summary} in {time.perf_counter() - started:.2f} s")
     return 0
 
 
+def _decoder(path: str | None) -> Any:
+    if not path:
+        return None
+    from zerobatch.cli.convert import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+def cmd_head(args: argparse.Namespace) -> int:
+    if args.n < 0:
+        raise _usage(args, "-n must be at least 0")
+    tok = _decoder(args.tokenizer)
+    ds = open_dataset(args.path, field=args.field)
+    try:
+        for i, s in enumerate(ds.samples(args.n)):
+            if not ds.tokens:
+                print(f"{ds.sample_name()} {i}: " + np.array2string(s, precision=4, max_line_width=120))
+                continue
+            ids = s.reshape(-1).tolist()
+            print(f"--- {ds.sample_name()} {i} ({len(ids)} tokens)")
+            if tok is not None:
+                text = tok.decode(ids, skip_special_tokens=False)
+                print(text if args.full or len(text) <= args.chars else text[:args.chars] + " [...]")
+            else:
+                shown = ids if args.full or len(ids) <= 64 else ids[:64]
+                print(" ".join(map(str, shown)) + (" ..." if len(shown) < len(ids) else ""))
+    finally:
+        ds.close()
+    return 0
+
+
+def _dist(name: str, a: np.ndarray) -> str:
+    if a.size == 0:
+        return f"{name}: none"
+    p = np.percentile(a, [50, 90, 99])
+    return (f"{name}: {a.size:,}  mean {a.mean():,.1f}  min {int(a.min()):,}  p50 {p[0]:,.0f}  p90 {p[1]:,.0f}  "
+            f"p99 {p[2]:,.0f}  max {int(a.max()):,}")
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    tok = _decoder(args.tokenizer)
+    ds = open_dataset(args.path, field=args.field)
+    try:
+        print(f"{args.path}: {ds.kind}")
+        if not ds.tokens:
+            return _feature_stats(ds, args)
+        counts = np.zeros(0, np.int64)
+        total = 0
+        doc_lengths: list[np.ndarray] = []
+        carry = 0
+        for piece in ds.token_pieces():
+            if piece.size == 0:
+                continue
+            top = int(piece.max())
+            if top >= counts.size:
+                counts = np.concatenate([counts, np.zeros(top + 1 - counts.size, np.int64)])
+            counts[: top + 1] += np.bincount(piece, minlength=top + 1)
+            total += piece.size
+            if args.eod is not None:   # documents from the end-of-document id in reading order
+                ends = np.flatnonzero(piece == args.eod)
+                if ends.size:
+                    lens = np.diff(np.concatenate([[-1], ends]))
+                    lens[0] += carry
+                    doc_lengths.append(lens)
+                    carry = piece.size - 1 - int(ends[-1])
+                else:
+                    carry += piece.size
+        lengths = np.concatenate(doc_lengths) if args.eod is not None and doc_lengths else (
+            np.zeros(0, np.int64) if args.eod is not None else ds.lengths())
+        what = "documents (split at --eod)" if args.eod is not None else f"{ds.sample_name()}s"
+        print(f"tokens: {total:,}  distinct ids: {int(np.count_nonzero(counts)):,}  largest id: {counts.size - 1:,}")
+        print(_dist(f"{what} (tokens each)", lengths))
+        order = np.argsort(counts)[::-1][: args.top]
+        print(f"most frequent {len(order)} ids:")
+        for i in order:
+            if counts[i] == 0:
+                break
+            label = f"  {tok.id_to_token(int(i))!r}" if tok is not None else ""
+            print(f"  {int(i):>8}  {int(counts[i]):>12,}  {100 * counts[i] / max(total, 1):6.2f} %{label}")
+        if args.plot:
+            _plot_tokens(args.plot, counts, lengths, what, args.path)
+            print(f"wrote {args.plot}")
+    finally:
+        ds.close()
+    return 0
+
+
+def _feature_stats(ds: Any, args: argparse.Namespace) -> int:
+    m = ds.r.matrix
+    print(f"rows: {m.shape[0]:,}  features: {m.shape[1]}  keys: {len(ds.r.meta.keys)}")
+    print(_dist("key lengths (rows each)", ds.lengths()))
+    if m.shape[0]:
+        lo = np.full(m.shape[1], np.inf)
+        hi = np.full(m.shape[1], -np.inf)
+        s = np.zeros(m.shape[1])
+        s2 = np.zeros(m.shape[1])
+        for a in range(0, m.shape[0], 65536):
+            blk = m[a:a + 65536].astype(np.float64)
+            lo, hi = np.minimum(lo, blk.min(0)), np.maximum(hi, blk.max(0))
+            s += blk.sum(0)
+            s2 += (blk * blk).sum(0)
+        mean = s / m.shape[0]
+        std = np.sqrt(np.maximum(s2 / m.shape[0] - mean * mean, 0))
+        names = ds.r.meta.columns or [f"f{j}" for j in range(m.shape[1])]
+        print(f"{'feature':<16} {'mean':>10} {'std':>10} {'min':>10} {'max':>10}   (stored values)")
+        for j in range(min(m.shape[1], args.top)):
+            print(f"{names[j][:16]:<16} {mean[j]:>10.4f} {std[j]:>10.4f} {lo[j]:>10.4f} {hi[j]:>10.4f}")
+        if args.plot:
+            plt = _pyplot()
+            fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+            ax[0].hist(ds.lengths(), bins=50)
+            ax[0].set(title="rows per key", xlabel="rows", ylabel="keys")
+            ax[1].errorbar(np.arange(m.shape[1]), mean, yerr=std, fmt="o", ms=3)
+            ax[1].set(title="stored values: mean +- std per feature", xlabel="feature")
+            fig.suptitle(args.path)
+            fig.tight_layout()
+            fig.savefig(args.plot, dpi=110)
+            print(f"wrote {args.plot}")
+    return 0
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ZerobatchError("--plot needs matplotlib: pip install 'zerobatch-cli[plot]'", field="plot") from None
+    return plt
+
+
+def _plot_tokens(path: str, counts: np.ndarray, lengths: np.ndarray, what: str, title: str) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    if lengths.size:
+        ax[0].hist(lengths, bins=min(100, max(10, int(np.unique(lengths).size))))
+    ax[0].set(title=f"{what}: length distribution", xlabel="tokens", ylabel="count")
+    freq = np.sort(counts[counts > 0])[::-1]
+    ax[1].loglog(np.arange(1, freq.size + 1), freq)
+    ax[1].set(title="token frequency by rank", xlabel="rank", ylabel="occurrences")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    import numpy as np
+    if args.path is None:
+        return _bench_sample(args)
+    ds = open_dataset(args.path, field=getattr(args, "field", None))
+    try:
+        rng = np.random.default_rng(args.seed)
+        read, units, tokens = ds.batch_reader(args.batch_size, args.seq_len, rng)
+        trial_reads = max(1, min(units, args.reads))
+        print(f"{args.path}: {ds.kind}; random batches "
+              f"({'the stored batches' if ds.kind == 'llmbatch' else f'{args.batch_size} x {args.seq_len}'}), "
+              f"int64 into a reused buffer, warm page cache")
+        rates = []
+        lat: list[float] = []
+        for trial in range(args.trials):
+            t = time_reads(read, trial_reads)
+            lat += t
+            rates.append(tokens * trial_reads / sum(t))
+        unit = "tokens" if ds.tokens else "rows"
+        rate = float(np.median(rates))
+        print(f"throughput: {rate / 1e6:,.1f}M {unit}/s (median of {args.trials} trials of {trial_reads} reads; "
+              f"{rate * 8 / 2**30 if ds.tokens else 0:,.2f} GiB/s of int64)" if ds.tokens else
+              f"throughput: {rate / 1e6:,.2f}M {unit}/s (median of {args.trials} trials of {trial_reads} reads)")
+        p = percentiles(lat)
+        print("latency per batch:")
+        for k in ("avg", "p50", "p95", "p99"):
+            print(f"  {k:<4} {p[k] * 1e3:.3f} ms")
+    finally:
+        ds.close()
+    return 0
+
+
+def _bench_sample(args: argparse.Namespace) -> int:
     import torch
 
     from zerobatch.adapters.torch import BatchNativeLoader
     from zerobatch.writers.llmbatch import write_batch_dataset
 
     records, seq_len, batch_size = args.records, args.seq_len, args.batch_size
-    folder = None
-    path = args.path
-    if path is None:
-        folder = tempfile.TemporaryDirectory(prefix="zerobatch-bench-")
-        path = os.path.join(folder.name, "sample.batch")
-    try:
+    with tempfile.TemporaryDirectory(prefix="zerobatch-bench-") as folder:
+        path = args.keep or os.path.join(folder, "sample.batch")
         rng = np.random.default_rng(0)
 
         def records_iter() -> Any:
@@ -154,11 +303,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         nb = write_batch_dataset(path, records_iter(), records, batch_size, seq_len, seed=args.seed)
         write_s = time.perf_counter() - t0
         size = os.path.getsize(path)
-        print(f"wrote {path}: {nb} batches of {batch_size} x {seq_len} tokens, {_human(size)} "
+        print(f"wrote {path}: {nb} batches of {batch_size} x {seq_len} tokens, {human(size)} "
               f"in {write_s:.2f} s ({size / write_s / 2**20:.0f} MiB/s)")
-        loader = BatchNativeLoader(path, block_size=args.block_size, seed=args.seed,
-                                   num_threads=args.threads)
-        best = None
+        loader = BatchNativeLoader(path, block_size=args.block_size, seed=args.seed, num_threads=args.threads)
+        best = 0.0
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
             t0 = time.perf_counter()
@@ -170,45 +318,144 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 tokens += batch.numel()
             dt = time.perf_counter() - t0
             rate = tokens / dt
-            best = rate if best is None else max(best, rate)
+            best = max(best, rate)
             print(f"epoch {epoch}: {len(loader)} batches, {tokens} tokens as {batch.dtype if tokens else torch.int64} "
                   f"in {dt:.3f} s: {rate / 1e6:,.0f}M tokens/s (first batch after {1e3 * (first or 0):.2f} ms)")
         loader.close()
         print(f"best epoch: {best / 1e6:,.0f}M tokens/s")
-    finally:
-        if folder is not None:
-            folder.cleanup()
     return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from zerobatch.cli.convert import convert
+
+    return convert(args, log=lambda s: print(s, file=sys.stderr if s.startswith(("resumed", "/")) else sys.stdout))
+
+
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    from zerobatch.cli.quickstart import quickstart
+
+    return quickstart(args)
+
+
+def _usage(args: argparse.Namespace, message: str) -> SystemExit:
+    print(f"zerobatch {args.command}: error: {message} (see zerobatch {args.command} --help)", file=sys.stderr)
+    return SystemExit(2)
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} is not a positive integer")
+    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
     from zerobatch.cli._version import __version__
 
-    p = argparse.ArgumentParser(prog="zerobatch", description="Inspect, verify and benchmark zerobatch files.")
+    p = _Parser(prog="zerobatch", description="Convert, inspect, verify and benchmark zerobatch datasets "
+                "(LLMBATCH .batch, LLMCHNK, TOKSTREAM, ZRECORD, feature matrices).")
     p.add_argument("--version", action="version", version=f"zerobatch {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
-    s = sub.add_parser("inspect", help="print a file's header and derived sizes")
-    s.add_argument("file")
+    s = sub.add_parser("convert", help="convert text or token files into a zerobatch format",
+                       description="Convert SRC into DST. Text sources (--from text, jsonl, parquet, hf) are "
+                       "tokenized with --tokenizer on --workers processes, the end-of-document id appended; an "
+                       "interrupted conversion resumes from DST.zbconvert/. Token sources (npy, nanogpt, megatron) "
+                       "are copied from a memory map.")
+    s.add_argument("src", help="a file, a folder of files or a glob; a Hugging Face save_to_disk folder; a "
+                   "Megatron prefix (.bin or .idx)")
+    s.add_argument("dst", help="the file (llmbatch, llmchnk) or folder (tokstream, zrecord) to write")
+    s.add_argument("--to", required=True, choices=("llmbatch", "llmchnk", "tokstream", "zrecord"))
+    s.add_argument("--from", dest="source_kind",
+                   choices=("text", "jsonl", "parquet", "hf", "npy", "nanogpt", "megatron"),
+                   help="the source kind (default: from the name)")
+    s.add_argument("--tokenizer", help="a tokenizer.json (Hugging Face tokenizers) for text sources")
+    s.add_argument("--eod-token", help="the end-of-document token appended to each document (default: the "
+                   "first of <|endoftext|>, </s>, <eos>, ... the tokenizer has)")
+    s.add_argument("--eod-id", type=int, help="the end-of-document id; for flat token files (npy, nanogpt), "
+                   "documents end at it")
+    s.add_argument("--field", default="text", help="the text field of JSONL, Parquet or HF rows (default text)")
+    s.add_argument("--split", default="file", choices=("file", "line", "blank"),
+                   help="plain text: a document per file, per line, or per blank-line-separated block")
+    s.add_argument("--hf-split", default="train", help="the split of a saved DatasetDict (default train)")
+    s.add_argument("--token-dtype", choices=("uint16", "uint32"), help="nanoGPT .bin token type (default uint16)")
+    s.add_argument("--workers", type=_positive, default=max(1, min(8, os.cpu_count() or 1)),
+                   help="tokenizer processes (default: the cores, at most 8)")
+    s.add_argument("--docs-per-shard", type=_positive, default=1024, help="documents per tokenized group")
+    s.add_argument("--seq-len", type=_positive, help="llmbatch: tokens per record (default 512); llmchnk: the "
+                   "nominal length, longer documents cut to it")
+    s.add_argument("--batch-size", type=_positive, default=32, help="llmbatch: records per batch (default 32)")
+    s.add_argument("--seed", type=int, default=42, help="llmbatch: shuffle seed (default 42)")
+    s.add_argument("--no-shuffle", action="store_true", help="llmbatch: keep the input order")
+    s.add_argument("--shard-tokens", type=_positive, default=1 << 28, help="tokstream: tokens per shard")
+    s.add_argument("--compress", default="raw", choices=("raw", "flate"), help="zrecord: record codec")
+    s.add_argument("--vocab-size", type=_positive, help="ids must be below it (default: the tokenizer's, else the "
+                   "largest id + 1)")
+    s.add_argument("--dtype", default="auto", choices=("auto", "uint16", "uint32"),
+                   help="stored token type (auto: uint16 when the vocabulary fits)")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_convert)
+
+    s = sub.add_parser("inspect", help="print a dataset's header or manifest, counts and sizes")
+    s.add_argument("path")
     s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--field", help="zrecord: the token field")
     s.set_defaults(func=cmd_inspect)
 
-    s = sub.add_parser("verify", help="check a whole file; exit 1 on any fault")
-    s.add_argument("file")
+    s = sub.add_parser("verify", help="check a whole dataset; exit 1 naming the faulty file and place")
+    s.add_argument("path")
     s.add_argument("-q", "--quiet", action="store_true", help="print faults only")
     s.set_defaults(func=cmd_verify)
 
-    s = sub.add_parser("bench", help="write a sample .batch file and stream epochs from it")
-    s.add_argument("--records", type=int, default=65536, help="records to write (default 65536)")
-    s.add_argument("--seq-len", type=int, default=512)
-    s.add_argument("--batch-size", type=int, default=32)
-    s.add_argument("--vocab", type=int, default=50257, help="token ids drawn from [0, vocab)")
-    s.add_argument("--block-size", type=int, default=256)
-    s.add_argument("--epochs", type=int, default=3)
-    s.add_argument("--threads", type=int, default=2, help="read-ahead threads")
+    s = sub.add_parser("head", help="print the first samples (decoded with --tokenizer)")
+    s.add_argument("path")
+    s.add_argument("-n", type=int, default=3, help="samples to print (default 3)")
+    s.add_argument("--tokenizer", help="a tokenizer.json to decode with")
+    s.add_argument("--field", help="zrecord: the field to print")
+    s.add_argument("--chars", type=_positive, default=600, help="decoded characters shown per sample")
+    s.add_argument("--full", action="store_true", help="print whole samples")
+    s.set_defaults(func=cmd_head)
+
+    s = sub.add_parser("stats", help="token and document-length distributions (--plot: a PNG)")
+    s.add_argument("path")
+    s.add_argument("--plot", help="write the distributions as a PNG here")
+    s.add_argument("--eod", type=int, help="split documents at this id (formats without document boundaries)")
+    s.add_argument("--tokenizer", help="a tokenizer.json to name the most frequent ids")
+    s.add_argument("--top", type=_positive, default=10, help="frequent ids (or features) listed")
+    s.add_argument("--field", help="zrecord: the token field")
+    s.set_defaults(func=cmd_stats)
+
+    s = sub.add_parser("bench", help="time random batch reads of PATH (no PATH: write a sample .batch file and "
+                       "stream epochs from it)")
+    s.add_argument("path", nargs="?")
+    s.add_argument("--batch-size", type=_positive, default=32)
+    s.add_argument("--seq-len", type=_positive, default=512, help="tokens (feature matrices: rows) per sample")
+    s.add_argument("--trials", type=_positive, default=5, help="PATH: trials (the median is reported)")
+    s.add_argument("--reads", type=_positive, default=2000, help="PATH: batch reads per trial")
+    s.add_argument("--field", help="zrecord: the field to read")
+    s.add_argument("--records", type=_positive, default=65536, help="sample: records to write (default 65536)")
+    s.add_argument("--vocab", type=_positive, default=50257, help="sample: token ids drawn from [0, vocab)")
+    s.add_argument("--block-size", type=_positive, default=256)
+    s.add_argument("--epochs", type=_positive, default=3)
+    s.add_argument("--threads", type=_positive, default=2, help="sample: read-ahead threads")
     s.add_argument("--seed", type=int, default=42)
-    s.add_argument("--path", help="keep the sample file here (default: a temporary folder)")
+    s.add_argument("--keep", metavar="FILE", help="sample: keep the sample file here")
     s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("quickstart", help="train a tokenizer, convert a bundled public-domain text and train a tiny "
+                       "causal LM through the zerobatch loader (CPU, a few minutes)")
+    s.add_argument("--steps", type=_positive, default=300, help="training steps (default 300)")
+    s.add_argument("--workdir", help="keep the tokenizer and datasets here (default: a temporary folder)")
+    s.add_argument("--vocab", type=_positive, default=2048, help="tokenizer vocabulary (default 2048)")
+    s.add_argument("--seq-len", type=_positive, default=128)
+    s.add_argument("--batch-size", type=_positive, default=16)
+    s.add_argument("--text", help="train on this text file instead of the bundled one")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=cmd_quickstart)
     return p
 
 
@@ -217,11 +464,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
+    except SystemExit as exc:
+        return int(exc.code or 0)
     except ZerobatchError as exc:
         print(f"zerobatch {args.command}: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:   # a full disk, a permission, a read error outside the readers
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"zerobatch {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
+        print(f"zerobatch {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug: still one line, the traceback on request
+        if os.environ.get("ZEROBATCH_DEBUG"):
+            raise
+        print(f"zerobatch {args.command}: internal error: {type(exc).__name__}: {exc} (ZEROBATCH_DEBUG=1 shows "
+              "the traceback; please report it)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

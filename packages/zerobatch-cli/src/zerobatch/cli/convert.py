@@ -1,0 +1,387 @@
+"""``zerobatch convert``: any source (:mod:`zerobatch.cli.sources`) into any zerobatch format.
+
+Text is tokenized with a Hugging Face ``tokenizers`` tokenizer (a local ``tokenizer.json``),
+the end-of-document id appended to every document, on ``--workers`` processes. Each group of
+``--docs-per-shard`` documents is tokenized into a staging file of its own under
+``DST.zbconvert/`` (written atomically, named by its place in the input), so a conversion
+that was interrupted resumes with the groups not yet done; the staging folder remembers the
+input files (names, sizes, modification times), the tokenizer and the options, and a
+mismatch starts over. The target is then written from the staged tokens (every zerobatch
+writer is atomic) and the staging folder removed.
+
+Token files (``.npy``, nanoGPT ``.bin``, Megatron ``.bin``/``.idx``) go straight to the
+target from a memory map.
+
+Targets, from documents:
+
+* ``llmbatch``: the documents concatenated and cut into ``--seq-len`` records (the tail that
+  does not fill one is dropped), shuffled with ``--seed`` into ``--batch-size`` batches;
+* ``llmchnk``: one record per document (a document longer than ``--seq-len``, when given, is
+  cut into records of that length);
+* ``tokstream``: the documents, in shards of about ``--shard-tokens`` tokens;
+* ``zrecord``: one record per document, field ``tokens``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from zerobatch.cli.sources import TextSource, TokenSource, open_source
+from zerobatch.formats.errors import ConfigError, CorruptError, LimitExceededError, NotFoundError
+
+__all__ = ["TARGETS", "convert", "find_eod", "load_tokenizer"]
+
+TARGETS = ("llmbatch", "llmchnk", "tokstream", "zrecord")
+#: Special tokens tried, in order, as the end-of-document token when none is named.
+EOD_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>", "[SEP]", "<eod>")
+STAGING_SUFFIX = ".zbconvert"
+PLAN_NAME = "plan.json"
+
+
+def load_tokenizer(path: str) -> Any:
+    """A ``tokenizers.Tokenizer`` from a local ``tokenizer.json``."""
+    if not os.path.isfile(path):
+        raise NotFoundError("tokenizer: no such file", path=path, field="tokenizer")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ConfigError("tokenizing text needs the tokenizers library: pip install tokenizers",
+                          field="tokenizer") from None
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as exc:  # tokenizers raises a bare Exception for a bad file
+        raise CorruptError(f"tokenizer: not a tokenizer.json the tokenizers library can load ({exc})", path=path,
+                           field="tokenizer") from None
+
+
+def find_eod(tok: Any, token: str | None, path: str) -> int:
+    """The id of ``token`` (or of the first known end-of-document token the vocabulary has)."""
+    names = (token,) if token else EOD_CANDIDATES
+    for name in names:
+        i = tok.token_to_id(name)
+        if i is not None:
+            return int(i)
+    if token:
+        raise ConfigError(f"--eod-token: {token!r} is not in the tokenizer's vocabulary", path=path, field="eod_token")
+    raise ConfigError(f"--eod-token: the tokenizer has none of {', '.join(EOD_CANDIDATES)}; name its "
+                      "end-of-document token", path=path, field="eod_token")
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizing into staged shards
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer_path: str, eod: int, staging: str, parallel: bool) -> None:
+    if not parallel:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER.update(tok=load_tokenizer(tokenizer_path), eod=eod, staging=staging)
+
+
+def _shard_path(staging: str, k: int) -> str:
+    return os.path.join(staging, f"shard-{k:06d}.npz")
+
+
+def _tokenize_shard(k: int, texts: list[str]) -> tuple[int, int, int]:
+    """Tokenize one group, append the end-of-document id, stage it; returns (k, tokens, docs)."""
+    from zerobatch.core.io import AtomicFile
+
+    tok, eod = _WORKER["tok"], _WORKER["eod"]
+    encs = tok.encode_batch(texts, add_special_tokens=False) if texts else []
+    lengths = np.fromiter((len(e.ids) + 1 for e in encs), np.int64, len(encs))
+    tokens = np.empty(int(lengths.sum()), np.uint32)
+    ends = np.cumsum(lengths)
+    pos = 0
+    for e, end in zip(encs, ends):
+        n = int(end) - pos - 1
+        tokens[pos:pos + n] = e.ids
+        tokens[pos + n] = eod
+        pos = int(end)
+    buf = io.BytesIO()
+    np.savez(buf, tokens=tokens, lengths=lengths)
+    with AtomicFile(_shard_path(_WORKER["staging"], k)) as f:
+        f.write(buf.getbuffer())
+    return k, int(tokens.size), int(lengths.size)
+
+
+def _read_shard(path: str) -> tuple[np.ndarray, np.ndarray] | None:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            tokens, lengths = z["tokens"], z["lengths"]
+    except (OSError, ValueError, KeyError, EOFError):
+        return None
+    if tokens.ndim != 1 or lengths.ndim != 1 or int(lengths.sum()) != tokens.size:
+        return None
+    return tokens, lengths
+
+
+class _Progress:
+    """A tqdm bar over the input's work units with tokens/s in its postfix."""
+
+    def __init__(self, total: int, unit: str, quiet: bool, desc: str) -> None:
+        self.bar = None
+        self.tokens = 0
+        self.t0 = time.perf_counter()
+        if not quiet:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit=unit, unit_scale=True, desc=desc, file=sys.stderr, mininterval=0.5,
+                            dynamic_ncols=True)
+
+    def update(self, work: int, tokens: int) -> None:
+        self.tokens += tokens
+        if self.bar is not None:
+            rate = self.tokens / max(time.perf_counter() - self.t0, 1e-9)
+            self.bar.set_postfix_str(f"{self.tokens:,} tokens, {rate / 1e3:,.0f}K tok/s", refresh=False)
+            self.bar.update(work)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def tokenize_to_staging(source: TextSource, tokenizer_path: str, eod: int, staging: str, *, workers: int,
+                        quiet: bool, log: Callable[[str], None]) -> list[str]:
+    """Tokenize ``source`` into ``staging`` (resuming what is there); returns the shard files."""
+    plan = {"version": 1, "source": source.fingerprint(), "eod": eod,
+            "tokenizer_sha256": hashlib.sha256(open(tokenizer_path, "rb").read()).hexdigest()}
+    plan_path = os.path.join(staging, PLAN_NAME)
+    if os.path.isdir(staging):
+        try:
+            old = json.loads(open(plan_path, encoding="utf-8").read())
+        except (OSError, ValueError):
+            old = None
+        if old != plan:
+            log(f"{staging}: staged shards of a different conversion (input, tokenizer or options changed): "
+                "starting over")
+            shutil.rmtree(staging)
+    if not os.path.isdir(staging):
+        os.makedirs(staging)
+        from zerobatch.core.io import AtomicFile
+
+        with AtomicFile(plan_path) as f:
+            f.write(json.dumps(plan, indent=1).encode())
+    done = {name for name in os.listdir(staging) if name.startswith("shard-") and name.endswith(".npz")}
+    progress = _Progress(source.total_work, source.unit, quiet, "tokenize")
+    paths: list[str] = []
+    resumed = 0
+    pool = None
+    if workers > 1:
+        ctx = mp.get_context("forkserver" if sys.platform != "win32" else "spawn")
+        pool = ctx.Pool(workers, _init_worker, (tokenizer_path, eod, staging, False))
+    else:
+        _init_worker(tokenizer_path, eod, staging, True)
+    pending: deque[tuple[Any, int]] = deque()
+    try:
+        def drain(limit: int) -> None:
+            while len(pending) > limit:
+                res, work = pending.popleft()
+                _, ntok, _ = res.get() if pool is not None else res
+                progress.update(work, ntok)
+
+        for k, (texts, work) in enumerate(source.shards()):
+            path = _shard_path(staging, k)
+            paths.append(path)
+            if os.path.basename(path) in done and _read_shard(path) is not None:
+                resumed += 1
+                progress.update(work, 0)
+                continue
+            if pool is not None:
+                pending.append((pool.apply_async(_tokenize_shard, (k, texts)), work))
+                drain(2 * workers)       # bounded: never more than 2 groups per worker in flight
+            else:
+                pending.append((_tokenize_shard(k, texts), work))
+                drain(0)
+        drain(0)
+    finally:
+        progress.close()
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    if resumed:
+        log(f"resumed: {resumed} of {len(paths)} tokenized groups were already staged in {staging}")
+    return paths
+
+
+def staged_chunks(paths: list[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for p in paths:
+        got = _read_shard(p)
+        if got is None:
+            raise CorruptError("staging: a staged shard cannot be read; delete the staging folder and convert "
+                               "again", path=p, field="staging")
+        yield got
+
+
+def staged_totals(paths: list[str]) -> tuple[int, int, int]:
+    """(tokens, documents, largest id) over the staged shards."""
+    tokens = docs = 0
+    top = -1
+    for t, lengths in staged_chunks(paths):
+        tokens += t.size
+        docs += lengths.size
+        if t.size:
+            top = max(top, int(t.max()))
+    return tokens, docs, top
+
+
+# --------------------------------------------------------------------------------------------
+# Writing targets
+
+
+def _records(chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], seq_len: int
+             ) -> Iterator[np.ndarray]:
+    """The concatenated stream cut into ``[k, seq_len]`` uint32 records (tail dropped)."""
+    carry = np.zeros(0, np.uint32)
+    for tokens, _ in chunks():
+        t = np.concatenate([carry, tokens.astype(np.uint32, copy=False)]) if carry.size else \
+            np.asarray(tokens, np.uint32)
+        k = t.size // seq_len
+        if k:
+            yield t[:k * seq_len].reshape(k, seq_len)
+        carry = t[k * seq_len:].copy()
+
+
+def _documents(chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]) -> Iterator[np.ndarray]:
+    for tokens, lengths in chunks():
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            if b > a:
+                yield tokens[a:b]
+
+
+def write_target(target: str, dst: str, chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], *,
+                 num_tokens: int, max_token: int, args: Any, eod: int | None,
+                 log: Callable[[str], None]) -> str:
+    """Write ``dst`` in format ``target``; returns a one-line summary."""
+    vocab = args.vocab_size if args.vocab_size else max_token + 1
+    if max_token >= vocab:
+        raise LimitExceededError(f"--vocab-size: token id {max_token} is not below {vocab}", field="vocab_size")
+    dtype = args.dtype if args.dtype not in (None, "auto") else ("uint16" if vocab <= 1 << 16 else "uint32")
+    if dtype == "uint16" and vocab > 1 << 16:
+        raise ConfigError(f"--dtype uint16 cannot hold token id {max_token}", field="dtype")
+    if target == "llmbatch":
+        from zerobatch.writers.llmbatch import write_batch_dataset
+
+        seq_len, batch_size = args.seq_len or 512, args.batch_size
+        records = num_tokens // seq_len
+        if records < batch_size:
+            raise ConfigError(f"--batch-size: {num_tokens} tokens make {records} records of {seq_len}, fewer than "
+                              f"one batch of {batch_size}", field="batch_size")
+        nb = write_batch_dataset(dst, _records(chunks, seq_len), records, batch_size, seq_len, args.seed,
+                                 shuffle=not args.no_shuffle)
+        dropped = num_tokens - nb * batch_size * seq_len
+        return (f"{nb} batches of {batch_size} x {seq_len} ({nb * batch_size * seq_len:,} tokens; {dropped:,} "
+                f"tokens that do not fill a whole batch dropped)")
+    if target == "llmchnk":
+        from zerobatch.writers.llmchnk import LLMChunkWriter
+
+        seq_len = args.seq_len or 0
+        n = 0
+        with LLMChunkWriter(dst, seq_len=seq_len, dtype=dtype) as w:
+            for doc in _documents(chunks):
+                if seq_len and doc.size > seq_len:
+                    for s in range(0, doc.size, seq_len):
+                        w.add(doc[s:s + seq_len])
+                        n += 1
+                else:
+                    w.add(doc)
+                    n += 1
+        return f"{n:,} records, {num_tokens:,} tokens ({dtype})"
+    if target == "tokstream":
+        from zerobatch.writers.tokstream import TokenStreamWriter
+
+        if os.path.exists(os.path.join(dst, "manifest.json")):
+            raise ConfigError("destination: a tokstream dataset is already there; remove it first", path=dst,
+                              field="destination")
+        if os.path.isdir(dst) and os.listdir(dst):
+            raise ConfigError("destination: the folder is not empty", path=dst, field="destination")
+        w = TokenStreamWriter(dst, vocab_size=max(vocab, 1), eod_token=eod if eod is not None and eod < vocab else None,
+                              shard_tokens=args.shard_tokens)
+        try:
+            n = 0
+            for doc in _documents(chunks):
+                w.add_document(doc)
+                n += 1
+        except BaseException:
+            w.abort()
+            shutil.rmtree(dst, ignore_errors=True)
+            raise
+        m = w.close()
+        return f"{n:,} documents, {num_tokens:,} tokens in {len(m.shards)} shards"
+    if target == "zrecord":
+        from zerobatch.writers.zrecord import ZRecordWriter
+
+        spec = [{"name": "tokens", "dtype": "u16" if dtype == "uint16" else "u32", "shape": None,
+                 "compress": args.compress}]
+        w = ZRecordWriter(dst, spec, num_writers=max(1, min(args.workers, 8)))
+        np_dt = np.uint16 if dtype == "uint16" else np.uint32
+        try:
+            n = len(w.extend(np.ascontiguousarray(d, dtype=np_dt) for d in _documents(chunks)))
+        except BaseException:
+            w.close(commit=False)
+            raise
+        w.close()
+        return f"{n:,} records, {num_tokens:,} tokens (field tokens, {dtype}, {args.compress})"
+    raise ConfigError(f"--to must be one of {TARGETS}, got {target!r}", field="to")
+
+
+def convert(args: Any, log: Callable[[str], None] = print) -> int:
+    """Run ``zerobatch convert`` with parsed ``args``; returns the exit status."""
+    src, dst = args.src, args.dst.rstrip("/") or args.dst
+    if args.to not in TARGETS:
+        raise ConfigError(f"--to must be one of {TARGETS}, got {args.to!r}", field="to")
+    if args.workers < 1:
+        raise ConfigError("--workers must be at least 1", field="workers")
+    parent = os.path.dirname(os.path.abspath(dst))
+    if not os.path.isdir(parent):
+        raise NotFoundError("destination: the parent folder does not exist", path=dst, field="destination")
+    t0 = time.perf_counter()
+    source = open_source(src, args.source_kind, text_field=args.field, split=args.split, hf_split=args.hf_split,
+                         docs_per_shard=args.docs_per_shard, dtype=args.token_dtype, eod=args.eod_id)
+    staging = None
+    eod: int | None
+    if isinstance(source, TextSource):
+        if not args.tokenizer:
+            raise ConfigError(f"--tokenizer: a {source.kind} source needs a tokenizer.json to tokenize with",
+                              field="tokenizer")
+        tok = load_tokenizer(args.tokenizer)
+        eod = args.eod_id if args.eod_id is not None else find_eod(tok, args.eod_token, args.tokenizer)
+        vocab = tok.get_vocab_size(with_added_tokens=True)
+        del tok
+        staging = os.path.abspath(dst) + STAGING_SUFFIX
+        paths = tokenize_to_staging(source, args.tokenizer, eod, staging, workers=args.workers, quiet=args.quiet,
+                                    log=log)
+        num_tokens, num_docs, top = staged_totals(paths)
+        if args.vocab_size is None:
+            args.vocab_size = vocab
+
+        def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            return staged_chunks(paths)
+    else:
+        assert isinstance(source, TokenSource)
+        eod = args.eod_id
+        num_tokens = source.num_tokens
+        top = source.scan_max()
+        chunks = source.chunks
+    if num_tokens == 0:
+        raise ConfigError("source: no tokens to convert", path=src, field="source")
+    summary = write_target(args.to, dst, chunks, num_tokens=num_tokens, max_token=top, args=args, eod=eod, log=log)
+    if staging is not None:
+        shutil.rmtree(staging, ignore_errors=True)
+    dt = time.perf_counter() - t0
+    log(f"wrote {dst} ({args.to}): {summary} in {dt:.1f} s ({num_tokens / max(dt, 1e-9) / 1e6:,.2f}M tokens/s)")
+    return 0

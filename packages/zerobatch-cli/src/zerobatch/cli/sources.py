@@ -1,0 +1,493 @@
+"""Inputs of ``zerobatch convert``: text corpora to tokenize, and token files made for other
+trainers.
+
+Every source is read as *documents*. Text sources (plain text, JSONL, Parquet, a Hugging
+Face dataset saved with ``save_to_disk``) yield groups of document strings, tokenized later;
+token sources (``.npy``, nanoGPT's flat ``.bin``, Megatron's ``.bin`` + ``.idx``) yield
+``(tokens, lengths)`` chunks straight from a memory map: ``tokens`` is the documents'
+ids concatenated, ``lengths`` the tokens of each document.
+
+A damaged or unexpected input raises a :class:`~zerobatch.formats.errors.ZerobatchError`
+naming the file and the field (a JSON line that does not parse names its line number).
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from zerobatch.formats.errors import ConfigError, CorruptError, NotFoundError, TruncatedError
+
+__all__ = [
+    "TEXT_KINDS",
+    "TOKEN_KINDS",
+    "TextSource",
+    "TokenSource",
+    "detect_kind",
+    "open_source",
+]
+
+TEXT_KINDS = ("text", "jsonl", "parquet", "hf")
+TOKEN_KINDS = ("npy", "nanogpt", "megatron")
+
+#: Megatron's MMapIndexedDataset index: magic, version 1, dtype codes.
+MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
+MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
+#: Tokens per chunk a token source yields (bounded memory whatever the file size).
+CHUNK_TOKENS = 1 << 22
+
+
+def _files(path: str, patterns: tuple[str, ...]) -> list[str]:
+    """``path`` itself, or the files of folder ``path`` matching ``patterns``, sorted."""
+    if any(ch in path for ch in "*?["):
+        found = sorted(glob.glob(path))
+    elif os.path.isdir(path):
+        found = sorted(p for pat in patterns for p in glob.glob(os.path.join(path, "**", pat), recursive=True))
+    elif os.path.exists(path):
+        found = [path]
+    else:
+        raise NotFoundError("source: no such file or folder", path=path, field="source")
+    found = [p for p in found if os.path.isfile(p)]
+    if not found:
+        raise NotFoundError(f"source: no input files (looked for {', '.join(patterns)})", path=path, field="source")
+    return found
+
+
+def detect_kind(path: str) -> str:
+    """The source kind of ``path`` from its name and contents (``--from`` overrides it)."""
+    p = path.rstrip("/")
+    low = p.lower()
+    if os.path.isdir(p):
+        if os.path.exists(os.path.join(p, "state.json")) or os.path.exists(os.path.join(p, "dataset_dict.json")):
+            return "hf"
+        names = os.listdir(p)
+        for ext, kind in ((".parquet", "parquet"), (".jsonl", "jsonl"), (".jsonl.gz", "jsonl"), (".txt", "text")):
+            if any(n.lower().endswith(ext) for n in names):
+                return kind
+        raise ConfigError("source: cannot tell the kind of this folder's files; give --from", path=p, field="from")
+    if low.endswith((".jsonl", ".jsonl.gz", ".json", ".ndjson")):
+        return "jsonl"
+    if low.endswith(".parquet"):
+        return "parquet"
+    if low.endswith(".npy"):
+        return "npy"
+    if low.endswith(".idx"):
+        return "megatron"
+    if low.endswith(".bin"):
+        return "megatron" if os.path.exists(p[:-4] + ".idx") else "nanogpt"
+    if low.endswith((".txt", ".txt.gz", ".md")):
+        return "text"
+    if not os.path.exists(p) and not any(ch in p for ch in "*?["):
+        raise NotFoundError("source: no such file or folder", path=p, field="source")
+    raise ConfigError("source: cannot tell the kind of this file from its name; give --from", path=p, field="from")
+
+
+def _open_text(path: str) -> io.TextIOBase:
+    raw: Any = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")  # noqa: SIM115
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
+
+
+@dataclass
+class TextSource:
+    """Documents as strings, in a fixed order, grouped ``docs_per_shard`` at a time.
+
+    ``shards()`` yields ``(texts, work)``: ``work`` is the progress the group stands for,
+    in :attr:`unit` (input bytes, or rows for Parquet) out of :attr:`total_work`.
+    """
+
+    kind: str
+    path: str
+    text_field: str = "text"
+    split: str = "file"
+    hf_split: str = "train"
+    docs_per_shard: int = 1024
+    files: list[str] = field(default_factory=list)
+    unit: str = "B"
+    total_work: int = 0
+
+    def __post_init__(self) -> None:
+        if self.docs_per_shard < 1:
+            raise ConfigError("--docs-per-shard must be at least 1", field="docs_per_shard")
+        if self.kind == "text":
+            if self.split not in ("file", "line", "blank"):
+                raise ConfigError(f"--split must be file, line or blank, got {self.split!r}", field="split")
+            self.files = _files(self.path, ("*.txt", "*.txt.gz", "*.md"))
+        elif self.kind == "jsonl":
+            self.files = _files(self.path, ("*.jsonl", "*.jsonl.gz", "*.ndjson", "*.json"))
+        elif self.kind == "parquet":
+            self.files = _files(self.path, ("*.parquet",))
+            self.unit = "rows"
+        elif self.kind == "hf":
+            self.files = self._hf_files()
+        else:
+            raise ConfigError(f"--from: {self.kind!r} is not a text source", field="from")
+        if self.kind == "parquet":
+            pq = _pyarrow_parquet()
+            total = 0
+            for f in self.files:
+                try:
+                    total += pq.ParquetFile(f).metadata.num_rows
+                except Exception as exc:  # pyarrow raises its own types for damaged files
+                    raise CorruptError(f"parquet: cannot read the file's metadata: {exc}", path=f,
+                                       field="parquet") from None
+            self.total_work = total
+        else:
+            self.total_work = sum(os.path.getsize(f) for f in self.files)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies the input: file names, sizes and modification times."""
+        return {"kind": self.kind, "field": self.text_field, "split": self.split, "hf_split": self.hf_split,
+                "docs_per_shard": self.docs_per_shard,
+                "files": [[os.path.abspath(f), os.path.getsize(f), os.stat(f).st_mtime_ns] for f in self.files]}
+
+    # ---------------------------------------------------------------------------------
+
+    def _hf_files(self) -> list[str]:
+        folder = self.path
+        dd = os.path.join(folder, "dataset_dict.json")
+        if os.path.exists(dd):
+            try:
+                splits = json.loads(open(dd, encoding="utf-8").read())["splits"]
+            except (ValueError, KeyError, TypeError):
+                raise CorruptError("dataset_dict.json: no list of splits", path=dd, field="splits") from None
+            if self.hf_split not in splits:
+                raise ConfigError(f"--hf-split: {self.hf_split!r} is not one of {splits}", path=dd, field="hf_split")
+            folder = os.path.join(folder, self.hf_split)
+        state = os.path.join(folder, "state.json")
+        try:
+            with open(state, encoding="utf-8") as f:
+                files = [d["filename"] for d in json.load(f)["_data_files"]]
+        except FileNotFoundError:
+            raise NotFoundError("state.json: not a dataset saved with save_to_disk", path=state,
+                                field="state.json") from None
+        except (ValueError, KeyError, TypeError):
+            raise CorruptError("state.json: no _data_files list of filenames", path=state, field="_data_files") from None
+        out = []
+        for name in files:
+            if not isinstance(name, str) or os.path.isabs(name) or ".." in name.split("/"):
+                raise CorruptError(f"_data_files: bad file name {name!r}", path=state, field="_data_files")
+            p = os.path.join(folder, name)
+            if not os.path.isfile(p):
+                raise NotFoundError(f"_data_files: {name} is missing", path=p, field="_data_files")
+            out.append(p)
+        if not out:
+            raise CorruptError("_data_files: the dataset lists no data files", path=state, field="_data_files")
+        return out
+
+    def _documents(self) -> Iterator[tuple[str, int]]:
+        """``(text, work)`` per document, ``work`` the progress made since the previous one."""
+        if self.kind == "text":
+            yield from self._text_documents()
+        elif self.kind == "jsonl":
+            yield from self._jsonl_documents()
+        else:
+            yield from self._arrow_documents()
+
+    def _text_documents(self) -> Iterator[tuple[str, int]]:
+        for path in self.files:
+            size = os.path.getsize(path)
+            with _open_text(path) as f:
+                if self.split == "file":
+                    text = f.read()
+                    if text:
+                        yield text, size
+                    continue
+                done = 0
+                para: list[str] = []
+                for line in f:
+                    done += len(line.encode("utf-8", "replace"))
+                    if self.split == "line":
+                        s = line.rstrip("\r\n")
+                        if s:
+                            yield s, done
+                            done = 0
+                    elif line.strip():
+                        para.append(line)
+                    elif para:
+                        yield "".join(para), done
+                        para, done = [], 0
+                if para:
+                    yield "".join(para), done
+                    done = 0
+                if done:
+                    yield "", done   # progress only: trailing empty lines
+
+    def _jsonl_documents(self) -> Iterator[tuple[str, int]]:
+        for path in self.files:
+            with _open_text(path) as f:
+                for lineno, line in enumerate(f, 1):
+                    work = len(line.encode("utf-8", "replace"))
+                    if not line.strip():
+                        yield "", work
+                        continue
+                    try:
+                        obj = json.loads(line)
+                    except ValueError as exc:
+                        raise CorruptError(f"line {lineno}: not valid JSON ({exc.msg})", path=path,
+                                           field=f"line {lineno}") from None
+                    if not isinstance(obj, dict) or self.text_field not in obj:
+                        raise CorruptError(f"line {lineno}: no field {self.text_field!r} (choose one with --field)",
+                                           path=path, field=self.text_field)
+                    text = obj[self.text_field]
+                    if not isinstance(text, str):
+                        raise CorruptError(f"line {lineno}: field {self.text_field!r} is not a string",
+                                           path=path, field=self.text_field)
+                    yield text, work
+
+    def _arrow_documents(self) -> Iterator[tuple[str, int]]:
+        for path in self.files:
+            if self.kind == "parquet":
+                pq = _pyarrow_parquet()
+                try:
+                    pf = pq.ParquetFile(path)
+                    if self.text_field not in pf.schema_arrow.names:
+                        raise ConfigError(f"--field: no column {self.text_field!r} (columns: "
+                                          f"{pf.schema_arrow.names})", path=path, field=self.text_field)
+                    batches = pf.iter_batches(batch_size=4096, columns=[self.text_field])
+                    for b in batches:
+                        for text in b.column(0).to_pylist():
+                            yield text or "", 1
+                except ConfigError:
+                    raise
+                except Exception as exc:  # pyarrow's own errors for damaged files
+                    raise CorruptError(f"parquet: {exc}", path=path, field="parquet") from None
+            else:
+                import pyarrow as pa
+
+                size = os.path.getsize(path)
+                try:
+                    with pa.memory_map(path) as src:
+                        reader = pa.ipc.open_stream(src)
+                        if self.text_field not in reader.schema.names:
+                            raise ConfigError(f"--field: no column {self.text_field!r} (columns: "
+                                              f"{reader.schema.names})", path=path, field=self.text_field)
+                        col = reader.schema.get_field_index(self.text_field)
+                        first = True
+                        for b in reader:
+                            for text in b.column(col).to_pylist():
+                                yield text or "", size if first else 0
+                                first = False
+                except ConfigError:
+                    raise
+                except Exception as exc:
+                    raise CorruptError(f"arrow: {exc}", path=path, field="arrow") from None
+
+    def shards(self) -> Iterator[tuple[list[str], int]]:
+        """Groups of ``docs_per_shard`` non-empty documents and the work they stand for."""
+        texts: list[str] = []
+        work = 0
+        for text, w in self._documents():
+            work += w
+            if text:
+                texts.append(text)
+                if len(texts) == self.docs_per_shard:
+                    yield texts, work
+                    texts, work = [], 0
+        if texts or work:
+            yield texts, work
+
+
+def _pyarrow_parquet() -> Any:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError("reading Parquet needs pyarrow: pip install 'zerobatch-cli[parquet]'",
+                          field="from") from None
+    return pq
+
+
+# --------------------------------------------------------------------------------------------
+# Token sources
+
+
+@dataclass
+class TokenSource:
+    """Token files: ``chunks()`` yields ``(tokens, lengths)`` in bounded pieces."""
+
+    kind: str
+    path: str
+    dtype: str | None = None
+    eod: int | None = None
+    files: list[str] = field(default_factory=list)
+    num_tokens: int = 0
+    max_token: int | None = None
+    _arrays: list[np.ndarray] = field(default_factory=list)
+    _doc_lengths: list[np.ndarray | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.kind == "npy":
+            self.files = _files(self.path, ("*.npy",))
+            for f in self.files:
+                self._add_npy(f)
+        elif self.kind == "nanogpt":
+            self.files = _files(self.path, ("*.bin",))
+            dt = np.dtype(self.dtype or "uint16")
+            if dt not in (np.uint16, np.uint32):
+                raise ConfigError(f"--dtype: nanoGPT files hold uint16 or uint32, got {dt}", field="dtype")
+            for f in self.files:
+                size = os.path.getsize(f)
+                if size % dt.itemsize:
+                    raise TruncatedError(f"file: {size} bytes is not a whole number of {dt} tokens (wrong --dtype?)",
+                                         path=f, field="file")
+                self._add(np.memmap(f, dtype=dt, mode="r") if size else np.zeros(0, dt), None)
+        elif self.kind == "megatron":
+            prefix = self.path[:-4] if self.path.endswith((".bin", ".idx")) else self.path
+            self.files = [prefix + ".bin", prefix + ".idx"]
+            self._add_megatron(prefix)
+        else:
+            raise ConfigError(f"--from: {self.kind!r} is not a token source", field="from")
+        self.num_tokens = sum(int(a.size) for a in self._arrays)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"kind": self.kind, "eod": self.eod,
+                "files": [[os.path.abspath(f), os.path.getsize(f), os.stat(f).st_mtime_ns] for f in self.files]}
+
+    def _add(self, tokens: np.ndarray, lengths: np.ndarray | None) -> None:
+        if tokens.dtype.kind not in "iu":
+            raise ConfigError(f"tokens: expected integer token ids, got {tokens.dtype}", path=self.path, field="dtype")
+        self._arrays.append(tokens)
+        self._doc_lengths.append(lengths)
+
+    def _add_npy(self, path: str) -> None:
+        try:
+            a = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError as exc:
+            raise CorruptError(f"npy: {exc}", path=path, field="npy") from None
+        except OSError as exc:
+            raise CorruptError(f"npy: not a readable .npy file ({exc})", path=path, field="npy") from None
+        if a.dtype.kind not in "iu":
+            raise ConfigError(f"dtype: expected integer token ids, got {a.dtype}", path=path, field="dtype")
+        if a.ndim == 1:
+            self._add(a, None)
+        elif a.ndim == 2:   # one document per row
+            self._add(a.reshape(-1), np.full(a.shape[0], a.shape[1], np.int64))
+        else:
+            raise ConfigError(f"shape: expected a 1-D stream or a 2-D [documents, length] array, got {a.shape}",
+                              path=path, field="shape")
+
+    def _add_megatron(self, prefix: str) -> None:
+        idx_path, bin_path = prefix + ".idx", prefix + ".bin"
+        for p in (idx_path, bin_path):
+            if not os.path.isfile(p):
+                raise NotFoundError("megatron: the .bin and .idx files must both exist", path=p, field="file")
+        size = os.path.getsize(idx_path)
+        head_size = len(MEGATRON_MAGIC) + 8 + 1 + 8 + 8
+        with open(idx_path, "rb") as f:
+            head = f.read(head_size)
+        if len(head) < head_size:
+            raise TruncatedError(f"header: {len(head)} bytes, the index header needs {head_size}", path=idx_path,
+                                 field="header")
+        if head[:9] != MEGATRON_MAGIC:
+            raise CorruptError(f"magic: {head[:9]!r} is not a Megatron index", path=idx_path, field="magic")
+        version, code, nseq, ndoc = struct.unpack_from("<QBQQ", head, 9)
+        if version != 1:
+            raise CorruptError(f"version: {version} (only version 1 is known)", path=idx_path, field="version")
+        if code not in MEGATRON_DTYPES:
+            raise CorruptError(f"dtype: code {code} is not an integer token type", path=idx_path, field="dtype")
+        dt = np.dtype(MEGATRON_DTYPES[code])
+        # sequence lengths int32, pointers int64, document indices int64 (division form: no overflow)
+        if nseq > (size - head_size) // 12 or ndoc > (size - head_size - 12 * nseq) // 8:
+            raise TruncatedError(f"counts: {nseq} sequences and {ndoc} document indices do not fit in "
+                                 f"{size} bytes", path=idx_path, field="counts")
+        mm = np.memmap(idx_path, dtype=np.uint8, mode="r")
+        seq_len = np.frombuffer(mm, "<i4", nseq, head_size)
+        pointers = np.frombuffer(mm, "<i8", nseq, head_size + 4 * nseq)
+        doc_idx = np.frombuffer(mm, "<i8", ndoc, head_size + 12 * nseq)
+        bin_size = os.path.getsize(bin_path)
+        if bin_size % dt.itemsize:
+            raise TruncatedError(f"file: {bin_size} bytes is not a whole number of {dt} tokens", path=bin_path,
+                                 field="file")
+        if nseq:
+            if int(seq_len.min()) < 0:
+                raise CorruptError("sizes: a negative sequence length", path=idx_path, field="sizes")
+            want = np.concatenate([[0], np.cumsum(seq_len.astype(np.int64)[:-1] * dt.itemsize)])
+            if not np.array_equal(pointers, want):
+                bad = int(np.flatnonzero(pointers != want)[0])
+                raise CorruptError(f"pointers: sequence {bad} does not start where the previous one ends",
+                                   path=idx_path, field="pointers")
+        total = int(seq_len.astype(np.int64).sum()) if nseq else 0
+        if total * dt.itemsize != bin_size:
+            raise (TruncatedError if total * dt.itemsize > bin_size else CorruptError)(
+                f"file: the index describes {total} tokens ({total * dt.itemsize} bytes), the file holds "
+                f"{bin_size} bytes", path=bin_path, field="file")
+        if ndoc == 0 or int(doc_idx[0]) != 0 or int(doc_idx[-1]) != nseq or np.any(np.diff(doc_idx) < 0):
+            raise CorruptError(f"document_indices: must rise from 0 to the {nseq} sequences", path=idx_path,
+                               field="document_indices")
+        cum = np.concatenate([[0], np.cumsum(seq_len, dtype=np.int64)])
+        lengths = np.diff(cum[doc_idx])
+        tokens = np.memmap(bin_path, dtype=dt, mode="r") if bin_size else np.zeros(0, dt)
+        self._add(tokens, lengths[lengths > 0])
+
+    def scan_max(self) -> int:
+        """The largest token id (one pass over the data, cached); -1 when there are none."""
+        if self.max_token is None:
+            top = -1
+            for a in self._arrays:
+                for s in range(0, a.size, CHUNK_TOKENS):
+                    piece = a[s:s + CHUNK_TOKENS]
+                    if piece.size:
+                        if int(piece.min()) < 0:
+                            raise ConfigError("tokens: a negative token id", path=self.path, field="tokens")
+                        top = max(top, int(piece.max()))
+            self.max_token = top
+        return self.max_token
+
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(tokens, lengths)`` pieces holding whole documents (a document is cut only if it
+        alone exceeds the piece size and has no known boundaries)."""
+        for a, lengths in zip(self._arrays, self._doc_lengths):
+            if lengths is None:
+                yield from self._split_stream(a)
+                continue
+            ends = np.cumsum(lengths)
+            start_doc, start = 0, 0
+            while start_doc < lengths.size:
+                stop_doc = int(np.searchsorted(ends, start + CHUNK_TOKENS, side="right"))
+                stop_doc = max(stop_doc, start_doc + 1)
+                stop = int(ends[stop_doc - 1])
+                yield np.asarray(a[start:stop]), lengths[start_doc:stop_doc]
+                start_doc, start = stop_doc, stop
+
+    def _split_stream(self, a: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """A flat stream: documents end at each ``eod`` id (kept with its document); without
+        ``eod`` the boundaries are unknown and the stream is cut every ``CHUNK_TOKENS``."""
+        pending = a[:0]   # the open document's tokens from earlier pieces
+        for s in range(0, a.size, CHUNK_TOKENS):
+            piece = np.asarray(a[s:s + CHUNK_TOKENS])
+            if self.eod is None:
+                yield piece, np.array([piece.size], np.int64)
+                continue
+            ends = np.flatnonzero(piece == self.eod) + 1
+            if ends.size == 0:
+                pending = np.concatenate([pending, piece])
+                if pending.size >= CHUNK_TOKENS:   # one very long document: cut it
+                    yield pending, np.array([pending.size], np.int64)
+                    pending = a[:0]
+                continue
+            last = int(ends[-1])
+            body = np.concatenate([pending, piece[:last]]) if pending.size else piece[:last]
+            lengths = np.diff(np.concatenate([[0], ends + pending.size])).astype(np.int64)
+            yield body, lengths
+            pending = piece[last:]
+        if pending.size:
+            yield np.asarray(pending), np.array([pending.size], np.int64)
+
+
+def open_source(path: str, kind: str | None, **options: Any) -> TextSource | TokenSource:
+    """The source at ``path`` (``kind`` from ``--from``, else detected)."""
+    kind = kind or detect_kind(path)
+    if kind in TEXT_KINDS:
+        return TextSource(kind, path, **{k: v for k, v in options.items()
+                                         if k in ("text_field", "split", "hf_split", "docs_per_shard")})
+    if kind in TOKEN_KINDS:
+        return TokenSource(kind, path, **{k: v for k, v in options.items() if k in ("dtype", "eod")})
+    raise ConfigError(f"--from must be one of {TEXT_KINDS + TOKEN_KINDS}, got {kind!r}", field="from")
