@@ -42,7 +42,7 @@ def test_verify_ok_and_faults(tmp_path):
     assert r.returncode == 1 and "padding" in r.stderr
     bad.write_bytes(bytes(data[:5000]))
     r = zb("verify", str(bad))
-    assert r.returncode == 1 and "error:" in r.stderr and "num_batches" in r.stderr
+    assert r.returncode == 1 and "FAULT:" in r.stderr and "num_batches" in r.stderr
     (tmp_path / "x.npy").write_bytes(b"\x93NUMPY" + bytes(100))
     r = zb("inspect", str(tmp_path / "x.npy"))
     assert r.returncode == 1 and "not a zerobatch file" in r.stderr

@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from zerobatch.cli.datasets import human, open_dataset, percentiles, time_reads
-from zerobatch.formats.errors import ZerobatchError
+from zerobatch.formats.errors import NotFoundError, ZerobatchError
 
 __all__ = ["build_parser", "main"]
 
@@ -60,7 +60,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         rows = ds.info()
         if args.json:
             d: dict[str, Any] = ds.json_info() if hasattr(ds, "json_info") else {
-                "format": ds.kind, "path": args.path, **{k: v for k, v in rows}}
+                "format": ds.kind.upper(), "path": args.path,
+                **{("description" if k == "format" else k): v for k, v in rows}}
             print(json.dumps(d, indent=2, default=str))
             return 0
         width = max(len(k) for k, _ in rows)
@@ -76,8 +77,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         ds = open_dataset(args.path)
+    except NotFoundError:
+        raise
     except ZerobatchError as exc:   # structure damaged: a fault of the file, not of the command
-        print(f"{args.path}: FAULT: {exc}", file=sys.stderr)
+        print(_fault(args.path, exc), file=sys.stderr)
         return 1
     try:
         bar = _bar(args, 0, "", "verify")
@@ -89,7 +92,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         try:
             faults, summary = ds.verify(progress)
         except ZerobatchError as exc:
-            faults, summary = [str(exc)], ""
+            print(_fault(args.path, exc), file=sys.stderr)
+            return 1
         if bar is not None:
             bar.close()
     finally:
@@ -101,6 +105,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"{args.path}: OK: {summary} in {time.perf_counter() - started:.2f} s")
     return 0
+
+
+def _fault(path: str, exc: ZerobatchError) -> str:
+    text = str(exc)     # names the file at fault already when the error knows it
+    return f"FAULT: {text}" if exc.path else f"{path}: FAULT: {text}"
 
 
 def _decoder(path: str | None) -> Any:
@@ -257,7 +266,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         rng = np.random.default_rng(args.seed)
         read, units, tokens = ds.batch_reader(args.batch_size, args.seq_len, rng)
-        trial_reads = max(1, min(units, args.reads))
+        trial_reads = args.reads
         print(f"{args.path}: {ds.kind}; random batches "
               f"({'the stored batches' if ds.kind == 'llmbatch' else f'{args.batch_size} x {args.seq_len}'}), "
               f"int64 into a reused buffer, warm page cache")
@@ -443,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--epochs", type=_positive, default=3)
     s.add_argument("--threads", type=_positive, default=2, help="sample: read-ahead threads")
     s.add_argument("--seed", type=int, default=42)
-    s.add_argument("--keep", metavar="FILE", help="sample: keep the sample file here")
+    s.add_argument("--keep", "--path", dest="keep", metavar="FILE", help="sample: keep the sample file here")
     s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("quickstart", help="train a tokenizer, convert a bundled public-domain text and train a tiny "

@@ -212,11 +212,11 @@ class TextSource:
                             done = 0
                     elif line.strip():
                         para.append(line)
-                    elif para:
-                        yield "".join(para), done
+                    elif para:   # a block: its lines, without the newline that ends it
+                        yield "".join(para).rstrip("\r\n"), done
                         para, done = [], 0
                 if para:
-                    yield "".join(para), done
+                    yield "".join(para).rstrip("\r\n"), done
                     done = 0
                 if done:
                     yield "", done   # progress only: trailing empty lines
