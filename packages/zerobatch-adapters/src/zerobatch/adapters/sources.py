@@ -533,19 +533,22 @@ class TokenDocuments(Source):
         starts, stops = reader.document_spans(flat)
         lengths = np.minimum(stops - starts, width)
         tokens = self._buffer((flat.size, width), dtype)
-        full = lengths == width
-        if full.all():                     # every row is filled: one compiled window gather
+        mask = np.arange(width)[None, :] < lengths[:, None]
+        # One compiled gather of width tokens from every document's start (a short document's
+        # row runs on into the next documents), then the padding written over the overrun.
+        # Rows of documents too near the end for a whole window are copied one by one.
+        fits = starts + width <= reader.num_tokens
+        if fits.all():
             reader.windows(starts, width, out=tokens)
         else:
-            rows = np.flatnonzero(full)
+            rows = np.flatnonzero(fits)
             if rows.size:
                 tokens[rows] = reader.windows(starts[rows], width, dtype=dtype)
-            short = np.flatnonzero(~full)
-            docs, offsets = reader.documents(flat[short], dtype=dtype)
-            for r, a, b in zip(short.tolist(), offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
-                tokens[r, :b - a] = docs[a:b]
-                tokens[r, b - a:] = self.pad_id
-        mask = np.arange(width)[None, :] < lengths[:, None]
+            for r in np.flatnonzero(~fits).tolist():
+                n = int(lengths[r])
+                tokens[r, :n] = reader.window(int(starts[r]), n, dtype=dtype)
+        if int(lengths.min(initial=width)) < width:
+            np.putmask(tokens, ~mask, self.pad_id)
         out = {"tokens": tokens.reshape(steps, per, width), "mask": mask.reshape(steps, per, width)}
         if self.next_token:
             labels = np.where(mask, tokens, np.asarray(IGNORE_INDEX, dtype))

@@ -935,6 +935,11 @@ class TokenStreamReader:
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_documents):
             raise IndexError(f"a document index is outside [0, {self.num_documents})")
         shard = np.searchsorted(self.cum_documents, idx, side="right") - 1
+        if idx.size and shard[0] == shard[-1] and (shard == shard[0]).all():   # one shard: no masks
+            k = int(shard[0])
+            docs, local = self._shards[k].documents, idx - self.cum_documents[k]
+            base = self.cum_tokens[k]
+            return base + docs[local].astype(np.int64), base + docs[local + 1].astype(np.int64)
         starts = np.empty(idx.size, dtype=np.int64)
         stops = np.empty(idx.size, dtype=np.int64)
         for k in np.unique(shard).tolist():
