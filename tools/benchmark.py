@@ -71,7 +71,7 @@ def write_all(root: str, tokens: np.ndarray, doc_tokens: np.ndarray, doc_lengths
               have: set[str]) -> dict[str, Any]:
     rows = tokens.reshape(-1, SEQ)
     ends = np.cumsum(doc_lengths)
-    docs = [doc_tokens[e - n:e] for e, n in zip(ends.tolist(), doc_lengths.tolist())]
+    docs = [doc_tokens[e - n:e] for e, n in zip(ends.tolist(), doc_lengths.tolist(), strict=False)]
     p: dict[str, Any] = {"docs_offsets": np.concatenate([[0], ends])}
     p["memmap"] = os.path.join(root, "tokens.u32")
     tokens.tofile(p["memmap"])
@@ -115,7 +115,7 @@ def write_all(root: str, tokens: np.ndarray, doc_tokens: np.ndarray, doc_lengths
         from litdata import TokensLoader, optimize
         p["litdata"] = os.path.join(root, "litdata")
         bounds = np.linspace(0, tokens.size, 9).astype(int).tolist()
-        optimize(fn=_litdata_part, inputs=[(p["memmap"], a, b) for a, b in zip(bounds[:-1], bounds[1:])],
+        optimize(fn=_litdata_part, inputs=[(p["memmap"], a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=False)],
                  output_dir=p["litdata"], chunk_size=(SEQ + 1) * 4096, item_loader=TokensLoader(),
                  num_workers=1, mode="overwrite")
     if "grain" in have:
@@ -277,7 +277,8 @@ def mosaic(p: dict[str, Any], workload: str, workers: int) -> Iterator[Any]:
                           shuffle_seed=1)
     collate = (lambda items: pad_batch([it["tokens"] for it in items])) if docs else None
     dl = torch.utils.data.DataLoader(ds, batch_size=BS, num_workers=workers, drop_last=True, collate_fn=collate,
-                                     persistent_workers=workers > 0, multiprocessing_context="fork" if workers else None)
+                                     persistent_workers=workers > 0,
+                                     multiprocessing_context="fork" if workers else None)
     if docs:
         return _cycle(lambda: iter(dl))
     return _cycle(lambda: (b["tokens"].to(torch.int64) for b in dl))
@@ -419,7 +420,7 @@ def chart(results: dict[str, dict[str, dict[str, float]]], limit: float, path: s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(2, 2, figsize=(14, 10))
-    for ax, wl in zip(axes.flat, WORKLOADS):
+    for ax, wl in zip(axes.flat, WORKLOADS, strict=True):
         names = [n for n, _, _, _, wls in LOADERS if wl in wls and n in results.get(wl, {})]
         y = np.arange(len(names))
         w = [results[wl][n].get("warm", 0) / 1e6 for n in names]
@@ -487,7 +488,8 @@ def main() -> None:
                     else:
                         evict(root)
                     try:
-                        rate = run(lambda: make(paths, wl, workers), args.batches, 20 if state == "warm" else 0)
+                        rate = run(lambda m=make, w=wl, k=workers: m(paths, w, k), args.batches,
+                                   20 if state == "warm" else 0)
                     except Exception as exc:  # noqa: BLE001 - report and go on
                         print(f"{wl} / {name}: failed: {type(exc).__name__}: {exc}", flush=True)
                         continue
@@ -496,7 +498,7 @@ def main() -> None:
                     slot = results.setdefault(wl, {}).setdefault(name, {})
                     slot[state] = max(slot.get(state, 0.0), rate)
                     print(f"{state} {rnd + 1}: {wl:10s} {name:40s} {rate / 1e6:10.1f} M tokens/s", flush=True)
-        lines = [f"| workload | loader | warm M tokens/s | cold M tokens/s | warm vs fastest peer |",
+        lines = ["| workload | loader | warm M tokens/s | cold M tokens/s | warm vs fastest peer |",
                  "| --- | --- | ---: | ---: | ---: |"]
         for wl in workloads:
             res = results.get(wl, {})

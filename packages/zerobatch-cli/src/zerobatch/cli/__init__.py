@@ -1,4 +1,4 @@
-"""zerobatch.cli: the ``zerobatch`` command (inspect, verify, bench)."""
+"""zerobatch.cli: the ``zerobatch`` command (convert, inspect, verify, head, stats, bench, quickstart)."""
 
 from zerobatch.cli._version import __version__
 from zerobatch.cli.main import main

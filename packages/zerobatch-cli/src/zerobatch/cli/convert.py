@@ -105,7 +105,7 @@ def _tokenize_shard(k: int, texts: list[str]) -> tuple[int, int, int]:
     tokens = np.empty(int(lengths.sum()), np.uint32)
     ends = np.cumsum(lengths)
     pos = 0
-    for e, end in zip(encs, ends):
+    for e, end in zip(encs, ends, strict=True):
         n = int(end) - pos - 1
         tokens[pos:pos + n] = e.ids
         tokens[pos + n] = eod
@@ -258,7 +258,7 @@ def _documents(chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]) ->
     for tokens, lengths in chunks():
         ends = np.cumsum(lengths)
         starts = ends - lengths
-        for a, b in zip(starts.tolist(), ends.tolist()):
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
             if b > a:
                 yield tokens[a:b]
 

@@ -286,13 +286,15 @@ class ZRecord(Dataset):
         self.r = ZRecordStore(path)
         names = self.r.keys()
         ints = [f.name for f in self.r.fields if f.dtype not in ("bytes", "bool", "f16", "f32", "f64")]
-        self.field = field if field is not None else ("tokens" if "tokens" in names else (ints[0] if ints else names[0]))
+        default = "tokens" if "tokens" in names else (ints[0] if ints else names[0])
+        self.field = field if field is not None else default
         if self.field not in names:
             raise NotFoundError(f"--field: no field {self.field!r} (fields: {names})", path=path, field="field")
         self.tokens = self.field in ints
 
     def info(self) -> list[tuple[str, Any]]:
-        fields = ", ".join(f"{f.name} ({f.dtype}, {'shape ' + str(list(f.shape)) if f.shape is not None else 'variable'}"
+        fields = ", ".join(f"{f.name} ({f.dtype}, "
+                           f"{'shape ' + str(list(f.shape)) if f.shape is not None else 'variable'}"
                            f", {f.compress})" for f in self.r.fields)
         size = _folder_size(self.path)
         return [

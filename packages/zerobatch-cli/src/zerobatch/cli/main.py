@@ -272,7 +272,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"int64 into a reused buffer, warm page cache")
         rates = []
         lat: list[float] = []
-        for trial in range(args.trials):
+        for _ in range(args.trials):
             t = time_reads(read, trial_reads)
             lat += t
             rates.append(tokens * trial_reads / sum(t))

@@ -109,7 +109,8 @@ def quickstart(args: argparse.Namespace) -> int:
         tok_path = os.path.join(work, "tokenizer.json")
         tok = train_tokenizer(text_path, args.vocab, tok_path)
         vocab = tok.get_vocab_size()
-        print(f"[2/4] tokenizer: byte-level BPE, {vocab} ids, trained in {time.perf_counter() - t0:.1f} s -> {tok_path}")
+        print(f"[2/4] tokenizer: byte-level BPE, {vocab} ids, trained in {time.perf_counter() - t0:.1f} s "
+              f"-> {tok_path}")
 
         stream, batch_file = os.path.join(work, "corpus.tokstream"), os.path.join(work, "corpus.batch")
         print("[3/4] zerobatch convert (one document per speech; <|endoftext|> after each)")

@@ -170,7 +170,8 @@ class TextSource:
             raise NotFoundError("state.json: not a dataset saved with save_to_disk", path=state,
                                 field="state.json") from None
         except (ValueError, KeyError, TypeError):
-            raise CorruptError("state.json: no _data_files list of filenames", path=state, field="_data_files") from None
+            raise CorruptError("state.json: no _data_files list of filenames", path=state,
+                               field="_data_files") from None
         out = []
         for name in files:
             if not isinstance(name, str) or os.path.isabs(name) or ".." in name.split("/"):
@@ -444,7 +445,7 @@ class TokenSource:
     def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """``(tokens, lengths)`` pieces holding whole documents (a document is cut only if it
         alone exceeds the piece size and has no known boundaries)."""
-        for a, lengths in zip(self._arrays, self._doc_lengths):
+        for a, lengths in zip(self._arrays, self._doc_lengths, strict=True):
             if lengths is None:
                 yield from self._split_stream(a)
                 continue
