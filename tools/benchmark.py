@@ -434,7 +434,7 @@ def chart(results: dict[str, dict[str, dict[str, float]]], limit: float, path: s
         ax.set_xscale("log")
         ax.set_title(f"{wl}: {BS} x {SEQ} int64 batches")
         ax.set_xlabel("M tokens/s (log)")
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
