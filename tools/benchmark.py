@@ -29,6 +29,9 @@ Peers:
 - Grain ``MapDataset`` over ArrayRecord, 2 read threads;
 - zerobatch: ``Loader`` over LLMBATCH, TOKSTREAM windows or documents, LLMCHNK records.
 
+Last, a training loop of fixed compute (``--step-ms``, ``--steps``) measures the step time the
+zerobatch loader adds.
+
 A peer that is not installed is skipped (and said so).
 """
 
@@ -43,14 +46,12 @@ import shutil
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_loaders import _litdata_part, _stub_torchvision  # noqa: E402
 
 SEQ, BS = 512, 32
 WORKLOADS = ("in order", "shuffled", "windows", "documents")
@@ -131,6 +132,31 @@ def write_all(root: str, tokens: np.ndarray, doc_tokens: np.ndarray, doc_lengths
             w.write(d.tobytes())
         w.close()
     return p
+
+
+def _litdata_part(arg: tuple[str, int, int]) -> Iterator[torch.Tensor]:
+    """LitData ``optimize`` input: one part of the token file (module level: it is pickled)."""
+    path, a, b = arg
+    yield torch.from_numpy(np.fromfile(path, np.uint32, count=b - a, offset=4 * a).astype(np.int32))
+
+
+def _stub_torchvision() -> None:
+    """MosaicML streaming imports torchvision for its vision datasets only; the PyPI torchvision
+    does not load beside this machine's CPU torch, so give it an empty stand-in."""
+    try:
+        import torchvision  # noqa: F401
+        return
+    except Exception:  # noqa: BLE001 - any import failure
+        pass
+    import importlib.machinery
+    for name in ("torchvision", "torchvision.datasets", "torchvision.transforms",
+                 "torchvision.transforms.functional"):
+        mod = types.ModuleType(name)
+        mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        sys.modules[name] = mod
+    sys.modules["torchvision.datasets"].VisionDataset = object  # type: ignore[attr-defined]
+    sys.modules["torchvision.datasets"].CIFAR10 = object  # type: ignore[attr-defined]
+    sys.modules["torchvision.transforms.functional"].to_tensor = None  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,8 +337,7 @@ def grain_loader(p: dict[str, Any], workload: str, threads: int) -> Iterator[Any
 
 def zb_llmbatch(p: dict[str, Any], workload: str, threads: int) -> Iterator[Any]:
     from zerobatch.adapters.torch import Loader, LLMBatchSource
-    ld = Loader(LLMBatchSource(p["llmbatch"]), seed=1, shuffle=workload == "shuffled", num_threads=threads,
-                prefetch=64)
+    ld = Loader(LLMBatchSource(p["llmbatch"]), seed=1, shuffle=workload == "shuffled", num_threads=threads)
     return _cycle(lambda: iter(ld))
 
 
@@ -324,13 +349,13 @@ def zb_tokstream(p: dict[str, Any], workload: str, threads: int) -> Iterator[Any
         src = TokenWindows(p["tokstream"], SEQ, stride=1)
     else:
         src = TokenWindows(p["tokstream"], SEQ, next_token=False)
-    ld = Loader(src, batch_size=BS, seed=1, shuffle=workload != "in order", num_threads=threads, prefetch=64)
+    ld = Loader(src, batch_size=BS, seed=1, shuffle=workload != "in order", num_threads=threads)
     return _cycle(lambda: iter(ld))
 
 
 def zb_llmchnk(p: dict[str, Any], workload: str, threads: int) -> Iterator[Any]:
     from zerobatch.adapters.torch import LLMChunkSource, Loader
-    ld = Loader(LLMChunkSource(p["llmchnk"], SEQ, mask=True), batch_size=BS, seed=1, num_threads=threads, prefetch=64)
+    ld = Loader(LLMChunkSource(p["llmchnk"], SEQ, mask=True), batch_size=BS, seed=1, num_threads=threads)
     return _cycle(lambda: iter(ld))
 
 
@@ -364,6 +389,44 @@ def run(make: Callable[[], Iterator[Any]], batches: int, warmup: int) -> float:
     assert tuple(first_tensor(b).shape) == (BS, SEQ), first_tensor(b).shape
     del it
     return batches * BS * SEQ / dt
+
+
+def simulate(paths: dict[str, str], step_ms: float, steps: int) -> tuple[float, float]:
+    """A loop of ``steps`` steps of fixed compute (a single-threaded matmul loop, GIL released
+    as in a real step): returns (time inside ``next()`` as % of the bare step, and the total
+    added time in % of the bare loop, compute measured right before)."""
+    from zerobatch.adapters.torch import Loader, TokenWindows
+    torch.set_num_threads(1)
+    a = torch.randn(512, 512)
+    reps = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            a @ a
+        if time.perf_counter() - t0 >= step_ms / 1000:
+            break
+        reps *= 2
+    per = (time.perf_counter() - t0) / reps
+    reps = max(1, round(step_ms / 1000 / per))
+    ld = Loader(TokenWindows(paths["tokstream"], SEQ, next_token=False), batch_size=BS, seed=1, num_threads=1)
+    it = iter(ld)
+    next(it)
+    bare = loaded = in_next = 0.0
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            a @ a
+        bare += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        b = next(it)
+        t1 = time.perf_counter()
+        b.sum()
+        for _ in range(reps):
+            a @ a
+        loaded += time.perf_counter() - t0
+        in_next += t1 - t0
+    ld.close()
+    return 100 * in_next / bare, 100 * (loaded - bare) / bare
 
 
 def bandwidth_limit() -> float:
@@ -448,6 +511,8 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--no-cold", action="store_true")
     ap.add_argument("--out", help="write OUT.json, OUT.png and OUT-table.md")
+    ap.add_argument("--step-ms", type=float, default=50.0, help="training-loop simulation: compute per step")
+    ap.add_argument("--steps", type=int, default=100, help="training-loop simulation: steps (0: skip it)")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
@@ -524,6 +589,10 @@ def main() -> None:
                 print(f"wrote {args.out}.png")
             except ImportError:
                 print("no matplotlib: chart skipped")
+        if args.steps:
+            share, added = simulate(paths, args.step_ms, args.steps)
+            print(f"\ntraining loop, {args.step_ms:.0f} ms compute per step, {args.steps} steps, TOKSTREAM windows: "
+                  f"time in next() {share:.3f} % of the step, total added {added:+.2f} %")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
