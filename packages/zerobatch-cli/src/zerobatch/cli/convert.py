@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.cli.sources import TextSource, TokenSource, open_source
+from zerobatch.cli.sources import TextSource, open_source
 from zerobatch.formats.errors import ConfigError, CorruptError, LimitExceededError, NotFoundError
 
 __all__ = ["TARGETS", "convert", "find_eod", "load_tokenizer"]
@@ -371,8 +371,7 @@ def convert(args: Any, log: Callable[[str], None] = print) -> int:
 
         def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
             return staged_chunks(paths)
-    else:
-        assert isinstance(source, TokenSource)
+    else:   # a TokenSource
         eod = args.eod_id
         num_tokens = source.num_tokens
         top = source.scan_max()

@@ -6,6 +6,7 @@ the package's own reader.
 
 from __future__ import annotations
 
+import abc
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -35,9 +36,9 @@ def _folder_size(folder: str) -> int:
                if os.path.isfile(os.path.join(d, f)))
 
 
-class Dataset:
-    """A dataset opened for the commands. Token formats fill :meth:`documents` and
-    :meth:`token_pieces`; :meth:`batch_reader` returns the batch read ``bench`` times."""
+class Dataset(abc.ABC):
+    """A dataset opened for the commands. Token formats also give :meth:`token_pieces`;
+    :meth:`batch_reader` returns the batch read ``bench`` times."""
 
     kind = ""
     tokens = True
@@ -45,34 +46,37 @@ class Dataset:
     def __init__(self, path: str) -> None:
         self.path = path
 
+    @abc.abstractmethod
     def info(self) -> list[tuple[str, Any]]:
-        raise NotImplementedError
+        """``(name, value)`` rows for ``inspect``."""
 
+    @abc.abstractmethod
     def verify(self, progress: Progress | None) -> tuple[list[str], str]:
         """``(faults, summary)``: each fault names the file and the place."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def samples(self, n: int) -> list[np.ndarray]:
-        raise NotImplementedError
+        """The first ``n`` samples."""
 
     def sample_name(self) -> str:
         return "record"
 
+    @abc.abstractmethod
     def lengths(self) -> np.ndarray:
         """Tokens per document (or per record, for formats without documents)."""
-        raise NotImplementedError
 
     def token_pieces(self) -> Iterator[np.ndarray]:
-        raise NotImplementedError
+        """The tokens in reading order, in bounded pieces (none for non-token formats)."""
+        return iter(())
 
+    @abc.abstractmethod
     def batch_reader(self, batch_size: int, seq_len: int, rng: np.random.Generator
                      ) -> tuple[Callable[[], Any], int, int]:
         """``(read, units, tokens_per_read)``: ``read()`` reads one random batch of
         ``batch_size`` samples; ``units`` how many distinct batches there are."""
-        raise NotImplementedError
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 - a dataset with no reader of its own has nothing to release
+        """Release the reader (idempotent)."""
 
 
 class LLMBatch(Dataset):
