@@ -233,6 +233,11 @@ def test_errors_are_one_line(corpus, tmp_path, token_docs):
         (tmp_path / f"{name}.bin").write_bytes((tmp_path / "m.bin").read_bytes())
         line = one_line_error(zb("convert", str(tmp_path / f"{name}.idx"), str(tmp_path / "o"), "--to", "llmchnk"))
         assert f"{name}.idx" in line and what in line, line
+    # an id beyond --vocab-size is refused, never cut to fit; nothing is left under the name
+    line = one_line_error(zb("convert", str(tmp_path / "m.bin"), str(tmp_path / "small.zr"), "--to", "zrecord",
+                             "--vocab-size", "100"))
+    assert "outside the vocabulary [0, 100)" in line
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("small.zr")]
     odd = tmp_path / "odd.bin"
     odd.write_bytes(b"\x01\x02\x03")
     assert "whole number" in one_line_error(zb("convert", str(odd), str(tmp_path / "o"), "--to", "llmchnk"))

@@ -111,10 +111,25 @@ def _tokenize_shard(k: int, texts: list[str]) -> tuple[int, int, int]:
         tokens[pos + n] = eod
         pos = int(end)
     buf = io.BytesIO()
-    np.savez(buf, tokens=tokens, lengths=lengths)
+    top = np.array([int(tokens.max()) if tokens.size else -1], np.int64)
+    np.savez(buf, tokens=tokens, lengths=lengths, top=top)
     with AtomicFile(_shard_path(_WORKER["staging"], k)) as f:
         f.write(buf.getbuffer())
     return k, int(tokens.size), int(lengths.size)
+
+
+def _shard_summary(path: str) -> tuple[int, int, int] | None:
+    """``(tokens, documents, largest id)`` of a staged shard, from its small members only
+    (shards are written atomically: one under its final name is complete); None when it
+    cannot be read."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            lengths, top = z["lengths"], z["top"]
+    except (OSError, ValueError, KeyError, EOFError):
+        return None
+    if lengths.ndim != 1 or top.shape != (1,):
+        return None
+    return int(lengths.sum()), int(lengths.size), int(top[0])
 
 
 def _read_shard(path: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -195,7 +210,7 @@ def tokenize_to_staging(source: TextSource, tokenizer_path: str, eod: int, stagi
         for k, (texts, work) in enumerate(source.shards()):
             path = _shard_path(staging, k)
             paths.append(path)
-            if os.path.basename(path) in done and _read_shard(path) is not None:
+            if os.path.basename(path) in done and _shard_summary(path) is not None:
                 resumed += 1
                 progress.update(work, 0)
                 continue
@@ -226,14 +241,15 @@ def staged_chunks(paths: list[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
 
 
 def staged_totals(paths: list[str]) -> tuple[int, int, int]:
-    """(tokens, documents, largest id) over the staged shards."""
+    """(tokens, documents, largest id) over the staged shards (their small members only)."""
     tokens = docs = 0
     top = -1
-    for t, lengths in staged_chunks(paths):
-        tokens += t.size
-        docs += lengths.size
-        if t.size:
-            top = max(top, int(t.max()))
+    for p in paths:
+        got = _shard_summary(p)
+        if got is None:
+            raise CorruptError("staging: a staged shard cannot be read; delete the staging folder and convert "
+                               "again", path=p, field="staging")
+        tokens, docs, top = tokens + got[0], docs + got[1], max(top, got[2])
     return tokens, docs, top
 
 
@@ -273,6 +289,26 @@ def write_target(target: str, dst: str, chunks: Callable[[], Iterator[tuple[np.n
     dtype = args.dtype if args.dtype not in (None, "auto") else ("uint16" if vocab <= 1 << 16 else "uint32")
     if dtype == "uint16" and vocab > 1 << 16:
         raise ConfigError(f"--dtype uint16 cannot hold token id {max_token}", field="dtype")
+    source_chunks = chunks
+
+    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The source's pieces, each checked against the vocabulary (so no id is ever cut to
+        fit the stored type), with a progress bar over the tokens written."""
+        from tqdm import tqdm
+
+        bar = tqdm(total=num_tokens, unit="tok", unit_scale=True, desc=f"write {target}", file=sys.stderr,
+                   mininterval=0.5, disable=bool(getattr(args, "quiet", False)))
+        try:
+            for tokens, lengths in source_chunks():
+                if tokens.size:
+                    lo, hi = int(tokens.min()), int(tokens.max())
+                    if lo < 0 or hi >= vocab:
+                        raise LimitExceededError(f"tokens: id {hi if hi >= vocab else lo} is outside the vocabulary "
+                                                 f"[0, {vocab}) (see --vocab-size)", field="vocab_size")
+                yield tokens, lengths
+                bar.update(tokens.size)
+        finally:
+            bar.close()
     if target == "llmbatch":
         from zerobatch.writers.llmbatch import write_batch_dataset
 
@@ -301,42 +337,65 @@ def write_target(target: str, dst: str, chunks: Callable[[], Iterator[tuple[np.n
                     w.add(doc)
                     n += 1
         return f"{n:,} records, {num_tokens:,} tokens ({dtype})"
-    if target == "tokstream":
-        from zerobatch.writers.tokstream import TokenStreamWriter
-
-        if os.path.exists(os.path.join(dst, "manifest.json")):
-            raise ConfigError("destination: a tokstream dataset is already there; remove it first", path=dst,
+    if target in ("tokstream", "zrecord"):
+        if os.path.exists(dst) and not (os.path.isdir(dst) and not os.listdir(dst)):
+            raise ConfigError("destination: already exists and is not an empty folder; remove it first", path=dst,
                               field="destination")
-        if os.path.isdir(dst) and os.listdir(dst):
-            raise ConfigError("destination: the folder is not empty", path=dst, field="destination")
-        w = TokenStreamWriter(dst, vocab_size=max(vocab, 1), eod_token=eod if eod is not None and eod < vocab else None,
-                              shard_tokens=args.shard_tokens)
+        # The folder is built under a temporary name and renamed into place whole: a failed or
+        # killed conversion never leaves a partial dataset under the final name.
+        tmp = f"{os.path.abspath(dst)}.zbtmp.{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
         try:
-            n = 0
-            for doc in _documents(chunks):
-                w.add_document(doc)
-                n += 1
+            summary = (_write_tokstream if target == "tokstream" else _write_zrecord)(
+                tmp, chunks, vocab=vocab, dtype=dtype, eod=eod, args=args)
+            if os.path.isdir(dst):
+                os.rmdir(dst)
+            os.rename(tmp, dst)
         except BaseException:
-            w.abort()
-            shutil.rmtree(dst, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
             raise
-        m = w.close()
-        return f"{n:,} documents, {num_tokens:,} tokens in {len(m.shards)} shards"
-    if target == "zrecord":
-        from zerobatch.writers.zrecord import ZRecordWriter
-
-        spec = [{"name": "tokens", "dtype": "u16" if dtype == "uint16" else "u32", "shape": None,
-                 "compress": args.compress}]
-        w = ZRecordWriter(dst, spec, num_writers=max(1, min(args.workers, 8)))
-        np_dt = np.uint16 if dtype == "uint16" else np.uint32
+        fd = os.open(os.path.dirname(os.path.abspath(dst)), os.O_RDONLY)
         try:
-            n = len(w.extend(np.ascontiguousarray(d, dtype=np_dt) for d in _documents(chunks)))
-        except BaseException:
-            w.close(commit=False)
-            raise
-        w.close()
-        return f"{n:,} records, {num_tokens:,} tokens (field tokens, {dtype}, {args.compress})"
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return f"{summary}, {num_tokens:,} tokens"
     raise ConfigError(f"--to must be one of {TARGETS}, got {target!r}", field="to")
+
+
+def _write_tokstream(folder: str, chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], *, vocab: int,
+                     dtype: str, eod: int | None, args: Any) -> str:
+    from zerobatch.writers.tokstream import TokenStreamWriter
+
+    w = TokenStreamWriter(folder, vocab_size=max(vocab, 1), eod_token=eod if eod is not None and eod < vocab else None,
+                          shard_tokens=args.shard_tokens)
+    try:
+        n = 0
+        for doc in _documents(chunks):
+            w.add_document(doc)
+            n += 1
+    except BaseException:
+        w.abort()
+        raise
+    m = w.close()
+    return f"{n:,} documents in {len(m.shards)} shards"
+
+
+def _write_zrecord(folder: str, chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], *, vocab: int,
+                   dtype: str, eod: int | None, args: Any) -> str:
+    from zerobatch.writers.zrecord import ZRecordWriter
+
+    spec = [{"name": "tokens", "dtype": "u16" if dtype == "uint16" else "u32", "shape": None,
+             "compress": args.compress}]
+    w = ZRecordWriter(folder, spec, num_writers=max(1, min(args.workers, 8)))
+    np_dt = np.uint16 if dtype == "uint16" else np.uint32
+    try:
+        n = len(w.extend(np.ascontiguousarray(d, dtype=np_dt) for d in _documents(chunks)))
+    except BaseException:
+        w.close(commit=False)
+        raise
+    w.close()
+    return f"{n:,} records (field tokens, {dtype}, {args.compress})"
 
 
 def convert(args: Any, log: Callable[[str], None] = print) -> int:
@@ -374,7 +433,9 @@ def convert(args: Any, log: Callable[[str], None] = print) -> int:
     else:   # a TokenSource
         eod = args.eod_id
         num_tokens = source.num_tokens
-        top = source.scan_max()
+        # the largest id decides the vocabulary and the stored dtype; with --vocab-size given
+        # the writers check every id against it, so the pass over the data is not needed
+        top = source.scan_max() if args.vocab_size is None else args.vocab_size - 1
         chunks = source.chunks
     if num_tokens == 0:
         raise ConfigError("source: no tokens to convert", path=src, field="source")
