@@ -89,6 +89,19 @@ def test_every_command_on_every_format(datasets, kind, tmp_path):
     assert "throughput:" in r.stdout and "p99" in r.stdout and "p50" in r.stdout
 
 
+def test_stats_eod_counts_an_unterminated_last_document(tmp_path):
+    """--eod splits in reading order; tokens after the last end-of-document id are a document too."""
+    docs = [np.array([5, 6, 0]), np.array([7, 0]), np.array([8, 9, 10, 11])]   # the last one has no eod
+    w = TokenStreamWriter(tmp_path / "t.ts", vocab_size=100, eod_token=0, shard_tokens=4)
+    for doc in docs:
+        w.add_document(doc)
+    w.close()
+    r = zb("stats", str(tmp_path / "t.ts"), "--eod", "0")
+    assert r.returncode == 0, r.stderr
+    assert "documents (split at --eod) (tokens each): 3  mean 3.0  min 2" in r.stdout, r.stdout
+    assert "max 4" in r.stdout, r.stdout
+
+
 def test_verify_names_the_faulty_file_and_place(datasets, tmp_path):
     import shutil
 

@@ -179,6 +179,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
                     carry = piece.size - 1 - int(ends[-1])
                 else:
                     carry += piece.size
+        if args.eod is not None and carry:   # the last document need not end with the id
+            doc_lengths.append(np.array([carry], np.int64))
         lengths = np.concatenate(doc_lengths) if args.eod is not None and doc_lengths else (
             np.zeros(0, np.int64) if args.eod is not None else ds.lengths())
         what = "documents (split at --eod)" if args.eod is not None else f"{ds.sample_name()}s"
