@@ -120,12 +120,14 @@ def test_boundaries_and_metadata(tmp_path):
             break
 
 
-def test_documents_padded_with_labels(stream):
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_documents_padded_with_labels(stream, dtype):
     folder, docs = stream
     src = TokenDocuments(folder, width=40, pad_id=7)
     assert src.num_items == len(docs)
-    ld = Loader(src, batch_size=5, shuffle=False, drop_last=False)
+    ld = Loader(src, batch_size=5, shuffle=False, drop_last=False, dtype=dtype)
     got = list(ld)
+    assert got[0]["input_ids"].dtype == got[0]["labels"].dtype == dtype
     assert len(got) == -(-len(docs) // 5)
     k = 0
     for b in got:
@@ -140,6 +142,20 @@ def test_documents_padded_with_labels(stream):
             assert (b["attention_mask"][row].numpy() == (np.arange(39) < n)).all()
             k += 1
     assert k == len(docs)
+
+
+def test_documents_without_labels_and_bad_pad_ids(stream):
+    folder, docs = stream
+    b = next(iter(Loader(TokenDocuments(folder, width=16, pad_id=-1, next_token=False), batch_size=len(docs),
+                         shuffle=False)))
+    assert set(b) == {"input_ids", "attention_mask"}
+    for row, doc in enumerate(docs):
+        n = min(len(doc), 16)
+        assert (b["input_ids"][row, :n].numpy() == doc[:n]).all() and (b["input_ids"][row, n:] == -1).all()
+        assert int(b["attention_mask"][row].sum()) == n
+    for bad in (2**31, 1.5, True):
+        with pytest.raises(ConfigError, match="pad_id must be an integer"):
+            TokenDocuments(folder, width=16, pad_id=bad)
 
 
 def test_record_fields(tmp_path):

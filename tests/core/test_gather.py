@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zerobatch.core import LLMBatchSlots, TaskPool, hash_slots, max_u32, pack_llmbatch_header, parse_llmbatch_header, widen_u32
+from zerobatch.core import (LLMBatchSlots, TaskPool, hash_slots, max_u32, pack_llmbatch_header, pad_rows,
+                            parse_llmbatch_header, widen_u32)
 from zerobatch.core import _reference as R
 from zerobatch.formats.errors import ConfigError, IntegrityError
 
@@ -76,6 +77,60 @@ def test_widen_errors():
         widen_u32(src, ro)
     with pytest.raises(ConfigError):
         R.widen_u32(src, ro)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+@pytest.mark.parametrize("shape", [(0, 8), (3, 0), (1, 1), (7, 13), (32, 512)])
+def test_pad_rows_matches_reference_and_definition(dtype, shape):
+    k, w = shape
+    rng = np.random.default_rng(k * 1000 + w)
+    lengths = rng.integers(0, w + 1, size=k)
+    if k > 2:
+        lengths[:2] = [0, w]                                   # an empty row and a full one
+    src = rng.integers(0, 50_000, size=shape).astype(dtype)
+    expect_tokens = np.where(np.arange(w)[None, :] < lengths[:, None], src, dtype(7))
+    expect_labels = np.where(np.arange(w)[None, :] < lengths[:, None], src, dtype(-100))
+    for impl in (pad_rows, R.pad_rows):
+        tokens = src.copy()
+        for mask_dtype in (np.bool_, np.uint8):
+            mask = np.full(shape, 99 if mask_dtype == np.uint8 else True, mask_dtype)
+            labels = np.full(shape, 123, dtype)
+            assert impl(tokens, lengths, 7, mask, labels, -100) is tokens
+            assert (tokens == expect_tokens).all()
+            assert (mask.astype(np.int64) == (np.arange(w)[None, :] < lengths[:, None])).all()
+            assert (labels == expect_labels).all()
+        tokens = src.copy()
+        impl(tokens, lengths, 7)                               # no mask, no labels
+        assert (tokens == expect_tokens).all()
+
+
+def test_pad_rows_errors():
+    t = np.zeros((2, 4), np.int64)
+    for impl in (pad_rows, R.pad_rows):
+        with pytest.raises(ConfigError, match=r"lengths\[1\] = 5 is outside \[0, 4\]") as e:
+            impl(t, [1, 5])
+        assert e.value.field == "lengths"
+        with pytest.raises(ConfigError, match=r"lengths\[0\] = -1"):
+            impl(t, [-1, 0])
+        with pytest.raises(ConfigError, match="lengths holds 3 values for 2 rows"):
+            impl(t, [1, 1, 1])
+        with pytest.raises(ConfigError, match="tokens must be"):
+            impl(t.astype(np.float64), [1, 1])
+        with pytest.raises(ConfigError, match="tokens must be"):
+            impl(np.zeros((4, 4), np.int64)[:, :2], [1, 1])     # not C-contiguous
+        with pytest.raises(ConfigError, match="mask must be"):
+            impl(t, [1, 1], 0, np.zeros((2, 3), bool))
+        with pytest.raises(ConfigError, match="labels must be"):
+            impl(t, [1, 1], 0, None, np.zeros((2, 4), np.int32))
+        with pytest.raises(ConfigError, match="labels shares memory with tokens"):
+            impl(t, [1, 1], 0, None, t)
+        with pytest.raises(ConfigError, match="does not fit in int32"):
+            impl(np.zeros((2, 4), np.int32), [1, 1], 2**31)
+        ro = np.zeros((2, 4), np.int64)
+        ro.flags.writeable = False
+        with pytest.raises(ConfigError, match="tokens must be"):
+            impl(ro, [1, 1])
+    assert (t == 0).all()                                      # nothing written on a refused call
 
 
 @pytest.fixture(params=["compiled", "reference"])

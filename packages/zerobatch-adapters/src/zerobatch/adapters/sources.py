@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from zerobatch.adapters._buffers import BufferPool
+from zerobatch.core import pad_rows
 from zerobatch.core._checks import check_count
 from zerobatch.formats.errors import ConfigError, CorruptError
 from zerobatch.samplers import BlockShuffleOrder, GlobalRandomOrder, IndexOrder, MixtureSchedule, SequentialOrder
@@ -61,6 +62,13 @@ def _token_dtype(dtype: Any) -> np.dtype:
     if dt not in (np.int64, np.int32):
         raise ConfigError(f"dtype must be int64 or int32, got {dt}", field="dtype")
     return dt
+
+
+def _pad_id(value: Any) -> int:
+    """A padding id: an integer that fits the int32 batches as well as the int64 ones."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not -2**31 <= int(value) < 2**31:
+        raise ConfigError(f"pad_id must be an integer in [-2**31, 2**31), got {value!r}", field="pad_id")
+    return int(value)
 
 
 class Source(ABC):
@@ -261,7 +269,7 @@ class LLMChunkSource(Source):
         self.reader = _open(path, LLMChunkReader, verify=verify)
         width = self.reader.seq_len if seq_len is None else seq_len
         self.seq_len = check_count(width, "seq_len", minimum=1)
-        self.pad_id = int(pad_id)
+        self.pad_id = _pad_id(pad_id)
         self.mask = bool(mask)
         self.passthrough = None if self.mask else "tokens"
         self.num_items = self.reader.num_records
@@ -273,11 +281,11 @@ class LLMChunkSource(Source):
     def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
         steps, per = items.shape
         out = self._buffer((steps * per, self.seq_len), dtype)
-        tokens, mask = self.reader.gather(items.reshape(-1), out=out, pad_id=self.pad_id)
+        # The compiled gather writes the mask with the rows when given one.
+        mask = self._buffer((steps * per, self.seq_len), np.dtype(np.bool_)) if self.mask else None
+        tokens, mask = self.reader.gather(items.reshape(-1), out=out, pad_id=self.pad_id, mask=mask)
         result = {"tokens": tokens.reshape(steps, per, self.seq_len)}
         if self.mask:
-            if mask is None:
-                mask = np.ones(tokens.shape, bool)
             result["mask"] = mask.reshape(steps, per, self.seq_len)
         return result
 
@@ -518,7 +526,7 @@ class TokenDocuments(Source):
         from zerobatch.readers.tokstream import TokenStreamReader
         self.reader = _open(reader, TokenStreamReader, verify=verify)
         self.width = check_count(width, "width", minimum=2 if next_token else 1)
-        self.pad_id = int(pad_id)
+        self.pad_id = _pad_id(pad_id)
         self.next_token = bool(next_token)
         self.num_items = self.reader.num_documents
         self.fingerprint = self.reader.manifest.build_id
@@ -533,10 +541,10 @@ class TokenDocuments(Source):
         starts, stops = reader.document_spans(flat)
         lengths = np.minimum(stops - starts, width)
         tokens = self._buffer((flat.size, width), dtype)
-        mask = np.arange(width)[None, :] < lengths[:, None]
         # One compiled gather of width tokens from every document's start (a short document's
-        # row runs on into the next documents), then the padding written over the overrun.
-        # Rows of documents too near the end for a whole window are copied one by one.
+        # row runs on into the next documents), then one compiled pass writing the padding over
+        # the overrun, the mask and the labels. Rows of documents too near the end for a whole
+        # window are copied one by one.
         fits = starts + width <= reader.num_tokens
         if fits.all():
             reader.windows(starts, width, out=tokens)
@@ -547,11 +555,11 @@ class TokenDocuments(Source):
             for r in np.flatnonzero(~fits).tolist():
                 n = int(lengths[r])
                 tokens[r, :n] = reader.window(int(starts[r]), n, dtype=dtype)
-        if int(lengths.min(initial=width)) < width:
-            np.putmask(tokens, ~mask, self.pad_id)
+        mask = self._buffer((flat.size, width), np.dtype(np.bool_))
+        labels = self._buffer((flat.size, width), dtype) if self.next_token else None
+        pad_rows(tokens, lengths, self.pad_id, mask, labels, IGNORE_INDEX)
         out = {"tokens": tokens.reshape(steps, per, width), "mask": mask.reshape(steps, per, width)}
-        if self.next_token:
-            labels = np.where(mask, tokens, np.asarray(IGNORE_INDEX, dtype))
+        if labels is not None:
             out["labels"] = labels.reshape(steps, per, width)
         return out
 

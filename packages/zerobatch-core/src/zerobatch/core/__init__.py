@@ -12,7 +12,8 @@ Everything here is imported from this module, never from ``zerobatch.core._<kern
 - TOKSTREAM: :class:`WindowGather` / :func:`gather_windows` (token windows across shards into one
   buffer);
 - gathers: :class:`LLMBatchSlots` (verified batch reads into int64 / int32 / uint32 buffers),
-  :func:`widen_u32`, :func:`max_u32`;
+  :func:`widen_u32`, :func:`max_u32`, :func:`pad_rows` (a padded batch's padding, mask and
+  labels in one pass);
 - checksums: :func:`xxh3_64`, :func:`hash_slots`;
 - :mod:`zerobatch.core.io`: atomic writes, safe opens; :class:`FileMapping`: read-only
   mappings that hold no file descriptor;
@@ -44,6 +45,7 @@ if PURE_PYTHON:
         llmbatch_batch_offsets,
         llmbatch_geometry,
         max_u32,
+        pad_rows,
         pack_llmbatch_header,
         parse_llmbatch_header,
         widen_u32,
@@ -55,7 +57,7 @@ else:
     try:
         from zerobatch.core._feistel import FeistelPermutation, epoch_seed, random_draws
         from zerobatch.core._mapping import FileMapping
-        from zerobatch.core._gather import LLMBatchSlots, max_u32, widen_u32
+        from zerobatch.core._gather import LLMBatchSlots, max_u32, pad_rows, widen_u32
         from zerobatch.core._hash import hash_slots, xxh3_64
         from zerobatch.core._header import llmbatch_geometry, pack_llmbatch_header, parse_llmbatch_header
         from zerobatch.core._offsets import block_shuffle_items, llmbatch_batch_offsets
@@ -100,6 +102,7 @@ __all__ = [
     "locate_windows",
     "max_u32",
     "pack_llmbatch_header",
+    "pad_rows",
     "parse_llmbatch_header",
     "pool",
     "shared_pool",

@@ -10,6 +10,15 @@
 #   LLMBatchSlots methods validate indices and buffers with the GIL held, then run the
 #   copies and checksums with the GIL released, so reader threads run in parallel.
 #
+#   pad_rows(tokens, lengths, pad_id, mask, labels, ignore_id)
+#     pre:  tokens is a writable C-contiguous int64 / int32 [k, w] array whose row r holds a
+#           sample's first lengths[r] tokens (0 <= lengths[r] <= w); mask (bool / uint8) and
+#           labels (tokens' dtype) are optional writable C-contiguous [k, w] arrays that share
+#           no memory with tokens.
+#     post: tokens[r, lengths[r]:] = pad_id; mask[r, j] = j < lengths[r]; labels[r] = tokens[r]
+#           with ignore_id past lengths[r]: the padded batch, its attention mask and its
+#           next-token labels in one pass over the rows, GIL released.
+#
 # Verification: with checksums present and verify=True, a batch is checked against its
 # trailer entry (XXH3-64 of its whole slot, padding included) the first time it is served;
 # a bitmap remembers verified batches, so each batch is hashed once per reader.
@@ -18,6 +27,7 @@ from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, P
                              PyObject_GetBuffer)
 from cpython.number cimport PyNumber_Index
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy, memset
 
 from zerobatch.core._endian cimport zb_load_u64le
 from zerobatch.core._hash cimport zb_xxh3_64
@@ -159,6 +169,105 @@ def max_u32(src) -> int:
         with nogil:
             m = zb_max_u32(&s[0], n)
     return m
+
+
+cdef bint _rows_array(object a, tuple shape, bint allow_int32, bint allow_mask) except -1:
+    """True when `a` is a writable C-contiguous ndarray of `shape` holding int64 (or int32 /
+    bool / uint8 when allowed); False otherwise."""
+    if not isinstance(a, np.ndarray) or a.shape != shape or not a.flags.c_contiguous or not a.flags.writeable:
+        return False
+    if allow_mask:
+        return a.dtype == np.bool_ or a.dtype == np.uint8
+    return a.dtype == np.int64 or (allow_int32 and a.dtype == np.int32)
+
+
+def pad_rows(tokens, lengths, int64_t pad_id=0, mask=None, labels=None, int64_t ignore_id=-100):
+    """Finish a padded batch in one pass: padding after each row's tokens, the attention mask
+    and the next-token labels (see the module comment), GIL released.
+
+    Args:
+        tokens: a writable C-contiguous ``int64`` or ``int32`` array ``[k, w]``; row ``r`` holds
+            its sample's first ``lengths[r]`` tokens (what follows is overwritten).
+        lengths: ``k`` integers in ``[0, w]``.
+        pad_id: written after each row's tokens.
+        mask: ``None`` or a writable C-contiguous ``bool`` / ``uint8`` array ``[k, w]``.
+        labels: ``None`` or a writable C-contiguous array ``[k, w]`` of ``tokens``' dtype.
+        ignore_id: written into ``labels`` after each row's tokens.
+
+    Returns:
+        ``tokens``.
+
+    Raises:
+        ConfigError: an unfit array, a length outside ``[0, w]``, arrays that overlap, or an
+            ``int32`` batch and a ``pad_id`` / ``ignore_id`` that does not fit.
+    """
+    if not isinstance(tokens, np.ndarray) or tokens.ndim != 2 \
+            or not _rows_array(tokens, tokens.shape, True, False):
+        raise ConfigError("pad_rows: tokens must be a writable C-contiguous int64 or int32 array [k, w]",
+                          field="tokens")
+    shape = tokens.shape
+    cdef int64_t k = shape[0], w = shape[1]
+    cdef bint wide = tokens.dtype == np.int64
+    cdef const int64_t[::1] lens = np.ascontiguousarray(lengths, dtype=np.int64).reshape(-1)
+    if lens.shape[0] != k:
+        raise ConfigError(f"pad_rows: lengths holds {lens.shape[0]} values for {k} rows", field="lengths")
+    if not wide and not (-2**31 <= pad_id < 2**31 and -2**31 <= ignore_id < 2**31):
+        raise ConfigError(f"pad_rows: pad_id {pad_id} or ignore_id {ignore_id} does not fit in int32",
+                          field="pad_id")
+    cdef bint has_mask = mask is not None, has_labels = labels is not None
+    if has_mask and not _rows_array(mask, shape, False, True):
+        raise ConfigError(f"pad_rows: mask must be a writable C-contiguous bool or uint8 array of shape {shape}",
+                          field="mask")
+    if has_labels and (not _rows_array(labels, shape, True, False) or labels.dtype != tokens.dtype):
+        raise ConfigError(f"pad_rows: labels must be a writable C-contiguous {tokens.dtype} array of shape {shape}",
+                          field="labels")
+    for name, other in (("mask", mask), ("labels", labels)):
+        if other is not None and np.may_share_memory(tokens, other):
+            raise ConfigError(f"pad_rows: {name} shares memory with tokens", field=name)
+    cdef int64_t r, j, n
+    for r in range(k):
+        if lens[r] < 0 or lens[r] > w:
+            raise ConfigError(f"pad_rows: lengths[{r}] = {lens[r]} is outside [0, {w}]", field="lengths")
+    if k == 0 or w == 0:
+        return tokens
+    cdef int64_t[:, ::1] t64, l64
+    cdef int32_t[:, ::1] t32, l32
+    cdef uint8_t[:, ::1] m
+    if wide:
+        t64 = tokens
+        if has_labels:
+            l64 = labels
+    else:
+        t32 = tokens
+        if has_labels:
+            l32 = labels
+    if has_mask:
+        m = mask.view(np.uint8)
+    with nogil:
+        for r in range(k):
+            n = lens[r]
+            if wide:
+                for j in range(n, w):
+                    t64[r, j] = pad_id
+                if has_labels:
+                    if n:
+                        memcpy(&l64[r, 0], &t64[r, 0], n * 8)
+                    for j in range(n, w):
+                        l64[r, j] = ignore_id
+            else:
+                for j in range(n, w):
+                    t32[r, j] = <int32_t>pad_id
+                if has_labels:
+                    if n:
+                        memcpy(&l32[r, 0], &t32[r, 0], n * 4)
+                    for j in range(n, w):
+                        l32[r, j] = <int32_t>ignore_id
+            if has_mask:
+                if n:
+                    memset(&m[r, 0], 1, n)
+                if n < w:
+                    memset(&m[r, n], 0, w - n)
+    return tokens
 
 
 cdef class LLMBatchSlots:

@@ -51,6 +51,7 @@ __all__ = [
     "llmbatch_batch_offsets",
     "llmbatch_geometry",
     "max_u32",
+    "pad_rows",
     "pack_llmbatch_header",
     "parse_llmbatch_header",
     "widen_u32",
@@ -426,6 +427,47 @@ def max_u32(src: Any) -> int:
     """Largest little-endian ``uint32`` in a buffer (0 for an empty one)."""
     t = _tokens(src)
     return int(t.max()) if t.size else 0
+
+
+def _rows_fit(a: Any, shape: tuple[int, ...], dtypes: tuple[Any, ...]) -> bool:
+    return (isinstance(a, np.ndarray) and a.shape == shape and a.flags.c_contiguous and a.flags.writeable
+            and a.dtype in tuple(np.dtype(d) for d in dtypes))
+
+
+def pad_rows(tokens: Any, lengths: Any, pad_id: int = 0, mask: Any = None, labels: Any = None,
+             ignore_id: int = -100) -> Any:
+    """Padding after each row's first ``lengths[r]`` tokens, the mask and the labels."""
+    if not isinstance(tokens, np.ndarray) or tokens.ndim != 2 or not _rows_fit(tokens, tokens.shape,
+                                                                                (np.int64, np.int32)):
+        raise ConfigError("pad_rows: tokens must be a writable C-contiguous int64 or int32 array [k, w]",
+                          field="tokens")
+    k, w = tokens.shape
+    lens = np.ascontiguousarray(lengths, dtype=np.int64).reshape(-1)
+    if lens.size != k:
+        raise ConfigError(f"pad_rows: lengths holds {lens.size} values for {k} rows", field="lengths")
+    if tokens.dtype == np.int32 and not (-2**31 <= pad_id < 2**31 and -2**31 <= ignore_id < 2**31):
+        raise ConfigError(f"pad_rows: pad_id {pad_id} or ignore_id {ignore_id} does not fit in int32",
+                          field="pad_id")
+    if mask is not None and not _rows_fit(mask, tokens.shape, (np.bool_, np.uint8)):
+        raise ConfigError(f"pad_rows: mask must be a writable C-contiguous bool or uint8 array of shape "
+                          f"{tokens.shape}", field="mask")
+    if labels is not None and not _rows_fit(labels, tokens.shape, (tokens.dtype,)):
+        raise ConfigError(f"pad_rows: labels must be a writable C-contiguous {tokens.dtype} array of shape "
+                          f"{tokens.shape}", field="labels")
+    for name, other in (("mask", mask), ("labels", labels)):
+        if other is not None and np.may_share_memory(tokens, other):
+            raise ConfigError(f"pad_rows: {name} shares memory with tokens", field=name)
+    bad = np.flatnonzero((lens < 0) | (lens > w))
+    if bad.size:
+        r = int(bad[0])
+        raise ConfigError(f"pad_rows: lengths[{r}] = {lens[r]} is outside [0, {w}]", field="lengths")
+    inside = np.arange(w)[None, :] < lens[:, None]
+    np.putmask(tokens, ~inside, pad_id)
+    if mask is not None:
+        mask[...] = inside
+    if labels is not None:
+        labels[...] = np.where(inside, tokens, ignore_id)
+    return tokens
 
 
 class TaskPool:
