@@ -44,3 +44,43 @@ def test_hash_slots():
             hash_slots(data, *args)
         with pytest.raises(ConfigError):
             R.hash_slots(data, *args)
+
+
+_PATH_CHECK = """
+import sys, numpy as np, xxhash
+from zerobatch.core import xxh3_kernel
+from zerobatch.core import hash_slots, xxh3_64
+from zerobatch.readers.llmbatch import BatchFileReader
+from zerobatch.writers.llmbatch import write_batch_file
+rng = np.random.default_rng(7)
+raw = rng.integers(0, 256, size=200_003, dtype=np.uint8).tobytes()
+for n in [241, 255, 256, 1023, 1024, 1025, 4097, 65536, 100_003]:
+    for at in (0, 1, 3):                                  # unaligned starts too
+        assert xxh3_64(raw[at:at + n]) == xxhash.xxh3_64_intdigest(raw[at:at + n]), (n, at)
+got = hash_slots(raw, 5, 1000, 100)
+assert [int(x) for x in got] == [xxhash.xxh3_64_intdigest(raw[5 + 1000 * i:1005 + 1000 * i]) for i in range(100)]
+write_batch_file(sys.argv[1], rng.integers(0, 50_000, (64, 128)).astype(np.uint32), 8, 128, 1)
+with BatchFileReader(sys.argv[1]) as r:                  # checksums made and checked by the kernels
+    assert r.verify().ok and r.read_batches(list(range(8))).shape == (8, 8, 128)
+print(xxh3_kernel())
+"""
+
+
+@pytest.mark.parametrize("cap", ["sse2", "avx2", ""])
+def test_every_xxh3_kernel_path_gives_the_same_digest(cap, tmp_path):
+    """The x86-64 build picks an AVX-512, AVX2 or SSE2 long-input loop at run time; each must
+    compute XXH3-64 (ZEROBATCH_XXH3 caps the choice, in a process of its own)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ZEROBATCH_XXH3=cap)
+    r = subprocess.run([sys.executable, "-c", _PATH_CHECK, str(tmp_path / "t.batch")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    kernel = r.stdout.strip()
+    assert kernel in ("sse2", "avx2", "avx512", "portable")
+    if cap == "sse2":
+        assert kernel in ("sse2", "portable")
+    elif cap == "avx2":
+        assert kernel != "avx512"

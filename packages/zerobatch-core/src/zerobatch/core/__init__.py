@@ -14,7 +14,7 @@ Everything here is imported from this module, never from ``zerobatch.core._<kern
 - gathers: :class:`LLMBatchSlots` (verified batch reads into int64 / int32 / uint32 buffers),
   :func:`widen_u32`, :func:`max_u32`, :func:`pad_rows` (a padded batch's padding, mask and
   labels in one pass);
-- checksums: :func:`xxh3_64`, :func:`hash_slots`;
+- checksums: :func:`xxh3_64`, :func:`hash_slots`, :func:`xxh3_kernel` (the SIMD loop chosen at run time);
 - :mod:`zerobatch.core.io`: atomic writes, safe opens; :class:`FileMapping`: read-only
   mappings that hold no file descriptor;
 - :mod:`zerobatch.core.pool`: :class:`TaskPool`, worker threads that run gathers with the
@@ -50,6 +50,7 @@ if PURE_PYTHON:
         parse_llmbatch_header,
         widen_u32,
         xxh3_64,
+        xxh3_kernel,
     )
     from zerobatch.core._reference import RecordGather, buffer_views, zrecord_status_error
     from zerobatch.core._reference import ChunkRecords, gather_rows, locate_windows
@@ -58,7 +59,7 @@ else:
         from zerobatch.core._feistel import FeistelPermutation, epoch_seed, random_draws
         from zerobatch.core._mapping import FileMapping
         from zerobatch.core._gather import LLMBatchSlots, max_u32, pad_rows, widen_u32
-        from zerobatch.core._hash import hash_slots, xxh3_64
+        from zerobatch.core._hash import hash_slots, xxh3_64, xxh3_kernel
         from zerobatch.core._header import llmbatch_geometry, pack_llmbatch_header, parse_llmbatch_header
         from zerobatch.core._offsets import block_shuffle_items, llmbatch_batch_offsets
         from zerobatch.core._tokstream import WindowGather, gather_windows
@@ -108,4 +109,5 @@ __all__ = [
     "shared_pool",
     "widen_u32",
     "xxh3_64",
+    "xxh3_kernel",
 ]

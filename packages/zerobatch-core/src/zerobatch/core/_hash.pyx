@@ -27,6 +27,14 @@ cdef void zb_hash_slots(const uint8_t *base, uint64_t slot_size, uint64_t count,
         out[i] = zb_xxh3_64(base + i * slot_size, slot_size)
 
 
+def xxh3_kernel() -> str:
+    """The XXH3 loop hashing inputs longer than 240 bytes in this process: ``"avx512"``,
+    ``"avx2"`` or ``"sse2"`` (x86-64, chosen from the CPU at the first hash; the environment
+    variable ``ZEROBATCH_XXH3=sse2|avx2`` caps it), else ``"portable"`` (the build's own)."""
+    cdef int level = zb_xxh3_path()
+    return ("sse2", "avx2", "avx512")[level] if level >= 0 else "portable"
+
+
 def xxh3_64(data) -> int:
     """XXH3-64 (seed 0) of a buffer.
 

@@ -56,6 +56,7 @@ __all__ = [
     "parse_llmbatch_header",
     "widen_u32",
     "xxh3_64",
+    "xxh3_kernel",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -225,6 +226,11 @@ def xxh3_64(data: Any) -> int:
     """XXH3-64 (seed 0) of a buffer."""
     b = _bytes_of(data)
     return _xxh3_short(b) if len(b) <= 240 else _xxh3_long(b)
+
+
+def xxh3_kernel() -> str:
+    """Twin of the compiled kernel query: this module hashes in Python."""
+    return "reference"
 
 
 def hash_slots(data: Any, offset: int, slot_size: int, count: int, out: np.ndarray | None = None) -> np.ndarray:
