@@ -70,3 +70,75 @@ def test_torch_is_imported_only_in_the_adapters():
             continue
         for src in (pkg / "src").rglob("*.py"):
             assert not pattern.search(src.read_text()), src
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of every distribution, by dotted name (packages by their ``__init__``)."""
+    found = {}
+    for pkg in PACKAGES:
+        root = pkg / "src"
+        for src in root.rglob("*"):
+            if src.suffix not in (".py", ".pyx") or "build" in src.relative_to(root).parts:
+                continue
+            parts = list(src.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = src
+    return found
+
+
+_IMPORT = re.compile(r"^[ \t]*(?:from\s+(zerobatch[\w.]*)\s+c?import\s+(\([\w\s,*]+\)|[\w \t,*]+)"
+                     r"|c?import\s+(zerobatch[\w.]*))", re.M)
+
+
+def _imports(src: Path, modules: dict[str, Path]) -> set[str]:
+    """The zerobatch modules ``src`` imports, anywhere in it (a function's lazy import too)."""
+    out = set()
+    for m in _IMPORT.finditer(src.read_text()):
+        if m.group(3):
+            name = m.group(3)
+            while name not in modules and "." in name:
+                name = name.rsplit(".", 1)[0]
+            out.add(name)
+            continue
+        base = m.group(1)
+        for item in re.split(r"[\s,]+", m.group(2).strip("() \t\n")):
+            item = item.split(" as ")[0].strip()
+            if not item or item == "as":
+                continue
+            sub = f"{base}.{item}"
+            out.add(sub if sub in modules else base)
+    return {n for n in out if n in modules}
+
+
+def test_no_import_cycles():
+    """No module imports (at import time or lazily) a module that imports it back, through
+    any chain: every layer and every package's modules form a one-way graph."""
+    modules = _modules()
+    graph = {name: _imports(src, modules) - {name} for name, src in modules.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+
+
+def test_benchmarks_read_lower_as_better():
+    """asv's regression gate reads every benchmark as lower-is-better: a ``track_*`` benchmark
+    reports a time per unit of work or a ratio, never a rate (``.../s``)."""
+    for bench in (REPO / "asv_bench" / "benchmarks").glob("bench_*.py"):
+        for m in re.finditer(r"^\s*(track_\w+)\.unit\s*=\s*\"([^\"]+)\"", bench.read_text(), re.M):
+            assert not m.group(2).endswith("/s"), (bench.name, m.group(1), m.group(2))

@@ -151,14 +151,15 @@ class Write:
         with ZRecordWriter(os.path.join(self.folder, f"w{self.n}"), [FieldSpec("x", "bytes")]) as w:
             w.extend(self.recs)
 
-    def track_append_mib_per_second(self) -> float:
+    def track_append_ms_per_mib(self) -> float:
+        # lower is better, as asv's gate reads every benchmark (the inverse of MiB/s)
         import time
 
         t0 = time.perf_counter()
         self.time_append_4096_records()
-        return 4096 * 4096 / (time.perf_counter() - t0) / (1 << 20)
+        return (time.perf_counter() - t0) * 1e3 / (4096 * 4096 / (1 << 20))
 
-    track_append_mib_per_second.unit = "MiB/s"
+    track_append_ms_per_mib.unit = "ms/MiB"
 
     def time_open(self) -> None:
         ZRecordStore(os.path.join(self.folder, "open")).close()

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.core._checks import check_count
+from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError, CorruptError, FormatError, NotFoundError, StateError
 
 __all__ = ["NPY_STATE_VERSION", "NpyTokenFolder"]

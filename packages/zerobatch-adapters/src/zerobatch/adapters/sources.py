@@ -37,7 +37,7 @@ import numpy as np
 
 from zerobatch.adapters._buffers import BufferPool
 from zerobatch.core import pad_rows
-from zerobatch.core._checks import check_count
+from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError, CorruptError
 from zerobatch.samplers import BlockShuffleOrder, GlobalRandomOrder, IndexOrder, MixtureSchedule, SequentialOrder
 

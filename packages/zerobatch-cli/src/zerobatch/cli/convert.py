@@ -34,6 +34,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -41,13 +42,64 @@ import numpy as np
 from zerobatch.cli.sources import TextSource, open_source
 from zerobatch.formats.errors import ConfigError, CorruptError, LimitExceededError, NotFoundError
 
-__all__ = ["TARGETS", "convert", "find_eod", "load_tokenizer"]
+__all__ = ["TARGETS", "ConvertOptions", "convert", "find_eod", "load_tokenizer"]
 
 TARGETS = ("llmbatch", "llmchnk", "tokstream", "zrecord")
 #: Special tokens tried, in order, as the end-of-document token when none is named.
 EOD_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>", "[SEP]", "<eod>")
 STAGING_SUFFIX = ".zbconvert"
 PLAN_NAME = "plan.json"
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Everything a conversion is told besides its source and destination (the command line's
+    options; see ``zerobatch convert --help``).
+
+    Attributes:
+        to: the target format (one of :data:`TARGETS`).
+        source_kind: the source kind (``text``, ``jsonl``, ``parquet``, ``hf``, ``npy``,
+            ``nanogpt``, ``megatron``); default: from the name.
+        tokenizer: a ``tokenizer.json`` for text sources.
+        eod_token, eod_id: the end-of-document token (text) or id (flat token files).
+        field: the text field of JSONL, Parquet or HF rows.
+        split: ``file``, ``line`` or ``blank``: a document per file, line or blank-line block.
+        hf_split: the split of a saved ``DatasetDict``.
+        token_dtype: nanoGPT ``.bin`` token type.
+        workers: tokenizer processes (and ZRECORD writer threads).
+        docs_per_shard: documents per tokenized staging group.
+        seq_len: llmbatch: tokens per record (default 512); llmchnk: cut longer documents.
+        batch_size, seed, shuffle: llmbatch: records per batch, the shuffle seed, whether to shuffle.
+        shard_tokens: tokstream: tokens per shard.
+        compress: zrecord: ``raw`` or ``flate``.
+        vocab_size: ids must be below it (default: the tokenizer's, else the largest id + 1).
+        dtype: ``auto``, ``uint16`` or ``uint32``: the stored token type.
+        quiet: no progress bars.
+    """
+
+    to: str
+    source_kind: str | None = None
+    tokenizer: str | None = None
+    eod_token: str | None = None
+    eod_id: int | None = None
+    field: str = "text"
+    split: str = "file"
+    hf_split: str = "train"
+    token_dtype: str | None = None
+    workers: int = max(1, min(8, os.cpu_count() or 1))
+    docs_per_shard: int = 1024
+    seq_len: int | None = None
+    batch_size: int = 32
+    seed: int = 42
+    shuffle: bool = True
+    shard_tokens: int = 1 << 28
+    compress: str = "raw"
+    vocab_size: int | None = None
+    dtype: str = "auto"
+    quiet: bool = False
+
+    def replace(self, **changes: Any) -> ConvertOptions:
+        return ConvertOptions(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes})
 
 
 def load_tokenizer(path: str) -> Any:
@@ -280,7 +332,7 @@ def _documents(chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]) ->
 
 
 def write_target(target: str, dst: str, chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], *,
-                 num_tokens: int, max_token: int, args: Any, eod: int | None,
+                 num_tokens: int, max_token: int, args: ConvertOptions, eod: int | None,
                  log: Callable[[str], None]) -> str:
     """Write ``dst`` in format ``target``; returns a one-line summary."""
     vocab = args.vocab_size if args.vocab_size else max_token + 1
@@ -318,7 +370,7 @@ def write_target(target: str, dst: str, chunks: Callable[[], Iterator[tuple[np.n
             raise ConfigError(f"--batch-size: {num_tokens} tokens make {records} records of {seq_len}, fewer than "
                               f"one batch of {batch_size}", field="batch_size")
         nb = write_batch_dataset(dst, _records(chunks, seq_len), records, batch_size, seq_len, args.seed,
-                                 shuffle=not args.no_shuffle)
+                                 shuffle=args.shuffle)
         dropped = num_tokens - nb * batch_size * seq_len
         return (f"{nb} batches of {batch_size} x {seq_len} ({nb * batch_size * seq_len:,} tokens; {dropped:,} "
                 f"tokens that do not fill a whole batch dropped)")
@@ -364,7 +416,7 @@ def write_target(target: str, dst: str, chunks: Callable[[], Iterator[tuple[np.n
 
 
 def _write_tokstream(folder: str, chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], *, vocab: int,
-                     dtype: str, eod: int | None, args: Any) -> str:
+                     dtype: str, eod: int | None, args: ConvertOptions) -> str:
     from zerobatch.writers.tokstream import TokenStreamWriter
 
     w = TokenStreamWriter(folder, vocab_size=max(vocab, 1), eod_token=eod if eod is not None and eod < vocab else None,
@@ -398,9 +450,31 @@ def _write_zrecord(folder: str, chunks: Callable[[], Iterator[tuple[np.ndarray, 
     return f"{n:,} records (field tokens, {dtype}, {args.compress})"
 
 
-def convert(args: Any, log: Callable[[str], None] = print) -> int:
-    """Run ``zerobatch convert`` with parsed ``args``; returns the exit status."""
-    src, dst = args.src, args.dst.rstrip("/") or args.dst
+def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, **options: Any) -> str:
+    """Convert ``src`` (any source :mod:`zerobatch.cli.sources` reads) into a ``to`` dataset at
+    ``dst``: ``zerobatch convert`` as a function.
+
+    Args:
+        src: a file, folder or glob of text, JSONL, Parquet, a Hugging Face ``save_to_disk``
+            folder, ``.npy``, nanoGPT ``.bin`` or Megatron ``.bin``/``.idx``.
+        dst: the file (llmbatch, llmchnk) or folder (tokstream, zrecord) to write.
+        to: the target format (:data:`TARGETS`).
+        log: called with each line of the report.
+        options: the fields of :class:`ConvertOptions` (``tokenizer=``, ``seq_len=``...).
+
+    Returns:
+        The one-line summary of what was written (also given to ``log``).
+
+    Raises:
+        ConfigError: an option out of range, or a source that cannot be converted.
+        NotFoundError: a missing input or destination folder.
+        FormatError: a damaged input (Megatron index, tokenizer file...).
+        LimitExceededError: a token id beyond the vocabulary.
+        WriteError: the destination could not be written (nothing is left under its name).
+    """
+    args = ConvertOptions(to=to, **options)
+    src, dst = os.fspath(src), os.fspath(dst)
+    dst = dst.rstrip("/") or dst
     if args.to not in TARGETS:
         raise ConfigError(f"--to must be one of {TARGETS}, got {args.to!r}", field="to")
     if args.workers < 1:
@@ -426,7 +500,7 @@ def convert(args: Any, log: Callable[[str], None] = print) -> int:
                                     log=log)
         num_tokens, num_docs, top = staged_totals(paths)
         if args.vocab_size is None:
-            args.vocab_size = vocab
+            args = args.replace(vocab_size=vocab)
 
         def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
             return staged_chunks(paths)
@@ -444,4 +518,4 @@ def convert(args: Any, log: Callable[[str], None] = print) -> int:
         shutil.rmtree(staging, ignore_errors=True)
     dt = time.perf_counter() - t0
     log(f"wrote {dst} ({args.to}): {summary} in {dt:.1f} s ({num_tokens / max(dt, 1e-9) / 1e6:,.2f}M tokens/s)")
-    return 0
+    return summary

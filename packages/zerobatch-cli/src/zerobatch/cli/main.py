@@ -338,15 +338,19 @@ def _bench_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from zerobatch.cli.convert import convert
+    from zerobatch.cli.convert import ConvertOptions, convert
 
-    return convert(args, log=lambda s: print(s, file=sys.stderr if s.startswith(("resumed", "/")) else sys.stdout))
+    options = {f: getattr(args, f) for f in ConvertOptions.__dataclass_fields__ if f not in ("to", "shuffle")}
+    convert(args.src, args.dst, to=args.to, shuffle=not args.no_shuffle, **options,
+            log=lambda s: print(s, file=sys.stderr if s.startswith(("resumed", "/")) else sys.stdout))
+    return 0
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
     from zerobatch.cli.quickstart import quickstart
 
-    return quickstart(args)
+    return quickstart(steps=args.steps, workdir=args.workdir, vocab=args.vocab, seq_len=args.seq_len,
+                      batch_size=args.batch_size, text=args.text, seed=args.seed)
 
 
 def _usage(args: argparse.Namespace, message: str) -> SystemExit:

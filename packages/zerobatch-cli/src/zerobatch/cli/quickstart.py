@@ -13,18 +13,27 @@ nothing downloaded.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import os
 import sys
 import tempfile
 import time
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["quickstart"]
 
 BUNDLED = "tinyshakespeare.txt.gz"
+
+
+class _Settings(NamedTuple):
+    steps: int
+    workdir: str | None
+    vocab: int
+    seq_len: int
+    batch_size: int
+    text: str | None
+    seed: int
 
 
 def bundled_text() -> str:
@@ -71,19 +80,20 @@ def _model(vocab: int, seq_len: int, dim: int = 128, layers: int = 2, heads: int
     return TinyLM()
 
 
-def _convert(argv: list[str]) -> None:
-    from zerobatch.cli.convert import convert
-    from zerobatch.cli.main import build_parser
-
-    convert(build_parser().parse_args(["convert", *argv]), log=lambda s: print("  " + s))
-
-
-def quickstart(args: argparse.Namespace) -> int:
+def quickstart(*, steps: int = 300, workdir: str | None = None, vocab: int = 2048, seq_len: int = 128,
+               batch_size: int = 16, text: str | None = None, seed: int = 0) -> int:
+    """``zerobatch quickstart``: train a tokenizer on ``text`` (default: the bundled
+    public-domain Shakespeare), convert it to TOKSTREAM and LLMBATCH, verify both, train a
+    tiny causal LM for ``steps`` steps of ``batch_size`` x ``seq_len`` tokens through the
+    zerobatch loader and report the loss and the loader's share of the time. Returns the exit
+    status. ``workdir`` keeps the files (default: a temporary folder)."""
+    args = _Settings(steps, workdir, vocab, seq_len, batch_size, text, seed)
     import numpy as np
     import torch
     import torch.nn.functional as F
 
     from zerobatch.adapters.torch import BatchNativeLoader, Loader, TokenWindows
+    from zerobatch.cli.convert import convert
     from zerobatch.cli.datasets import open_dataset
 
     torch.manual_seed(args.seed)
@@ -114,10 +124,10 @@ def quickstart(args: argparse.Namespace) -> int:
 
         stream, batch_file = os.path.join(work, "corpus.tokstream"), os.path.join(work, "corpus.batch")
         print("[3/4] zerobatch convert (one document per speech; <|endoftext|> after each)")
-        common = ["--tokenizer", tok_path, "--split", "blank", "--workers", "2", "--quiet"]
-        _convert([text_path, stream, "--to", "tokstream", *common])
-        _convert([text_path, batch_file, "--to", "llmbatch", "--seq-len", str(args.seq_len + 1), "--batch-size",
-                  str(args.batch_size), *common])
+        common = {"tokenizer": tok_path, "split": "blank", "workers": 2, "quiet": True,
+                  "log": lambda s: print("  " + s)}
+        convert(text_path, stream, to="tokstream", **common)
+        convert(text_path, batch_file, to="llmbatch", seq_len=args.seq_len + 1, batch_size=args.batch_size, **common)
         for path in (stream, batch_file):
             ds = open_dataset(path)
             faults, summary = ds.verify(None)

@@ -18,96 +18,22 @@ Everything here is imported from this module, never from ``zerobatch.core._<kern
 - :mod:`zerobatch.core.io`: atomic writes, safe opens; :class:`FileMapping`: read-only
   mappings that hold no file descriptor;
 - :mod:`zerobatch.core.pool`: :class:`TaskPool`, worker threads that run gathers with the
-  GIL released from start to finish, stopped around ``fork`` and at exit.
+  GIL released from start to finish, stopped around ``fork`` and at exit;
+- :mod:`zerobatch.core.checks`: the argument checks every package shares.
 
-The kernels release the GIL in their inner loops. If the compiled extensions are missing
-this import fails with the command that rebuilds them; ``ZEROBATCH_PUREPYTHON=1`` selects the
-pure-NumPy twins in ``zerobatch.core._reference`` instead (slow; for debugging).
+The names come from the kernel table (:mod:`zerobatch.core._kernels`): every compiled module
+``_<name>`` with its pure-Python twin ``_twins/<name>.py``. The kernels release the GIL in
+their inner loops. If a compiled extension is missing this import fails with the command
+that rebuilds it; ``ZEROBATCH_PUREPYTHON=1`` selects the twins instead (slow; for debugging).
 """
 
-import os as _os
-
+from zerobatch.core._kernels import PURE_PYTHON, exports
 from zerobatch.core._version import __version__
 
-PURE_PYTHON = _os.environ.get("ZEROBATCH_PUREPYTHON") == "1"
+_KERNEL_EXPORTS = exports()
+globals().update(_KERNEL_EXPORTS)
 
-if PURE_PYTHON:
-    from zerobatch.core._reference import (
-        FeistelPermutation,
-        FileMapping,
-        LLMBatchSlots,
-        WindowGather,
-        epoch_seed,
-        gather_windows,
-        random_draws,
-        block_shuffle_items,
-        hash_slots,
-        llmbatch_batch_offsets,
-        llmbatch_geometry,
-        max_u32,
-        pad_rows,
-        pack_llmbatch_header,
-        parse_llmbatch_header,
-        widen_u32,
-        xxh3_64,
-        xxh3_kernel,
-    )
-    from zerobatch.core._reference import RecordGather, buffer_views, zrecord_status_error
-    from zerobatch.core._reference import ChunkRecords, gather_rows, locate_windows
-else:
-    try:
-        from zerobatch.core._feistel import FeistelPermutation, epoch_seed, random_draws
-        from zerobatch.core._mapping import FileMapping
-        from zerobatch.core._gather import LLMBatchSlots, max_u32, pad_rows, widen_u32
-        from zerobatch.core._hash import hash_slots, xxh3_64, xxh3_kernel
-        from zerobatch.core._header import llmbatch_geometry, pack_llmbatch_header, parse_llmbatch_header
-        from zerobatch.core._offsets import block_shuffle_items, llmbatch_batch_offsets
-        from zerobatch.core._tokstream import WindowGather, gather_windows
-        from zerobatch.core._zrecord import RecordGather, buffer_views
-        from zerobatch.core._zrecord import status_error as zrecord_status_error
-        from zerobatch.core._llmchnk import ChunkRecords
-        from zerobatch.core._features import gather_rows
-        from zerobatch.core._features import locate as locate_windows
-    except ImportError as _exc:  # pragma: no cover - exercised by a broken install only
-        raise ImportError(
-            "zerobatch.core: the compiled extensions are missing or broken "
-            f"({_exc}). Reinstall them with: python -m pip install --force-reinstall "
-            "--no-deps zerobatch-core (or set ZEROBATCH_PUREPYTHON=1 for the slow pure-Python "
-            "kernels)"
-        ) from _exc
+from zerobatch.core import checks, io, pool  # noqa: E402 - after the kernels they wrap
+from zerobatch.core.pool import shared_pool  # noqa: E402
 
-from zerobatch.core import io, pool
-from zerobatch.core.pool import TaskPool, shared_pool
-
-__all__ = [
-    "ChunkRecords",
-    "FeistelPermutation",
-    "FileMapping",
-    "LLMBatchSlots",
-    "PURE_PYTHON",
-    "RecordGather",
-    "TaskPool",
-    "WindowGather",
-    "__version__",
-    "block_shuffle_items",
-    "buffer_views",
-    "epoch_seed",
-    "gather_rows",
-    "gather_windows",
-    "zrecord_status_error",
-    "random_draws",
-    "hash_slots",
-    "io",
-    "llmbatch_batch_offsets",
-    "llmbatch_geometry",
-    "locate_windows",
-    "max_u32",
-    "pack_llmbatch_header",
-    "pad_rows",
-    "parse_llmbatch_header",
-    "pool",
-    "shared_pool",
-    "widen_u32",
-    "xxh3_64",
-    "xxh3_kernel",
-]
+__all__ = sorted([*_KERNEL_EXPORTS, "PURE_PYTHON", "__version__", "checks", "io", "pool", "shared_pool"])

@@ -1,7 +1,7 @@
 # Feature matrices: global window index -> (key, row) by binary search, and window gathers.
 #
 # Contract
-#   locate(cum, starts, stride, indices, rows, keys): cum holds K + 1 non-decreasing window
+#   locate_windows(cum, starts, stride, indices, rows, keys): cum holds K + 1 non-decreasing window
 #     counts (cum[0] = 0, cum[K] = total), starts the K first rows of the keys. For each
 #     index g in [0, total): keys[r] = the k with cum[k] <= g < cum[k + 1] (binary search,
 #     O(log K)), rows[r] = starts[k] + (g - cum[k]) * stride. An index outside [0, total)
@@ -16,10 +16,12 @@ from libc.string cimport memcpy
 
 import numpy as np
 
-from zerobatch.formats.errors import ConfigError
+from zerobatch.formats.errors import ConfigError, OutOfRangeError
+
+__all__ = ["gather_rows", "locate_windows"]
 
 
-def locate(const int64_t[::1] cum, const int64_t[::1] starts, int64_t stride, indices,
+def locate_windows(const int64_t[::1] cum, const int64_t[::1] starts, int64_t stride, indices,
            int64_t[::1] rows, int64_t[::1] keys):
     """See the module comment. Returns ``(rows, keys)``."""
     cdef const int64_t[::1] idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
@@ -30,7 +32,7 @@ def locate(const int64_t[::1] cum, const int64_t[::1] starts, int64_t stride, in
     for r in range(n):
         g = idx[r]
         if g < 0 or g >= total:
-            raise IndexError(f"window index {g} out of range [0, {total})")
+            raise OutOfRangeError(f"window index {g} out of range [0, {total})")
     with nogil:
         for r in range(n):
             g = idx[r]
@@ -56,7 +58,7 @@ def gather_rows(buffer, int64_t row_bytes, int64_t total_rows, rows, int64_t cou
                           field="row_bytes")
     for r in range(n):
         if rr[r] < 0 or rr[r] > total_rows - count:
-            raise IndexError(f"rows [{rr[r]}, {rr[r] + count}) are outside the matrix's {total_rows} rows")
+            raise OutOfRangeError(f"rows [{rr[r]}, {rr[r] + count}) are outside the matrix's {total_rows} rows")
     cdef Py_buffer src, dst
     PyObject_GetBuffer(buffer, &src, PyBUF_C_CONTIGUOUS)
     try:

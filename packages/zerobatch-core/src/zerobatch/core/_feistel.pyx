@@ -16,8 +16,10 @@ from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 import numpy as np
 
-from zerobatch.core._checks import check_count, check_out, check_position, check_seed, positions_and_out
-from zerobatch.formats.errors import ConfigError
+from zerobatch.core.checks import check_count, check_out, check_position, check_seed, positions_and_out
+from zerobatch.formats.errors import ConfigError, OutOfRangeError
+
+__all__ = ["FeistelPermutation", "epoch_seed", "random_draws"]
 
 cdef extern from "_feistel.h" nogil:
     ctypedef struct zb_feistel:
@@ -172,7 +174,7 @@ cdef class FeistelPermutation:
         start = check_count(start, "start")
         stop = check_count(stop, "stop")
         if start > stop or stop > self.f.n:
-            raise IndexError(f"range [{start}, {stop}) is not within [0, {self.f.n})")
+            raise OutOfRangeError(f"range [{start}, {stop}) is not within [0, {self.f.n})")
         out = np.empty(stop - start, dtype=np.int64)
         self.fill(out, start, inverse=inverse)
         return out
@@ -199,7 +201,7 @@ cdef class FeistelPermutation:
         cdef uint64_t s = check_count(start, "start")
         cdef uint64_t count = out.size
         if s > self.f.n or count > self.f.n - s:
-            raise IndexError(f"positions [{s}, {s + count}) are not within [0, {self.f.n})")
+            raise OutOfRangeError(f"positions [{s}, {s + count}) are not within [0, {self.f.n})")
         if count == 0:
             return out
         cdef int64_t[::1] dst = out.reshape(-1)
@@ -243,7 +245,7 @@ cdef class FeistelPermutation:
             status = zb_feistel_map(&self.f, &pos[0], count, &dst[0], inv)
         if status != ZB_FEISTEL_OK:
             what = "value" if inverse else "position"
-            raise IndexError(f"a {what} is outside [0, {self.f.n})")
+            raise OutOfRangeError(f"a {what} is outside [0, {self.f.n})")
         return out
 
     def __iter__(self):
@@ -311,7 +313,7 @@ def random_draws(seed, counters, n, out=None):
     if count == 0:
         return out
     if np.min(ctr) < 0:
-        raise IndexError("counters: a draw counter is negative")
+        raise OutOfRangeError("counters: a draw counter is negative")
     cdef int64_t[::1] dst = out.reshape(-1)
     cdef uint32_t k0[27]
     cdef uint32_t k1[27]

@@ -37,7 +37,9 @@ from zerobatch.core._status cimport ZB_E_CHECKSUM, ZB_E_RANGE, ZB_OK
 
 import numpy as np
 
-from zerobatch.formats.errors import ConfigError, IntegrityError
+from zerobatch.formats.errors import ConfigError, IntegrityError, OutOfRangeError
+
+__all__ = ["LLMBatchSlots", "max_u32", "pad_rows", "widen_u32"]
 
 
 cdef int zb_convert_tokens(const uint8_t *src, int64_t n, void *dst, int kind) noexcept nogil:
@@ -366,7 +368,7 @@ cdef class LLMBatchSlots:
     cdef inline uint64_t _index(self, object i) except? 0xFFFFFFFFFFFFFFFF:
         cdef object j = i if type(i) is int else PyNumber_Index(i)
         if j < 0 or j >= self.num_batches:
-            raise IndexError(f"{self.path}: batch index {j} out of range [0, {self.num_batches})")
+            raise OutOfRangeError(f"batch index {j} out of range [0, {self.num_batches})", path=self.path, field="index")
         return <uint64_t>j
 
     cdef int _raise(self, int status, int64_t bad) except -1:
@@ -469,8 +471,8 @@ cdef class LLMBatchSlots:
         cdef Py_ssize_t k = idx.shape[0], j
         for j in range(k):
             if idx[j] < 0 or <uint64_t>idx[j] >= self.num_batches:
-                raise IndexError(f"{self.path}: batch index {idx[j]} out of range "
-                                 f"[0, {self.num_batches})")
+                raise OutOfRangeError(f"batch index {idx[j]} out of range [0, {self.num_batches})",
+                                      path=self.path, field="index")
         g[0] = self._g
         g.kind = _acquire_out(out, view, k * self.tokens_per_batch, "gather")
         g.itemsize = view.itemsize

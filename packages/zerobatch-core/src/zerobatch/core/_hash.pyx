@@ -17,6 +17,8 @@ import numpy as np
 
 from zerobatch.formats.errors import ConfigError
 
+__all__ = ["hash_slots", "xxh3_64", "xxh3_kernel"]
+
 cdef uint64_t _GIL_FREE_BYTES = 65536
 
 

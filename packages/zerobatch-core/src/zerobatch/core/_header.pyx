@@ -34,6 +34,8 @@ from zerobatch.core._header_common import (FIELD_NAMES, check_uint, geometry_mes
 from zerobatch.core._status import raise_for_status
 from zerobatch.formats.errors import ConfigError
 
+__all__ = ["llmbatch_geometry", "pack_llmbatch_header", "parse_llmbatch_header"]
+
 # Index of each field name in FIELD_NAMES; h.bad_field holds one of these.
 cdef enum:
     F_HEADER = 0

@@ -26,7 +26,9 @@ from zerobatch.core._status cimport ZB_E_CHECKSUM, ZB_E_INDEX, ZB_E_RANGE, ZB_OK
 
 import numpy as np
 
-from zerobatch.formats.errors import ConfigError, IntegrityError
+from zerobatch.formats.errors import ConfigError, IntegrityError, OutOfRangeError
+
+__all__ = ["ChunkRecords"]
 
 cdef inline int _copy_record(const uint8_t *src, int64_t length, int itemsize, int64_t width,
                              void *row, bint wide, int64_t pad) noexcept nogil:
@@ -137,7 +139,7 @@ cdef class ChunkRecords:
             raise ConfigError(f"record {bad} holds a token id of 2**31 or more, which does not fit in int32; "
                               "read it as int64", path=self.path, field="dtype")
         if status == ZB_E_INDEX:
-            raise IndexError(f"{self.path}: record index {bad} out of range [0, {self.num_records})")
+            raise OutOfRangeError(f"record index {bad} out of range [0, {self.num_records})", path=self.path, field="index")
         return 0
 
     def span(self, int64_t i):
@@ -147,7 +149,7 @@ cdef class ChunkRecords:
             IndexError: ``i`` out of range. IntegrityError: a checksum mismatch.
         """
         if i < 0 or i >= self.num_records:
-            raise IndexError(f"{self.path}: record index {i} out of range [0, {self.num_records})")
+            raise OutOfRangeError(f"record index {i} out of range [0, {self.num_records})", path=self.path, field="index")
         cdef int status
         with nogil:
             status = self._check(i)

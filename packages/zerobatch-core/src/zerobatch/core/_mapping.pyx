@@ -19,6 +19,8 @@ import os
 
 from zerobatch.formats.errors import ConfigError, ReadError
 
+__all__ = ["FileMapping"]
+
 cdef extern from "<sys/mman.h>" nogil:
     void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
     int munmap(void *addr, size_t length)

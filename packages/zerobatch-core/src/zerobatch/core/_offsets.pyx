@@ -22,7 +22,9 @@ from zerobatch.core._status cimport ZB_E_ARGUMENT, ZB_E_INDEX, ZB_OK
 import numpy as np
 
 from zerobatch.core._status import raise_for_status
-from zerobatch.formats.errors import ConfigError
+from zerobatch.formats.errors import ConfigError, OutOfRangeError
+
+__all__ = ["block_shuffle_items", "llmbatch_batch_offsets"]
 
 
 cdef int zb_llmbatch_offsets(const int64_t *indices, int64_t k, uint64_t padded,
@@ -146,7 +148,7 @@ def block_shuffle_items(block_perm, block_size, n, positions, out=None):
             status = zb_block_shuffle_items(&perm[0], nblocks, bs, nn, &pos[0], pos.shape[0],
                                             &dst[0])
     if status == ZB_E_INDEX:
-        raise IndexError(f"an epoch position is outside [0, {n})")
+        raise OutOfRangeError(f"an epoch position is outside [0, {n})")
     if status != ZB_OK:
         raise_for_status(status, f"block_perm names a block outside [0, {nblocks})",
                          field="block_perm")

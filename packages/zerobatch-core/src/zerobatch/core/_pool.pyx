@@ -25,6 +25,8 @@ import threading
 
 from zerobatch.formats.errors import ConfigError
 
+__all__ = ["TaskPool"]
+
 
 cdef class TaskPool:
     """Worker threads running C tasks with the GIL released.

@@ -14,6 +14,7 @@ from zerobatch.formats.errors import (
     CorruptError,
     IntegrityError,
     LimitExceededError,
+    OutOfRangeError,
     ReadError,
     TruncatedError,
     UnsupportedVersionError,
@@ -55,7 +56,7 @@ STATUS_EXCEPTIONS: dict[int, type[Exception]] = {
     10: CorruptError,
     11: IntegrityError,
     12: ConfigError,
-    13: IndexError,
+    13: OutOfRangeError,
     14: ConfigError,
     15: ReadError,
 }
@@ -75,8 +76,6 @@ def raise_for_status(status: int, message: str, *, path: Any = None, field: str 
         ``CorruptError`` for a code this table does not know).
     """
     cls = STATUS_EXCEPTIONS.get(status)
-    if cls is IndexError:
-        raise IndexError(f"{path}: {message}" if path else message)
     if cls is None:
         raise CorruptError(f"{message} (unknown status {status})", path=path, field=field)
     raise cls(message, path=path, field=field)

@@ -67,8 +67,10 @@ import threading
 
 import numpy as np
 
-from zerobatch.core._checks import as_positions, check_count
-from zerobatch.formats.errors import ConfigError, CorruptError, ReadError, TruncatedError
+from zerobatch.core.checks import as_positions, check_count
+from zerobatch.formats.errors import ConfigError, CorruptError, OutOfRangeError, ReadError, TruncatedError
+
+__all__ = ["WindowGather", "gather_windows"]
 
 
 #: Windows loaded ahead of the one being copied.
@@ -604,7 +606,7 @@ cdef class WindowGather:
             if count == 0 or L == 0:
                 for i in range(count):
                     if st[i] < 0 or st[i] > self.total:
-                        raise IndexError(f"a window start is outside [0, {self.total}]")
+                        raise OutOfRangeError(f"a window start is outside [0, {self.total}]")
                 return out
             if view.itemsize == 8:
                 p64 = <int64_t *>data
@@ -693,7 +695,7 @@ cdef class WindowGather:
             else:
                 for i in range(count):
                     if st[i] < 0 or st[i] > self.total:
-                        raise IndexError(f"a window start is outside [0, {self.total}]")
+                        raise OutOfRangeError(f"a window start is outside [0, {self.total}]")
             if status == ZB_E_FIELD:
                 shard = _find_shard(g.cum, g.num_shards, g.bad_pos)
                 raise CorruptError(f"metadata_id: the id at global position {g.bad_pos} (record "
@@ -761,7 +763,7 @@ cdef class WindowGather:
             raise ConfigError("stops: one per start", field="stops")
         for i in range(count):
             if a[i] < 0 or b[i] < a[i] or b[i] > self.total:
-                raise IndexError(f"range [{a[i]}, {b[i]}) is not within [0, {self.total})")
+                raise OutOfRangeError(f"range [{a[i]}, {b[i]}) is not within [0, {self.total})")
             total += b[i] - a[i]
         if count and self.pending:
             self._verify(&a[0], &b[0], count, 0)
@@ -795,7 +797,7 @@ cdef class WindowGather:
         if status == ZB_OK:
             return 0
         if status == ZB_E_INDEX:
-            raise IndexError(f"a window of {L} tokens falls outside [0, {self.total})")
+            raise OutOfRangeError(f"a window of {L} tokens falls outside [0, {self.total})")
         if status == ZB_E_IO and g.err_shard < 0:
             raise MemoryError("out of memory for a window gather")
         if status == ZB_E_IO or status == ZB_E_TRUNCATED:
@@ -891,7 +893,7 @@ cdef class WindowGather:
             raise ConfigError(f"boundaries: {count} x {BL} tokens do not fit int32 cu_seqlens", field="length")
         for i in range(count):
             if st[i] < 0 or st[i] > self.total - L:
-                raise IndexError(f"a window of {L} tokens falls outside [0, {self.total})")
+                raise OutOfRangeError(f"a window of {L} tokens falls outside [0, {self.total})")
         if out is not None and count and self.pending:
             self._verify(&st[0], NULL, count, L)
         pdt = None

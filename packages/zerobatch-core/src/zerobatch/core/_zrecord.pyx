@@ -36,6 +36,7 @@ from zerobatch.core._pool cimport TaskPool, zb_task
 import numpy as np
 
 from zerobatch.core._status import raise_for_status
+from zerobatch.formats.errors import OutOfRangeError
 
 cnp.import_array()
 
@@ -44,6 +45,8 @@ cdef extern from "numpy/arrayobject.h":
     object PyArray_NewFromDescr(void *subtype, cnp.dtype descr, int nd, cnp.npy_intp *dims,
                                 cnp.npy_intp *strides, void *data, int flags, PyObject *obj)
 from zerobatch.formats.zrecord import ENTRY_DTYPE
+
+__all__ = ["RecordGather", "buffer_views", "zrecord_status_error"]
 
 cdef extern from "_zrecord.h" nogil:
     int ZR_OK, ZR_RETRY, ZR_STALE, ZR_NEED_TABLE, ZR_NEED_CHUNK, ZR_E_INDEX, ZR_E_CHECKSUM
@@ -268,7 +271,7 @@ cdef class RecordGather:
         if status == ZR_E_CHECKSUM:
             return ("bad_entry", int(fno[bad % nf]), int(idx[bad // nf]))
         if status == ZR_E_INDEX:
-            raise IndexError(f"index {int(idx[bad])} is out of range for a store of {length} records")
+            raise OutOfRangeError(f"index {int(idx[bad])} is out of range for a store of {length} records")
         return entries, int(length), int(nchunks)
 
     def check(self, entries_col, uint64_t num_chunks, uint32_t field_no, uint32_t codec,
@@ -388,7 +391,7 @@ cdef object _failure(int status, int64_t pos, uint64_t need, const zr_entry e):
     return ("error", status, int(pos), (int(e.chunk), int(e.offset), int(e.length)))
 
 
-def status_error(int status, str message, path=None, field=None):
+def zrecord_status_error(int status, str message, path=None, field=None):
     """Raise the exception of a failure tuple's status (for the Python wrapper)."""
     raise_for_status(status, message, path=path, field=field)
 

@@ -7,7 +7,7 @@ complete new one under the final name, never a mix; a failed call raises
 :class:`~zerobatch.formats.errors.WriteError` with the ``errno`` of that call, removes the
 temporary file and is never retried (a failed ``fsync`` cannot be retried safely).
 
-Every system call a writer makes goes through :func:`_io`, one small layer that tests can
+Every system call a writer makes goes through :func:`io_call`, one small layer that tests can
 tell to ``SIGKILL`` the process, or fail with an ``errno``, after its k-th call
 (``ZEROBATCH_FAULT_KILL_AFTER=k``, ``ZEROBATCH_FAULT_ERRNO_AFTER=k:ERRNO``). That is how the
 suite proves the crash and disk-full guarantees at every step of every write.
@@ -38,14 +38,18 @@ from zerobatch.formats.errors import (
 __all__ = [
     "AtomicFile",
     "cleanup_orphans",
+    "fsync_dir",
+    "io_call",
     "open_regular_file",
     "pread_exact",
+    "pwrite_all",
     "temp_prefix",
 ]
 
 T = TypeVar("T")
 
 _TMP_MARK = ".zbtmp."
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -85,14 +89,51 @@ def _env_int(name: str) -> int | None:
 _FAULTS = _FaultPlan()
 
 
-def _io(name: str, func: Callable[..., T], *args: Any) -> T:
-    """Run one system call, through the fault-injection counter when it is active."""
+def io_call(name: str, func: Callable[..., T], *args: Any) -> T:
+    """Run one system call of a writer, through the fault-injection counter when it is active.
+
+    Args:
+        name: the call's name, as a fault report gives it (``"pwrite"``, ``"fsync"``...).
+        func: the call (``os.pwrite``...); args: its arguments.
+
+    Returns:
+        What ``func`` returns. An ``OSError`` from it (or an injected one) propagates.
+    """
     if not _FAULTS.active:
         return func(*args)
     _FAULTS.before(name)
     result = func(*args)
     _FAULTS.after()
     return result
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """``fsync`` a folder, so that the names created or renamed in it are durable.
+
+    Raises:
+        OSError: from ``open`` or ``fsync`` (through :func:`io_call`).
+    """
+    fd = io_call("open", os.open, os.fspath(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC)
+    try:
+        io_call("fsync", os.fsync, fd)
+    finally:
+        os.close(fd)
+
+
+def pwrite_all(fd: int, data: Any, offset: int) -> None:
+    """Write all of ``data`` at ``offset``, resuming after short writes (each one a call
+    through :func:`io_call`).
+
+    Raises:
+        OSError: from ``pwrite``; ``ENOSPC`` when a call writes nothing.
+    """
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        n = io_call("pwrite", os.pwrite, fd, view[done:], offset + done)
+        if n <= 0:
+            raise OSError(_errno.ENOSPC, os.strerror(_errno.ENOSPC))
+        done += n
 
 
 # --------------------------------------------------------------------------------------------
@@ -243,7 +284,7 @@ class AtomicFile:
         self._done = False
         self.size = 0
         try:
-            self._fd = _io(
+            self._fd = io_call(
                 "open", os.open, self.tmp_path,
                 os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode,
             )
@@ -288,7 +329,7 @@ class AtomicFile:
         fd = self.fd
         try:
             while done < total:
-                n = _io("pwrite", os.pwrite, fd, view[done:], offset + done)
+                n = io_call("pwrite", os.pwrite, fd, view[done:], offset + done)
                 if n <= 0:
                     raise OSError(_errno.ENOSPC, os.strerror(_errno.ENOSPC))
                 done += n
@@ -306,7 +347,7 @@ class AtomicFile:
         done = 0
         try:
             while done < len(view):
-                n = _io("preadv", os.preadv, self.fd, [view[done:]], offset + done)
+                n = io_call("preadv", os.preadv, self.fd, [view[done:]], offset + done)
                 if n <= 0:
                     raise OSError(_errno.EIO, "the file ended before the bytes written")
                 done += n
@@ -316,7 +357,7 @@ class AtomicFile:
     def truncate(self, size: int) -> None:
         """Set the temporary file's size (sparse extension, for writers that fill in place)."""
         try:
-            _io("ftruncate", os.ftruncate, self.fd, size)
+            io_call("ftruncate", os.ftruncate, self.fd, size)
         except OSError as exc:
             raise self._fail("ftruncate", exc) from exc
         self.size = size
@@ -332,30 +373,30 @@ class AtomicFile:
             return
         fd = self.fd
         try:
-            _io("fsync", os.fsync, fd)
+            io_call("fsync", os.fsync, fd)
         except OSError as exc:
             raise self._fail("fsync", exc) from exc
         try:
-            _io("close", os.close, fd)
+            io_call("close", os.close, fd)
         except OSError as exc:
             self._fd = None
             raise self._fail("close", exc) from exc
         self._fd = None
         try:
-            _io("rename", os.replace, self.tmp_path, self.path)
+            io_call("rename", os.replace, self.tmp_path, self.path)
         except OSError as exc:
             raise self._fail("rename", exc) from exc
         self._done = True
         folder = os.path.dirname(self.path)
         try:
-            dfd = _io("open", os.open, folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            dfd = io_call("open", os.open, folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         except OSError as exc:
             raise WriteError(
                 f"fsync of the folder failed: {exc.strerror}", errno=exc.errno, path=self.path,
                 field="file", operation="fsync_dir",
             ) from exc
         try:
-            _io("fsync", os.fsync, dfd)
+            io_call("fsync", os.fsync, dfd)
         except OSError as exc:
             # The rename happened; the folder entry may not be durable. Report, never retry.
             raise WriteError(

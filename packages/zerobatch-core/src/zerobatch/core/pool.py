@@ -16,14 +16,11 @@ import os
 import threading
 import weakref
 
-from zerobatch.core import PURE_PYTHON
+from zerobatch.core._kernels import load
 
-__all__ = ["TaskPool", "shared_pool"]
+__all__ = ["TaskPool", "shared_pool", "track"]
 
-if PURE_PYTHON:  # pragma: no cover - the pure-Python mode runs gathers inline
-    from zerobatch.core._reference import TaskPool
-else:
-    from zerobatch.core._pool import TaskPool
+TaskPool = load("pool").TaskPool
 
 _pools: weakref.WeakSet[TaskPool] = weakref.WeakSet()
 _shared: dict[int, TaskPool] = {}

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from zerobatch.core import xxh3_64
-from zerobatch.core.io import AtomicFile, _io, open_regular_file
+from zerobatch.core.io import AtomicFile, io_call, open_regular_file
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import CorruptError, NotFoundError, ReadError, StateError, WriteError
 
@@ -151,13 +151,13 @@ def write_commit(fd: int, c: Z.Commit, *, path: Any, updates: list[tuple[int, by
     seq = struct.unpack_from("<Q", raw, 16)[0] if len(raw) >= 24 else 0
     odd = seq + 1 if not seq & 1 else seq
     try:
-        _io("pwrite", os.pwrite, fd, struct.pack("<Q", odd), 16)
+        io_call("pwrite", os.pwrite, fd, struct.pack("<Q", odd), 16)
         for tfd, data, offset in updates:
-            _io("pwrite", os.pwrite, tfd, data, offset)
+            io_call("pwrite", os.pwrite, tfd, data, offset)
         packed = Z.pack_commit(dataclasses.replace(c, seq=odd), xxh3_64)
-        _io("pwrite", os.pwrite, fd, packed[:16], 0)
-        _io("pwrite", os.pwrite, fd, packed[24:Z.COMMIT_STRUCT.size], 24)
-        _io("pwrite", os.pwrite, fd, struct.pack("<Q", odd + 1), 16)
+        io_call("pwrite", os.pwrite, fd, packed[:16], 0)
+        io_call("pwrite", os.pwrite, fd, packed[24:Z.COMMIT_STRUCT.size], 24)
+        io_call("pwrite", os.pwrite, fd, struct.pack("<Q", odd + 1), 16)
     except OSError as exc:
         raise WriteError(f"commit.zr: write failed: {exc.strerror}", errno=exc.errno, path=path,
                          field="commit.zr", operation="pwrite") from exc
@@ -241,15 +241,15 @@ def replay(folder: str, j: Journal) -> None:
             updates.append((tfds[(f, 1)], Z.entry_checks(entry, index, f).tobytes(), index * Z.CHECK_SIZE))
         write_commit(cfd, j.commit, path=cpath, updates=updates)
         for fd in [*tfds.values(), cfd]:
-            _io("fsync", os.fsync, fd)
+            io_call("fsync", os.fsync, fd)
     finally:
         for fd in [*tfds.values(), cfd]:
             os.close(fd)
     write_meta(folder, j.meta)
-    _io("unlink", os.unlink, os.path.join(folder, Z.JOURNAL_NAME))
+    io_call("unlink", os.unlink, os.path.join(folder, Z.JOURNAL_NAME))
     dfd = os.open(folder, os.O_RDONLY)
     try:
-        _io("fsync", os.fsync, dfd)
+        io_call("fsync", os.fsync, dfd)
     finally:
         os.close(dfd)
 

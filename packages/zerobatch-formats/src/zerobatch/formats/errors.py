@@ -26,6 +26,7 @@ __all__ = [
     "IntegrityError",
     "LimitExceededError",
     "NotFoundError",
+    "OutOfRangeError",
     "ReadError",
     "StateError",
     "TruncatedError",
@@ -99,6 +100,13 @@ class LimitExceededError(FormatError):
 
 class ConfigError(ZerobatchError, ValueError):
     """An argument passed by the caller is out of range or of the wrong type."""
+
+
+class OutOfRangeError(ZerobatchError, IndexError):
+    """An index or position outside its valid range (a batch index, a sampler step, a window).
+
+    Also an ``IndexError``, so ``except IndexError`` and the sequence protocol keep working.
+    """
 
 
 class StateError(ZerobatchError, ValueError):

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from zerobatch.core import gather_rows, locate_windows, xxh3_64
-from zerobatch.core._checks import check_count
+from zerobatch.core.checks import check_count
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.formats import features as F
 from zerobatch.formats.errors import (ConfigError, CorruptError, IntegrityError, LimitExceededError, ReadError,

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from zerobatch.core import ChunkRecords, xxh3_64
-from zerobatch.core._checks import check_count
+from zerobatch.core.checks import check_count
 from zerobatch.core.digest import block_digest
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.formats import llmchnk as C

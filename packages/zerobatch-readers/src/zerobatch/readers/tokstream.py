@@ -40,12 +40,12 @@ from typing import Any, NamedTuple, overload
 import numpy as np
 
 from zerobatch.core import FileMapping, WindowGather, xxh3_64
-from zerobatch.core._checks import as_positions, check_count
+from zerobatch.core.checks import as_positions, check_count
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.core.pool import shared_pool
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import (ConfigError, CorruptError, IntegrityError, LimitExceededError, NotFoundError,
-                                     ReadError, TruncatedError, ZerobatchError)
+                                     OutOfRangeError, ReadError, TruncatedError, ZerobatchError)
 
 __all__ = ["TokenStreamReader", "WindowMetadata"]
 
@@ -120,7 +120,7 @@ class MetadataObjects(Sequence[Any]):
         if i < 0:
             i += self._n
         if not 0 <= i < self._n:
-            raise IndexError(f"metadata object {i} of {self._n}")
+            raise OutOfRangeError(f"metadata object {i} of {self._n}")
         if i not in self._cache:
             blob = self._blob(i)
             self._cache[i] = blob if self._decode is None else self._decode(blob)
@@ -652,7 +652,7 @@ class TokenStreamReader:
                 raise ConfigError(f"dtype must be int64 or int32, got {out.dtype}", field="dtype")
         if self._gather is None:
             if np.size(starts):
-                raise IndexError("the dataset holds no tokens")
+                raise OutOfRangeError("the dataset holds no tokens")
             return out
         pool = shared_pool(self.num_threads - 1) if self.num_threads > 1 else None
         if self._fd_cache is not None:
@@ -695,11 +695,11 @@ class TokenStreamReader:
         shard piece at a time."""
         gather = self._gather
         if gather is None:
-            raise IndexError("the dataset holds no tokens")
+            raise OutOfRangeError("the dataset holds no tokens")
         at = 0
         for a, b in zip(starts, stops, strict=True):
             if a < 0 or b > self.num_tokens or b < a:
-                raise IndexError(f"range [{a}, {b}) is not within [0, {self.num_tokens})")
+                raise OutOfRangeError(f"range [{a}, {b}) is not within [0, {self.num_tokens})")
             while a < b:
                 k = int(np.searchsorted(self.cum_tokens, a, side="right")) - 1
                 e = min(b, int(self.cum_tokens[k + 1]))
@@ -730,7 +730,7 @@ class TokenStreamReader:
         """
         self._ready()
         if self._gather is None:
-            raise IndexError("the dataset holds no tokens")
+            raise OutOfRangeError("the dataset holds no tokens")
         return self._gather.boundaries(starts, length, position_ids, segment_ids, cu_seqlens,
                                        position_dtype=position_dtype, segments=segments)
 
@@ -772,7 +772,7 @@ class TokenStreamReader:
             raise ConfigError("the dataset has no metadata", path=self.folder, field="metadata")
         if self._gather is None:
             if np.size(starts):
-                raise IndexError("the dataset holds no tokens")
+                raise OutOfRangeError("the dataset holds no tokens")
             empty = np.empty((0, 4), np.int64)
             return WindowMetadata(np.empty((0, check_count(length, "length")), np.int32),
                                   MetadataObjects(empty, self._shards, None, None), empty[:, :2])
@@ -797,7 +797,7 @@ class TokenStreamReader:
         batch (order of first appearance kept)."""
         gather = self._gather
         if gather is None:
-            raise IndexError("the dataset holds no tokens")
+            raise OutOfRangeError("the dataset holds no tokens")
         n = starts.size
         res = np.empty((n, length), np.int32) if ids is None else ids
         if out is not None and (not isinstance(out, np.ndarray) or out.shape != (n, length)):
@@ -875,7 +875,7 @@ class TokenStreamReader:
             if out.dtype not in (np.int64, np.int32):
                 raise ConfigError(f"dtype must be int64 or int32, got {out.dtype}", field="dtype")
         if self._gather is None:
-            raise IndexError("the dataset holds no tokens")
+            raise OutOfRangeError("the dataset holds no tokens")
         if self._fd_cache is not None:
             with self._fd_cache.lock:
                 starts = as_positions(starts, "starts")
@@ -901,7 +901,7 @@ class TokenStreamReader:
         start = check_count(start, "start")
         length = check_count(length, "length")
         if self.manifest.metadata and start + length > self.num_tokens:
-            raise IndexError(f"window [{start}, {start + length}) is outside [0, {self.num_tokens})")
+            raise OutOfRangeError(f"window [{start}, {start + length}) is outside [0, {self.num_tokens})")
         m = self.windows_metadata(np.array([start], np.int64), length, decode=decode)
         return WindowMetadata(m.ids[0], m.objects, m.keys)
 
@@ -933,7 +933,7 @@ class TokenStreamReader:
         self._ready()
         idx = as_positions(indices, "indices")
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_documents):
-            raise IndexError(f"a document index is outside [0, {self.num_documents})")
+            raise OutOfRangeError(f"a document index is outside [0, {self.num_documents})")
         shard = np.searchsorted(self.cum_documents, idx, side="right") - 1
         if idx.size and shard[0] == shard[-1] and (shard == shard[0]).all():   # one shard: no masks
             k = int(shard[0])
@@ -1030,7 +1030,7 @@ class TokenStreamReader:
         n = self.num_windows(length, step)
         idx = as_positions(indices, "indices")
         if idx.size and (idx.min() < 0 or idx.max() >= n):
-            raise IndexError(f"a window index is outside [0, {n})")
+            raise OutOfRangeError(f"a window index is outside [0, {n})")
         return idx * step
 
     def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:

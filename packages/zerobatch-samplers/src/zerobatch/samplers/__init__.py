@@ -21,7 +21,7 @@ Backed by GIL-free kernels in ``zerobatch.core``; NumPy only, never torch.
 """
 
 from zerobatch.core import FeistelPermutation, epoch_seed, random_draws
-from zerobatch.core._checks import check_count, check_rank, check_seed
+from zerobatch.core.checks import check_count, check_rank, check_seed
 from zerobatch.samplers._dist import resolve_rank
 from zerobatch.samplers._version import __version__
 from zerobatch.samplers.block_shuffle import BlockShuffleOrder

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from zerobatch.formats.errors import ConfigError
-from zerobatch.core._checks import check_rank
+from zerobatch.core.checks import check_rank
 
 __all__ = ["resolve_rank"]
 

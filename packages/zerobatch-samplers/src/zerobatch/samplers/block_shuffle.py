@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from zerobatch.core import block_shuffle_items
-from zerobatch.core._checks import check_count, check_seed
+from zerobatch.core.checks import check_count, check_seed
 from zerobatch.samplers.orders import IndexOrder
 
 __all__ = ["BlockShuffleOrder"]

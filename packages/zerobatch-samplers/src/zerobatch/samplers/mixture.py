@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.core._checks import check_count, check_rank, check_seed
+from zerobatch.core.checks import check_count, check_rank, check_seed
 from zerobatch.formats.errors import ConfigError, StateError
 from zerobatch.samplers.orders import GlobalRandomOrder, IndexOrder, SequentialOrder
 

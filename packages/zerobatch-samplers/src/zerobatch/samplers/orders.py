@@ -33,7 +33,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from zerobatch.core import FeistelPermutation, epoch_seed, random_draws
-from zerobatch.core._checks import check_count, check_seed, positions_and_out
+from zerobatch.formats.errors import OutOfRangeError
+from zerobatch.core.checks import check_count, check_seed, positions_and_out
 
 __all__ = [
     "GlobalRandomOrder",
@@ -90,7 +91,7 @@ class IndexOrder(ABC):
             lo, hi = int(positions.min()), int(positions.max())
             limit = self.epoch_length
             if lo < 0 or (limit is not None and hi >= limit):
-                raise IndexError(f"a position is outside [0, {'inf' if limit is None else limit})")
+                raise OutOfRangeError(f"a position is outside [0, {'inf' if limit is None else limit})")
 
     def __repr__(self) -> str:
         fields = {"num_items": self.num_items, "seed": self.seed, **self.params()}
@@ -135,7 +136,7 @@ class SlidingOrder(IndexOrder):
     def _items(self, epoch: int, positions: np.ndarray, out: np.ndarray) -> np.ndarray:
         self._check_range(positions)
         if self.num_items == 0 and positions.size:
-            raise IndexError("the index space is empty")
+            raise OutOfRangeError("the index space is empty")
         np.remainder(positions, self.num_items or 1, out=out, casting="unsafe")
         return out
 
@@ -163,7 +164,7 @@ class RandomOrder(IndexOrder):
         self._check_range(positions)
         if self.num_items == 0:
             if positions.size:
-                raise IndexError("the index space is empty")
+                raise OutOfRangeError("the index space is empty")
             return out
         return random_draws(self.seed, positions, self.num_items, out)
 

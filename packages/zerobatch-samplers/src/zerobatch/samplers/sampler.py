@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.core._checks import check_count, check_out
-from zerobatch.formats.errors import ConfigError, StateError
+from zerobatch.core.checks import check_count, check_out
+from zerobatch.formats.errors import ConfigError, OutOfRangeError, StateError
 from zerobatch.samplers._dist import resolve_rank
 from zerobatch.samplers.orders import IndexOrder
 from zerobatch.samplers.state import OrderState
@@ -182,10 +182,10 @@ class IndexSampler:
         step = check_count(step, "step")
         steps = self.steps_per_epoch
         if steps is not None and step >= steps:
-            raise IndexError(f"step {step} is beyond the epoch's {steps} steps")
+            raise OutOfRangeError(f"step {step} is beyond the epoch's {steps} steps")
         g, w = self.global_batch_size, self.world_size
         if step > (2**63 - 1 - g) // g:
-            raise IndexError(f"step {step}: its positions exceed 2**63 - 1")
+            raise OutOfRangeError(f"step {step}: its positions exceed 2**63 - 1")
         pos = step * g + self.rank + w * np.arange(self.batch_size, dtype=np.int64)
         n = self.order.num_items
         if self.order.has_epochs:
@@ -254,7 +254,7 @@ class IndexSampler:
         step = check_count(step, "step")
         steps = self.steps_per_epoch
         if steps is not None and step > steps:
-            raise IndexError(f"step {step} is beyond the epoch's {steps} steps")
+            raise OutOfRangeError(f"step {step} is beyond the epoch's {steps} steps")
         total = self.epoch_positions
         consumed = step * self.global_batch_size
         self._consumed = consumed if total is None else min(consumed, total)

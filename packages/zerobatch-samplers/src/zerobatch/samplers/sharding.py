@@ -20,7 +20,8 @@ import dataclasses
 
 import numpy as np
 
-from zerobatch.core._checks import check_count, check_rank
+from zerobatch.formats.errors import OutOfRangeError
+from zerobatch.core.checks import check_count, check_rank
 
 __all__ = ["RankShard"]
 
@@ -88,7 +89,7 @@ class RankShard:
         first_step = check_count(first_step, "first_step")
         count = check_count(count, "count")
         if first_step + count > self.num_steps:
-            raise IndexError(f"steps [{first_step}, {first_step + count}) exceed the epoch's "
+            raise OutOfRangeError(f"steps [{first_step}, {first_step + count}) exceed the epoch's "
                              f"{self.num_steps} steps")
         pos = self.start + (first_step + np.arange(count, dtype=np.int64)) * self.world_size + self.rank
         if not self.drop_last and self.num_positions:

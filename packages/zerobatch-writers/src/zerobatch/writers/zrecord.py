@@ -33,21 +33,13 @@ import numpy as np
 
 from zerobatch.core import xxh3_64
 from zerobatch.core import zrstore
-from zerobatch.core.io import AtomicFile, _io, cleanup_orphans, open_regular_file
+from zerobatch.core.io import AtomicFile, cleanup_orphans, fsync_dir, io_call, open_regular_file, pwrite_all
 from zerobatch.formats import zrecord as Z
-from zerobatch.formats.errors import ConfigError, CorruptError, IntegrityError, NotFoundError, StateError, WriteError
+from zerobatch.formats.errors import ConfigError, CorruptError, IntegrityError, NotFoundError, OutOfRangeError, StateError, WriteError
 
 __all__ = ["ZRecordWriter"]
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
-    try:
-        _io("fsync", os.fsync, fd)
-    finally:
-        os.close(fd)
 
 
 class _Chunk:
@@ -137,12 +129,12 @@ class ZRecordWriter:
             with AtomicFile(os.path.join(tmp, Z.COMMIT_NAME)) as af:
                 af.write(Z.pack_commit(Z.Commit(0, 0, 0, 0, 0), xxh3_64))
             zrstore.write_meta(tmp, Z.StoreMeta(0, 0, chunk_size, fields))
-            _fsync_dir(os.path.join(tmp, Z.CHUNK_DIR))
-            _fsync_dir(tmp)
+            fsync_dir(os.path.join(tmp, Z.CHUNK_DIR))
+            fsync_dir(tmp)
             if os.path.isdir(self.path):
                 os.rmdir(self.path)  # empty (checked above); rename cannot replace it on every OS
-            _io("rename", os.rename, tmp, self.path)
-            _fsync_dir(parent)
+            io_call("rename", os.rename, tmp, self.path)
+            fsync_dir(parent)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise WriteError(f"path: cannot create the store: {exc.strerror or exc}", errno=exc.errno,
@@ -222,7 +214,7 @@ class ZRecordWriter:
         for name in os.listdir(cdir):
             stem = name[:-3] if name.endswith(".zr") else ""
             if stem.isdigit() and int(stem) >= meta.num_chunks and int(stem) not in retired:
-                _io("unlink", os.unlink, os.path.join(cdir, name))  # an uncommitted chunk of a killed writer
+                io_call("unlink", os.unlink, os.path.join(cdir, name))  # an uncommitted chunk of a killed writer
         for f in meta.fields:
             cleanup_orphans(os.path.join(self.path, Z.offset_name(f.name)))
             cleanup_orphans(os.path.join(self.path, Z.check_name(f.name)))
@@ -320,7 +312,7 @@ class ZRecordWriter:
                 cid = self._num_chunks
                 cpath = os.path.join(self.path, Z.chunk_name(cid))
                 try:
-                    fd = _io("open", os.open, cpath, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+                    fd = io_call("open", os.open, cpath, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
                 except OSError as exc:
                     raise WriteError(f"chunk {cid}: cannot create: {exc.strerror}", errno=exc.errno, path=cpath,
                                      field="chunk", operation="open") from exc
@@ -349,15 +341,15 @@ class ZRecordWriter:
         try:
             if pos > ch.size:
                 grow = -(-(pos - ch.size) // self.chunk_grow_bytes) * self.chunk_grow_bytes
-                _io("ftruncate", os.ftruncate, ch.fd, ch.size + grow)
+                io_call("ftruncate", os.ftruncate, ch.fd, ch.size + grow)
                 ch.size += grow
             if bufs:
                 want = pos - ch.pos
-                done = _io("pwritev", os.pwritev, ch.fd, bufs, ch.pos)
+                done = io_call("pwritev", os.pwritev, ch.fd, bufs, ch.pos)
                 if done != want:
                     flat = b"".join(bytes(b) for b in bufs)
                     while done < want:
-                        n = _io("pwrite", os.pwrite, ch.fd, flat[done:], ch.pos + done)
+                        n = io_call("pwrite", os.pwrite, ch.fd, flat[done:], ch.pos + done)
                         if n <= 0:
                             raise OSError(28, "no space left on device")
                         done += n
@@ -394,11 +386,11 @@ class ZRecordWriter:
             if end > self._table_entries[k]:
                 grow = -(-(end - self._table_entries[k]) // Z.OFFSET_GROW_ENTRIES) * Z.OFFSET_GROW_ENTRIES
                 total = self._table_entries[k] + grow
-                _io("ftruncate", os.ftruncate, self._tables[k], total * Z.ENTRY_SIZE)
-                _io("ftruncate", os.ftruncate, self._checks[k], total * Z.CHECK_SIZE)
+                io_call("ftruncate", os.ftruncate, self._tables[k], total * Z.ENTRY_SIZE)
+                io_call("ftruncate", os.ftruncate, self._checks[k], total * Z.CHECK_SIZE)
                 self._table_entries[k] = total
-            _pwrite_all(self._tables[k], entries.tobytes(), first * Z.ENTRY_SIZE)
-            _pwrite_all(self._checks[k], Z.entry_checks(entries, first, k).tobytes(), first * Z.CHECK_SIZE)
+            pwrite_all(self._tables[k], entries.tobytes(), first * Z.ENTRY_SIZE)
+            pwrite_all(self._checks[k], Z.entry_checks(entries, first, k).tobytes(), first * Z.CHECK_SIZE)
         except OSError as exc:
             raise WriteError(f"{name}.offset: write failed: {exc.strerror}", errno=exc.errno, path=self.path,
                              field="offset", operation="pwrite") from exc
@@ -495,7 +487,7 @@ class ZRecordWriter:
         entries = self._write_record([None if kp else v for v, kp in zip(values, keep, strict=True)])
         with self._lock:
             if index >= self._length:
-                raise IndexError(f"index {index} is out of range for a store of {self._length} records")
+                raise OutOfRangeError(f"index {index} is out of range for a store of {self._length} records")
             for k, e in enumerate(entries):
                 if not keep[k]:
                     self._set_entry(k, index, e)
@@ -522,7 +514,7 @@ class ZRecordWriter:
         if i < 0:
             i += self._length
         if not 0 <= i < self._length:
-            raise IndexError(f"index {index} is out of range for a store of {self._length} records")
+            raise OutOfRangeError(f"index {index} is out of range for a store of {self._length} records")
         return i
 
     # ----------------------------------------------------------------------------------------
@@ -566,15 +558,15 @@ class ZRecordWriter:
         try:
             for ch in [*self._chunks.values(), *self._full]:
                 if ch.dirty:
-                    _io("fdatasync", os.fdatasync, ch.fd)
+                    io_call("fdatasync", os.fdatasync, ch.fd)
                     ch.dirty = False
             for k, fd in enumerate(self._tables):
                 if self._table_dirty[k]:
-                    _io("fdatasync", os.fdatasync, fd)
-                    _io("fdatasync", os.fdatasync, self._checks[k])
+                    io_call("fdatasync", os.fdatasync, fd)
+                    io_call("fdatasync", os.fdatasync, self._checks[k])
                     self._table_dirty[k] = False
             if self._new_chunk_files:
-                _fsync_dir(os.path.join(self.path, Z.CHUNK_DIR))
+                fsync_dir(os.path.join(self.path, Z.CHUNK_DIR))
                 self._new_chunk_files = False
         except OSError as exc:
             raise WriteError(f"sync failed: {exc.strerror}", errno=exc.errno, path=self.path, field="sync",
@@ -602,7 +594,7 @@ class ZRecordWriter:
                 continue
             for c in ids:
                 try:
-                    _io("unlink", os.unlink, os.path.join(self.path, Z.chunk_name(c)))
+                    io_call("unlink", os.unlink, os.path.join(self.path, Z.chunk_name(c)))
                 except FileNotFoundError:
                     pass
             if fd >= 0:
@@ -667,7 +659,7 @@ class ZRecordWriter:
             def new_chunk() -> _Chunk:
                 nonlocal next_id
                 cpath = os.path.join(self.path, Z.chunk_name(next_id))
-                fd = _io("open", os.open, cpath, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+                fd = io_call("open", os.open, cpath, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
                 ch = _Chunk(next_id, fd, 0, 0, 0, cpath)
                 next_id += 1
                 made.append(ch)
@@ -682,10 +674,10 @@ class ZRecordWriter:
                     nonlocal pending, flushed_at
                     if writer.pos > writer.size:
                         grow = -(-(writer.pos - writer.size) // self.chunk_grow_bytes) * self.chunk_grow_bytes
-                        _io("ftruncate", os.ftruncate, writer.fd, writer.size + grow)
+                        io_call("ftruncate", os.ftruncate, writer.fd, writer.size + grow)
                         writer.size += grow
                     if pending:
-                        _pwrite_all(writer.fd, b"".join(pending), flushed_at)
+                        pwrite_all(writer.fd, b"".join(pending), flushed_at)
                     pending, flushed_at = [], writer.pos
 
                 for index in order:
@@ -716,8 +708,8 @@ class ZRecordWriter:
                 if made:
                     flush()
                 for ch in made:
-                    _io("fdatasync", os.fdatasync, ch.fd)
-                _fsync_dir(os.path.join(self.path, Z.CHUNK_DIR))
+                    io_call("fdatasync", os.fdatasync, ch.fd)
+                fsync_dir(os.path.join(self.path, Z.CHUNK_DIR))
                 for k, f in enumerate(self.fields):
                     entries = max(Z.OFFSET_GROW_ENTRIES,
                                   -(-self._length // Z.OFFSET_GROW_ENTRIES) * Z.OFFSET_GROW_ENTRIES)
@@ -726,19 +718,19 @@ class ZRecordWriter:
                                               (Z.check_name(f.name), Z.CHECK_SIZE,
                                                Z.entry_checks(col, 0, k).tobytes())):
                         tmp = f".{final}.zbtmp.{os.getpid()}.{secrets.token_hex(4)}"
-                        fd = _io("open", os.open, os.path.join(self.path, tmp),
+                        fd = io_call("open", os.open, os.path.join(self.path, tmp),
                                  os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
                         tmp_names.append((tmp, final))
                         try:
-                            _io("ftruncate", os.ftruncate, fd, entries * unit)
-                            _pwrite_all(fd, data, 0)
-                            _io("fsync", os.fsync, fd)
+                            io_call("ftruncate", os.ftruncate, fd, entries * unit)
+                            pwrite_all(fd, data, 0)
+                            io_call("fsync", os.fsync, fd)
                         finally:
                             os.close(fd)
                 epoch = self._epoch + 1
                 os.close(os.open(os.path.join(self.path, Z.epoch_lock_name(epoch)),
                                  os.O_CREAT | os.O_WRONLY | _O_CLOEXEC, 0o644))
-                _fsync_dir(self.path)
+                fsync_dir(self.path)
             except OSError as exc:
                 for ch in made:
                     os.close(ch.fd)
@@ -831,15 +823,6 @@ class ZRecordWriter:
                 self.close(commit=False)
             except Exception:
                 pass
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    done = 0
-    while done < len(data):
-        n = _io("pwrite", os.pwrite, fd, data[done:], offset + done)
-        if n <= 0:
-            raise OSError(28, "no space left on device")
-        done += n
 
 
 def _replace(meta: Z.StoreMeta, **changes: Any) -> Z.StoreMeta:

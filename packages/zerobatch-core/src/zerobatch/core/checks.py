@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.formats.errors import ConfigError
+from zerobatch.formats.errors import ConfigError, OutOfRangeError
 
 __all__ = ["as_positions", "check_count", "check_out", "check_position", "check_rank", "check_seed", "positions_and_out"]
 
@@ -72,7 +72,7 @@ def as_positions(positions: Any, name: str = "positions") -> np.ndarray:
             return np.empty(0, dtype=np.int64)
         raise ConfigError(f"{name} must be integers, got dtype {arr.dtype}", field=name)
     if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.size and int(arr.max()) > 2**63 - 1:
-        raise IndexError(f"{name}: {int(arr.max())} is out of range")
+        raise OutOfRangeError(f"{name}: {int(arr.max())} is out of range")
     return np.ascontiguousarray(arr, dtype=np.int64).reshape(-1)
 
 
@@ -113,11 +113,11 @@ def check_position(i: Any, n: int, name: str = "position") -> int:
         IndexError: not an integer (``bool`` and floats included) or out of range.
     """
     if isinstance(i, bool):
-        raise IndexError(f"{name} must be an integer, got {i!r}")
+        raise OutOfRangeError(f"{name} must be an integer, got {i!r}")
     try:
         v = operator.index(i)
     except TypeError:
-        raise IndexError(f"{name} must be an integer, got {type(i).__name__}") from None
+        raise OutOfRangeError(f"{name} must be an integer, got {type(i).__name__}") from None
     if v < 0 or v >= n:
-        raise IndexError(f"{name} {v} is out of range [0, {n})")
+        raise OutOfRangeError(f"{name} {v} is out of range [0, {n})")
     return v
