@@ -293,7 +293,6 @@ def test_state_is_small_json_and_explicit():
     (lambda: (SequentialOrder(100), {}), "kind"),
     (lambda: (GlobalRandomOrder(100, seed=5), {"fingerprint": "other"}), "fingerprint"),
     (lambda: (GlobalRandomOrder(100, seed=5), {"tail": "pad"}), "tail"),
-    (lambda: (GlobalRandomOrder(100, seed=5), {"batch_size": 5}), "global_batch_size"),
 ])
 def test_states_that_do_not_fit_are_refused(change, field):
     s = IndexSampler(GlobalRandomOrder(100, seed=5), 4, world_size=2, rank=0, fingerprint="abc")
@@ -305,6 +304,35 @@ def test_states_that_do_not_fit_are_refused(change, field):
     with pytest.raises(StateError) as info:
         other.load_state_dict(state)
     assert info.value.field == field
+
+
+@pytest.mark.parametrize("tail", ["keep", "drop", "pad"])
+def test_another_global_batch_continues_from_the_same_position(tail):
+    """The one resume rule (zerobatch.samplers.schedule): a state saved with a global batch of
+    8 continues with 10 from exactly its position: the epoch's items, the consumed ones
+    first, none again and none skipped (but what the tail drops or pads)."""
+    order = GlobalRandomOrder(100, seed=5)
+    s = IndexSampler(order, 4, world_size=2, rank=0, tail=tail, fingerprint="abc")
+    it = iter(s)
+    for _ in range(3):
+        next(it)
+    state = s.state_dict()
+    assert state["consumed"] == 24
+    ranks = [IndexSampler(order, 5, world_size=2, rank=r, tail=tail, fingerprint="abc") for r in range(2)]
+    for r in ranks:
+        r.load_state_dict(state)
+        assert r.consumed == 24 and r.offset == 4
+    rest = [np.concatenate(b) for b in zip(*[list(r) for r in ranks], strict=True)]
+    got = np.concatenate(rest) if rest else np.empty(0, np.int64)
+    full = order.items(0, np.arange(100))
+    if tail == "keep":
+        assert sorted(got) == sorted(full[24:])
+    elif tail == "drop":
+        assert sorted(got) == sorted(full[24:24 + (76 // 10) * 10])
+    else:
+        # padded to whole steps with the epoch's first positions (re-read items, as pad does)
+        assert sorted(got) == sorted(np.concatenate([full[24:], full[:4]])) and len(got) == 80
+    assert all(r.steps_left() == 0 for r in ranks)
 
 
 def test_position_refusals():

@@ -10,8 +10,10 @@ NumPy only (importing this module never imports torch)::
     for i, batch in enumerate(loader):
         batch["data"], batch["label"]
 
-The loader's reads run on ``num_workers`` threads, ``prefetch_size`` batches ahead; the
-record gathers release the GIL, so they overlap the training step. Batches come in order,
+The loader's reads run on ``num_workers`` threads of a shared pool
+(:func:`zerobatch.core.pool.shared_pool`, threads ``loaderx-reader-*``), ``prefetch_size``
+batches ahead; the record gathers
+release the GIL, so they overlap the training step. Batches come in order,
 whatever thread read them. ``state_dict()`` is the position after the last batch the loop
 received (not the last one prefetched), so ``load_state_dict`` resumes exactly there.
 
@@ -29,14 +31,14 @@ moves to the next, so iterating again gives the next epoch's order; ``set_epoch`
 from __future__ import annotations
 
 import collections
-import concurrent.futures
+import functools
 import os
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
+from zerobatch.core.pool import shared_pool
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import ConfigError, StateError
 from zerobatch.readers.zrecord import ZRecordStore
@@ -196,8 +198,6 @@ class DataLoader:
         self.transform = transform
         self.sampler = IndexSampler(MODES[mode](n, seed), self.batch_size, rank=0, world_size=1,
                                     tail="drop" if drop_last and mode in ("sequential", "global_random") else "keep")
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
         self._closed = False
 
     def __len__(self) -> int:
@@ -230,36 +230,37 @@ class DataLoader:
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise StateError("the loader is closed", field="loader")
-        with self._lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(self.num_workers,
-                                                                   thread_name_prefix="loaderx-reader")
-        pool = self._pool
+        return self._batches()
+
+    def _batches(self) -> Iterator[Any]:
+        pool = shared_pool(self.num_workers, "loaderx-reader")
         epoch, steps = self.sampler.epoch, self.sampler.steps_per_epoch
         start = self.sampler.step
         if steps is not None and start >= steps:   # a finished epoch: on to the next
             self.sampler.set_epoch(epoch + 1)
             epoch, start = epoch + 1, 0
-        ahead: collections.deque[concurrent.futures.Future[Any]] = collections.deque()
+        ahead: collections.deque[Any] = collections.deque()
         nxt = start
+        pool.attach()
         try:
             step = start
             while steps is None or step < steps:
                 while len(ahead) < self.prefetch_size and (steps is None or nxt < steps) and not self._closed:
-                    ahead.append(pool.submit(self._read, epoch, nxt))
+                    ahead.append(pool.call(functools.partial(self._read, epoch, nxt), caller_runs=False))
                     nxt += 1
                 if self._closed or not ahead:
                     return
-                batch = ahead.popleft().result()
-                if self.sampler.epoch != epoch:     # set_epoch inside the loop ends this one
+                batch = ahead.popleft().wait()
+                if self.sampler.epoch != epoch or self._closed:     # set_epoch inside the loop ends this one
                     return
                 self.sampler.seek(step + 1)
                 yield batch
                 step += 1
             self.sampler.set_epoch(epoch + 1)
         finally:
-            for f in ahead:
-                f.cancel()
+            for call in ahead:
+                call.cancel(wait=False)
+            pool.detach()
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch delivered to the loop (JSON-able)."""
@@ -280,12 +281,9 @@ class DataLoader:
         self.sampler.load_state_dict(state["sampler"])
 
     def close(self) -> None:
-        """Stop the reader threads (reads in flight finish on their own; nothing waits for
-        them). Always returns; idempotent."""
+        """Stop reading ahead: iteration ends at the next batch, queued reads are dropped and a
+        read in flight finishes on its own (nothing waits for it). Always returns; idempotent."""
         self._closed = True
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> DataLoader:
         return self

@@ -27,6 +27,7 @@ its arguments, so loaders work in spawned worker processes.
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -39,7 +40,8 @@ from zerobatch.adapters._buffers import BufferPool
 from zerobatch.core import pad_rows
 from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError, CorruptError
-from zerobatch.samplers import BlockShuffleOrder, GlobalRandomOrder, IndexOrder, MixtureSchedule, SequentialOrder
+from zerobatch.samplers import (BlockShuffleOrder, GlobalRandomOrder, IndexOrder, IndexSampler, MixtureSampler,
+                                MixtureSchedule, Schedule, SequentialOrder)
 
 __all__ = ["FeatureWindows", "LLMBatchSource", "LLMChunkSource", "Mixture", "NpyTokenWindows", "RecordFields",
            "Source", "TokenDocuments", "TokenWindows"]
@@ -98,6 +100,25 @@ class Source(ABC):
     def default_order(self, shuffle: bool, seed: int) -> IndexOrder:
         """The order a loader uses unless given one: a Feistel shuffle, or ascending."""
         return GlobalRandomOrder(self.num_items, seed=seed) if shuffle else SequentialOrder(self.num_items)
+
+    def schedule(self, batch_size: int, *, rank: int, world_size: int, shuffle: bool = True, seed: int = 0,
+                 tail: str = "drop", order: IndexOrder | None = None, epoch: int = 0) -> Schedule:
+        """The schedule a loader reads this source in: an
+        :class:`~zerobatch.samplers.IndexSampler` of ``batch_size`` items per step on this
+        rank over ``order`` (default :meth:`default_order`), with the source's fingerprint and
+        kind checked when a state is loaded. An endless order keeps every step (no tail).
+
+        Raises:
+            ConfigError: an order over another number of items, or an argument out of range.
+        """
+        if order is None:
+            order = self.default_order(shuffle, seed)
+        elif not isinstance(order, IndexOrder) or order.num_items != self.num_items:
+            raise ConfigError(f"order must be an IndexOrder over the source's {self.num_items} items", field="order")
+        if not order.has_epochs:
+            tail = "keep"
+        return IndexSampler(order, batch_size, rank=rank, world_size=world_size, tail=tail, epoch=epoch,
+                            fingerprint=self.fingerprint, label=self.kind)
 
     def chunk_steps(self, items_per_step: int) -> int:
         """Steps one read covers (1 for sources that read step by step)."""
@@ -710,19 +731,35 @@ class Mixture(Source):
         self.sources = [e[1] for e in entries]
         self.weights = [e[2] for e in entries]
         self.seed, self.shuffle = seed, shuffle
-        self.schedule = MixtureSchedule([(n, s.num_items, w) for n, s, w in entries], seed=seed, shuffle=shuffle)
+        self.mixture_schedule = MixtureSchedule([(n, s.num_items, w) for n, s, w in entries], seed=seed,
+                                                shuffle=shuffle)
         self.num_items = sum(s.num_items for s in self.sources)
         self.fingerprint = ",".join(f"{n}={s.fingerprint}" for n, s in zip(self.names, self.sources, strict=True))
         self.rows_per_item = first.rows_per_item
 
+    def schedule(self, batch_size: int, *, rank: int, world_size: int, shuffle: bool = True, seed: int = 0,
+                 tail: str = "drop", order: IndexOrder | None = None, epoch: int = 0) -> Schedule:
+        """A :class:`~zerobatch.samplers.MixtureSampler` over the mixture's schedule (the
+        loader's ``shuffle``, ``seed`` and ``tail`` do not apply: the mixture has its own
+        seed and no epochs).
+
+        Raises:
+            ConfigError: an ``order`` (each source has its own) or an epoch other than 0.
+        """
+        if order is not None:
+            raise ConfigError("order: a mixture orders each source itself", field="order")
+        if epoch:
+            raise ConfigError("epoch: a mixture has no epochs", field="epoch")
+        return MixtureSampler(copy.deepcopy(self.mixture_schedule), batch_size, rank=rank, world_size=world_size)
+
     def chunk_steps(self, items_per_step: int) -> int:
         return 1
 
-    def read(self, items: np.ndarray, dtype: np.dtype, tags: np.ndarray | None = None) -> dict[str, Any]:
-        if tags is None:
-            raise ConfigError("a mixture is read with its source of every item", field="tags")
+    def read(self, items: np.ndarray, dtype: np.dtype, sources: np.ndarray | None = None) -> dict[str, Any]:
+        if sources is None:
+            raise ConfigError("a mixture is read with the source of every item", field="sources")
         steps, per = items.shape
-        flat_items, flat_tags = items.reshape(-1), tags.reshape(-1)
+        flat_items, flat_tags = items.reshape(-1), sources.reshape(-1)
         out: dict[str, np.ndarray] = {}
         rows = self.rows_per_item
         for k, source in enumerate(self.sources):

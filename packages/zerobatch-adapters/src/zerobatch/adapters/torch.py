@@ -183,29 +183,26 @@ class WorkerDataLoader(torch.utils.data.DataLoader):
         if self._start is not None:
             state = self.state_dict()
             self._start, self._delivered = None, 0
-            completed = self.zb._completed
             self.zb.load_state_dict(state)
-            self.zb._completed = completed
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._settle()
-        zb = self.zb
-        if zb._completed:
-            zb._consumed, zb._completed = 0, False
-        self._start = zb.state_dict()
+        schedule = self.zb.schedule
+        schedule.begin()
+        self._start = schedule.state_dict()
         self._delivered = 0
-        steps = None if zb.endless else zb._steps_from(zb._consumed)
+        steps = schedule.steps_left()
         for batch in super().__iter__():
             self._delivered += 1
             yield batch
         if steps is not None and self._delivered >= steps:
             self._settle()
-            zb._completed = True
+            schedule.finish()
 
     def state_dict(self) -> dict[str, Any]:
         if self._start is None:
             return self.zb.state_dict()
-        return self.zb._advanced_state(self._start, self._delivered)
+        return self.zb.schedule.advanced(self._delivered, self._start)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._start, self._delivered = None, 0

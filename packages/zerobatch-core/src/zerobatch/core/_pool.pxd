@@ -1,10 +1,13 @@
-# A pool of worker threads that run C tasks with the GIL released from start to finish.
+# A pool of worker threads that run tasks: C functions with the GIL released from start to
+# finish (gathers, checksums), and Python callables (a read that calls several kernels).
 #
 # Python threads enter TaskPool.work(), drop the GIL and loop in C: take a task from a ring,
-# run it, mark it done. A thread that waits for a task nobody has started yet runs it itself
-# ("caller runs"), so a pool of cores-1 workers plus the waiting thread keeps every core busy
-# without oversubscribing them. Neither side touches a Python object while a task runs: the caller
-# keeps every object a task points into alive until it has waited for that task.
+# run it, mark it done. A compiled task never touches a Python object; a Python task (Call)
+# takes the GIL for its callable only. A thread that waits for a task nobody has started yet
+# runs it itself ("caller runs"); a thread whose task is running elsewhere sleeps until it is
+# done, and never starts another task (tasks queued behind it belong to later steps). The
+# submitter keeps every object a compiled task points into alive until it has waited for it;
+# a Call keeps itself alive while it is queued or running.
 
 from libc.stdint cimport int64_t
 
@@ -18,7 +21,7 @@ cdef enum:
 cdef struct zb_task:
     zb_task_fn fn      # the work; returns a zb_status code
     void *arg          # its argument (owned by the submitter)
-    int status         # set by whoever ran it
+    int status         # set by whoever ran it; ZB_E_CANCELLED when it was dropped
     int state          # ZB_TASK_*, read and written under the pool's mutex
 
 cdef extern from "<pthread.h>" nogil:
@@ -43,15 +46,30 @@ cdef class TaskPool:
     cdef zb_task **_ring
     cdef int64_t _capacity
     cdef int64_t _head        # next task to take
-    cdef int64_t _count       # tasks queued, not yet taken
+    cdef int64_t _count       # slots in use (claimed slots are NULL until a worker passes them)
     cdef int _stop
     cdef int _running         # workers inside work()
     cdef bint _initialized
     cdef int _num_threads
+    cdef int _users           # passes using the threads (attach / detach)
     cdef readonly object threads
+    cdef readonly str name
     cdef object __weakref__
 
     cdef zb_task *_claim_locked(self, zb_task *want) noexcept nogil
+    # Queue `task` (blocking, GIL released, while the ring is full); starts the threads.
     cdef int submit(self, zb_task *task) except -1
-    cdef int wait(self, zb_task *task) except -1
-    cdef bint cancel(self, zb_task *task) except -1
+    # Return once `task` has run: run it here if it is still queued (unless not `claim`), else
+    # sleep until done.
+    cdef int wait(self, zb_task *task, bint claim=*) except -1
+    # Drop `task` if no one has started it (True); else, with `block`, wait for it (False).
+    cdef bint cancel(self, zb_task *task, bint block=*) except -1
+
+cdef class Call:
+    cdef zb_task task
+    cdef object fn
+    cdef object result
+    cdef object error
+    cdef TaskPool pool
+    cdef bint finished
+    cdef bint caller_runs

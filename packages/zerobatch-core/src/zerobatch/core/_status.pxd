@@ -21,3 +21,4 @@ cdef enum zb_status:
     ZB_E_INDEX = 13         # IndexError: an index outside the valid range
     ZB_E_ARGUMENT = 14      # ConfigError: an argument the wrapper should have refused
     ZB_E_IO = 15            # ReadError: a read failed at the OS level (the kernel keeps errno)
+    ZB_E_CANCELLED = 16     # StateError: a queued task was dropped before it ran

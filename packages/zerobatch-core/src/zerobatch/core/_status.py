@@ -16,6 +16,7 @@ from zerobatch.formats.errors import (
     LimitExceededError,
     OutOfRangeError,
     ReadError,
+    StateError,
     TruncatedError,
     UnsupportedVersionError,
 )
@@ -40,6 +41,7 @@ STATUS_CODES = {
     "ZB_E_INDEX": 13,
     "ZB_E_ARGUMENT": 14,
     "ZB_E_IO": 15,
+    "ZB_E_CANCELLED": 16,
 }
 
 #: code -> exception class.
@@ -59,6 +61,7 @@ STATUS_EXCEPTIONS: dict[int, type[Exception]] = {
     13: OutOfRangeError,
     14: ConfigError,
     15: ReadError,
+    16: StateError,
 }
 
 

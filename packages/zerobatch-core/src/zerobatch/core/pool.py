@@ -1,12 +1,21 @@
-"""Shared worker pools for GIL-free gathers, safe across fork and interpreter exit.
+"""The one thread pool of zerobatch: shared worker pools for GIL-free gathers and read-ahead,
+safe across fork and interpreter exit.
 
-:func:`shared_pool` hands out one :class:`TaskPool` per thread count for the whole process,
-so several loaders share threads instead of each starting its own. Every pool made here is
-stopped (its queued tasks finished, its threads joined) before ``fork``: no zerobatch
-thread exists while the child is created, so the child never inherits a lock held by a
-thread that does not exist there (the reason OpenMP pools hang in forked DataLoader
-workers). The parent's pools restart right after the fork; a child's restart on first use.
-At interpreter exit every pool is stopped before the interpreter tears down.
+A :class:`TaskPool` runs two kinds of task on the same threads: compiled tasks that release
+the GIL from start to finish (a gather split over threads, a queued LLMBATCH read) and
+Python callables (:meth:`TaskPool.call`: a source's read that calls several kernels). A thread
+that waits for a task runs it itself if no worker has started it, and otherwise sleeps: it
+never starts a task queued for a later step.
+
+:func:`shared_pool` hands out one pool per ``(num_threads, name)`` for the whole process, so
+loaders and readers share threads instead of each starting their own (the loaders' read-ahead
+threads are named ``zerobatch-loader-*``, the readers' ``zerobatch-pool-*``). Every pool is
+stopped (each worker finishes the task in its hands, then exits) before ``fork``: no zerobatch
+thread exists while the child is created, so the child never inherits a lock held by a thread
+that does not exist there (the reason OpenMP pools hang in forked DataLoader workers). The
+parent's pools resume right after the fork; in the child the queued tasks stay queued (their
+memory was copied with everything else, so an iterator copied into the child goes on) and
+threads start on first use. At interpreter exit every pool is stopped.
 """
 
 from __future__ import annotations
@@ -18,22 +27,24 @@ import weakref
 
 from zerobatch.core._kernels import load
 
-__all__ = ["TaskPool", "shared_pool", "track"]
+__all__ = ["Call", "TaskPool", "shared_pool", "track"]
 
-TaskPool = load("pool").TaskPool
+_pool_module = load("pool")
+TaskPool = _pool_module.TaskPool
+Call = _pool_module.Call
 
 _pools: weakref.WeakSet[TaskPool] = weakref.WeakSet()
-_shared: dict[int, TaskPool] = {}
+_shared: dict[tuple[int, str], TaskPool] = {}
 _lock = threading.Lock()
 _paused: list[TaskPool] = []
 
 
-def shared_pool(num_threads: int) -> TaskPool:
-    """The process-wide pool with ``num_threads`` workers (created on first use)."""
+def shared_pool(num_threads: int, name: str = "zerobatch-pool") -> TaskPool:
+    """The process-wide pool of ``num_threads`` workers named ``name-*`` (made on first use)."""
     with _lock:
-        pool = _shared.get(num_threads)
+        pool = _shared.get((num_threads, name))
         if pool is None:
-            pool = _shared[num_threads] = track(TaskPool(num_threads))
+            pool = _shared[(num_threads, name)] = track(TaskPool(num_threads, name=name))
         return pool
 
 
@@ -54,7 +65,7 @@ def _before_fork() -> None:
 
 def _after_fork_parent() -> None:
     for pool in _paused:
-        pool.start()
+        pool.resume()
     _paused.clear()
     _lock.release()
 

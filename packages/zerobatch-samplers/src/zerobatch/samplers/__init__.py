@@ -13,7 +13,10 @@ change or sources are added.
 
 :class:`IndexSampler` cuts an order into global batches, deals them round-robin to ranks with
 no communication, seeks to any step in O(1) and saves / resumes an exact, JSON-able state on
-any world size that splits the global batch. :class:`FeistelPermutation` (gfc-compatible, any
+any world size that splits the global batch. It and :class:`MixtureSampler` (a mixture's
+steps) are the two :class:`Schedule` s: the one interface through which every zerobatch
+loader plans its reads, records what it delivered and resumes
+(:mod:`zerobatch.samplers.schedule`, which also states the one resume rule). :class:`FeistelPermutation` (gfc-compatible, any
 range up to ``2**63 - 1``) and :class:`RankShard` are the building blocks; :class:`OrderState`
 is the state.
 
@@ -28,6 +31,7 @@ from zerobatch.samplers.block_shuffle import BlockShuffleOrder
 from zerobatch.samplers.mixture import MIXTURE_STATE_VERSION, MixtureSchedule
 from zerobatch.samplers.orders import GlobalRandomOrder, IndexOrder, RandomOrder, SequentialOrder, SlidingOrder
 from zerobatch.samplers.sampler import TAILS, IndexSampler
+from zerobatch.samplers.schedule import MixtureSampler, Planned, Schedule
 from zerobatch.samplers.sharding import RankShard
 from zerobatch.samplers.state import STATE_VERSION, OrderState, state_from_json, state_to_json
 
@@ -40,10 +44,13 @@ __all__ = [
     "GlobalRandomOrder",
     "IndexOrder",
     "IndexSampler",
+    "MixtureSampler",
     "MixtureSchedule",
     "OrderState",
+    "Planned",
     "RandomOrder",
     "RankShard",
+    "Schedule",
     "SequentialOrder",
     "SlidingOrder",
     "__version__",

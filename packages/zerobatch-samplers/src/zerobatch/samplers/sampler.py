@@ -19,12 +19,17 @@ The tail of an epoch (fewer than ``G`` positions) is handled as asked:
   epoch (re-read items), counted in :attr:`IndexSampler.padding`.
 
 Endless streams (sliding, random) have no epochs and no tail.
+
+:class:`IndexSampler` is a :class:`~zerobatch.samplers.Schedule`: the loaders plan their reads
+with :meth:`IndexSampler.plan` and record each delivered step with
+:meth:`IndexSampler.advance_to`. A state loads on any world size and with any global batch
+(the resume rule of :mod:`zerobatch.samplers.schedule`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -32,6 +37,7 @@ from zerobatch.core.checks import check_count, check_out
 from zerobatch.formats.errors import ConfigError, OutOfRangeError, StateError
 from zerobatch.samplers._dist import resolve_rank
 from zerobatch.samplers.orders import IndexOrder
+from zerobatch.samplers.schedule import Planned, Schedule
 from zerobatch.samplers.state import OrderState
 
 __all__ = ["TAILS", "IndexSampler"]
@@ -40,7 +46,11 @@ __all__ = ["TAILS", "IndexSampler"]
 TAILS = ("keep", "drop", "pad")
 
 
-class IndexSampler:
+#: Steps whose items one :meth:`IndexSampler.plan` page computes in one compiled call.
+PLAN_PAGE_STEPS = 1024
+
+
+class IndexSampler(Schedule):
     """This rank's batches of item indices, step by step, seekable and resumable.
 
     Args:
@@ -55,6 +65,8 @@ class IndexSampler:
         epoch: the starting epoch.
         fingerprint: identity of the data (a file's build id) recorded in the state and
             checked on load.
+        label: what the items are (a loader's source family: ``"tokstream-windows"``...),
+            recorded in the state's ``kind`` and checked on load.
 
     Raises:
         ConfigError: an argument out of range.
@@ -72,7 +84,7 @@ class IndexSampler:
     def __init__(self, order: IndexOrder, batch_size: int | None = None, *,
                  global_batch_size: int | None = None, rank: int | None = None,
                  world_size: int | None = None, tail: str = "keep", epoch: int = 0,
-                 fingerprint: str = "") -> None:
+                 fingerprint: str = "", label: str = "") -> None:
         if not isinstance(order, IndexOrder):
             raise ConfigError(f"order must be an IndexOrder, got {type(order).__name__}", field="order")
         self.order = order
@@ -97,13 +109,30 @@ class IndexSampler:
         if not isinstance(fingerprint, str):
             raise ConfigError(f"fingerprint must be a string, got {fingerprint!r}", field="fingerprint")
         self.fingerprint = fingerprint
+        if not isinstance(label, str):
+            raise ConfigError(f"label must be a string, got {label!r}", field="label")
+        self.label = label
         self.epoch = check_count(epoch, "epoch")
+        if not order.has_epochs and self.epoch:
+            raise ConfigError(f"epoch: a {order.kind} order is endless, its only epoch is 0", field="epoch")
         self._consumed = 0
+        self._offset = 0
         self._completed = False
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        """The state's ``kind``: the order's kind, after the label when there is one
+        (``"tokstream-windows/global-random"``)."""
+        return f"{self.label}/{self.order.kind}" if self.label else self.order.kind
+
+    @property
+    def endless(self) -> bool:
+        """An endless order (no epochs)."""
+        return not self.order.has_epochs
 
     @classmethod
     def from_state(cls, order: IndexOrder, state: dict[str, Any], *, rank: int | None = None,
-                   world_size: int | None = None, fingerprint: str = "") -> IndexSampler:
+                   world_size: int | None = None, fingerprint: str = "", label: str = "") -> IndexSampler:
         """A sampler on any world size that continues ``state`` exactly: the global batch and
         tail policy come from the state, the per-rank batch is ``global_batch_size /
         world_size``.
@@ -126,21 +155,33 @@ class IndexSampler:
         if not order.has_epochs:
             tail = "keep"
         sampler = cls(order, global_batch_size=g, rank=r, world_size=w, tail=tail,
-                      fingerprint=fingerprint)
+                      fingerprint=fingerprint, label=label)
         sampler.load_state_dict(state)
         return sampler
 
     # -----------------------------------------------------------------------------------
     # geometry
 
-    @property
-    def steps_per_epoch(self) -> int | None:
-        """Steps in a whole epoch (the same on every rank), ``None`` for an endless stream
-        (0 when the index space is empty)."""
+    def _steps(self, offset: int) -> int | None:
         n, g = self.order.num_items, self.global_batch_size
         if not self.order.has_epochs:
             return None if n else 0
-        return n // g if self.tail == "drop" else -(-n // g)
+        rest = max(n - offset, 0)
+        return rest // g if self.tail == "drop" else -(-rest // g)
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Steps in a whole epoch (the same on every rank), ``None`` for an endless stream
+        (0 when the index space is empty). An epoch resumed from a state of another global
+        batch counts its steps from where that state stopped (see :attr:`offset`)."""
+        return self._steps(self._offset)
+
+    @property
+    def offset(self) -> int:
+        """Where the steps of the current epoch start: 0, or, in an epoch resumed from a state
+        saved with another global batch, the saved position modulo this global batch (the
+        steps go on from exactly that position)."""
+        return self._offset
 
     @property
     def epoch_positions(self) -> int | None:
@@ -148,7 +189,7 @@ class IndexSampler:
         steps = self.steps_per_epoch
         if steps is None:
             return None
-        return self.order.num_items if self.tail == "keep" else steps * self.global_batch_size
+        return self.order.num_items if self.tail == "keep" else self._offset + steps * self.global_batch_size
 
     @property
     def padding(self) -> int:
@@ -173,20 +214,21 @@ class IndexSampler:
             raise TypeError(f"a {self.order.kind} order is endless: it has no length")
         return steps
 
-    def positions(self, step: int) -> np.ndarray:
+    def positions(self, step: int, *, epoch: int | None = None) -> np.ndarray:
         """This rank's global positions at ``step`` of an epoch (``int64``; O(1) to compute).
 
         Raises:
-            IndexError: ``step`` beyond the epoch.
+            OutOfRangeError: ``step`` beyond the epoch.
         """
         step = check_count(step, "step")
-        steps = self.steps_per_epoch
+        offset = self._offset if epoch is None or epoch == self.epoch else 0
+        steps = self._steps(offset)
         if steps is not None and step >= steps:
-            raise OutOfRangeError(f"step {step} is beyond the epoch's {steps} steps")
+            raise OutOfRangeError(f"step {step} is beyond the epoch's {steps} steps", field="step")
         g, w = self.global_batch_size, self.world_size
-        if step > (2**63 - 1 - g) // g:
-            raise OutOfRangeError(f"step {step}: its positions exceed 2**63 - 1")
-        pos = step * g + self.rank + w * np.arange(self.batch_size, dtype=np.int64)
+        if step > (2**63 - 1 - g - offset) // g:
+            raise OutOfRangeError(f"step {step}: its positions exceed 2**63 - 1", field="step")
+        pos = offset + step * g + self.rank + w * np.arange(self.batch_size, dtype=np.int64)
         n = self.order.num_items
         if self.order.has_epochs:
             if self.tail == "keep":
@@ -208,11 +250,11 @@ class IndexSampler:
                 is a view of its first ``k`` elements (``k < batch_size`` only for a kept tail).
 
         Raises:
-            IndexError: ``step`` beyond the epoch.
+            OutOfRangeError: ``step`` beyond the epoch.
             ConfigError: an unfit ``out``.
         """
         epoch = self.epoch if epoch is None else check_count(epoch, "epoch")
-        pos = self.positions(step)
+        pos = self.positions(step, epoch=epoch)
         if out is None:
             return self.order.items(epoch, pos)
         check_out(out, self.batch_size)
@@ -226,7 +268,7 @@ class IndexSampler:
     @property
     def step(self) -> int:
         """The next step of the current epoch to be delivered."""
-        return -(-self._consumed // self.global_batch_size)
+        return -(-(self._consumed - self._offset) // self.global_batch_size)
 
     @property
     def consumed(self) -> int:
@@ -235,13 +277,18 @@ class IndexSampler:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch. A new epoch starts at its beginning; the current one keeps its
-        position, so a resumed loop can call ``set_epoch`` as usual."""
+        position, so a resumed loop can call ``set_epoch`` as usual.
+
+        Raises:
+            ConfigError: an endless order and an epoch other than 0.
+        """
         epoch = check_count(epoch, "epoch")
         if not self.order.has_epochs and epoch != 0:
             raise ConfigError(f"a {self.order.kind} order is endless: its only epoch is 0", field="epoch")
         if epoch != self.epoch:
             self.epoch = epoch
             self._consumed = 0
+            self._offset = 0
             self._completed = False
 
     def seek(self, step: int) -> None:
@@ -249,16 +296,21 @@ class IndexSampler:
         ``batch(step)``, exactly as if ``step`` batches had been consumed (on every rank).
 
         Raises:
-            IndexError: ``step`` beyond the end of the epoch.
+            OutOfRangeError: ``step`` beyond the end of the epoch.
         """
         step = check_count(step, "step")
         steps = self.steps_per_epoch
         if steps is not None and step > steps:
-            raise OutOfRangeError(f"step {step} is beyond the epoch's {steps} steps")
-        total = self.epoch_positions
-        consumed = step * self.global_batch_size
-        self._consumed = consumed if total is None else min(consumed, total)
+            raise OutOfRangeError(f"step {step} is beyond the epoch's {steps} steps", field="step")
+        self._consumed = self._after(step)
         self._completed = False
+
+    def _after(self, steps: int, start: int | None = None) -> int:
+        """The position after ``steps`` more steps from ``start`` (default: the offset)."""
+        consumed = (self._offset if start is None else start) + steps * self.global_batch_size
+        if self.order.has_epochs and self.tail == "keep":
+            consumed = min(consumed, self.order.num_items)
+        return consumed
 
     def batches(self, out: np.ndarray | None = None) -> Iterator[np.ndarray]:
         """Yield the rest of the current epoch's batches (forever for an endless stream).
@@ -270,9 +322,7 @@ class IndexSampler:
             out: a caller's ``int64`` buffer of ``batch_size`` elements, reused for every
                 batch (each yielded array is a view of it, valid until the next one).
         """
-        if self._completed:
-            self._consumed = 0
-            self._completed = False
+        self.begin()
         if out is not None:
             check_out(out, self.batch_size)
         epoch, steps = self.epoch, self.steps_per_epoch
@@ -281,9 +331,7 @@ class IndexSampler:
             if self.epoch != epoch:
                 return
             batch = self.batch(step, epoch=epoch, out=out)
-            total = self.epoch_positions
-            done = (step + 1) * self.global_batch_size
-            self._consumed = done if total is None else min(done, total)
+            self._consumed = self._after(step + 1)
             yield batch
             step += 1
         self._completed = True
@@ -291,45 +339,160 @@ class IndexSampler:
     def __iter__(self) -> Iterator[np.ndarray]:
         return self.batches()
 
-    def _order_state(self, consumed: int) -> OrderState:
+    # -----------------------------------------------------------------------------------
+    # the Schedule interface (what the loaders call)
+
+    def steps_left(self) -> int | None:
+        """Steps from the current position to the end of the epoch (``None``: endless)."""
+        steps = self.steps_per_epoch
+        return None if steps is None else max(steps - self.step, 0)
+
+    def begin(self) -> None:
+        """Start a pass: after a finished one, the same epoch starts again from its beginning."""
+        if self._completed:
+            self._consumed = 0
+            self._offset = 0
+            self._completed = False
+
+    def plan(self, first: int = 0, stride: int = 1) -> Iterator[Planned]:
+        """Steps ``first, first + stride, ...`` of the rest of the epoch (counted from the
+        current position), a page of up to 1024 steps at a time (one compiled call computes
+        a page's items); a kept short last step comes alone in its page."""
+        first = check_count(first, "first")
+        stride = check_count(stride, "stride", minimum=1)
+        steps_left = self.steps_left()
+        base = self.step
+        epoch, g, n = self.epoch, self.global_batch_size, self.order.num_items
+        keep = self.tail == "keep" and not self.endless
+        rel = first
+        while steps_left is None or rel < steps_left:
+            stop = rel + PLAN_PAGE_STEPS * stride
+            if steps_left is not None:
+                stop = min(stop, steps_left)
+            rels = np.arange(rel, stop, stride, dtype=np.int64)
+            rel = int(rels[-1]) + stride
+            steps = base + rels
+            after = self._offset + (steps + 1) * g
+            short = keep and int(after[-1]) > n          # the kept short last step: alone
+            if keep:
+                np.minimum(after, n, out=after)
+            full = steps[:-1] if short else steps
+            if full.size:
+                items = self._items(epoch, self._positions_of(full))
+                yield Planned(items, None, after[:full.size].tolist())
+            if short:
+                pos = self._positions_of(steps[-1:])
+                pos = pos[:, pos[0] < n]
+                yield Planned(self._items(epoch, pos), None, [int(after[-1])])
+
+    def _positions_of(self, steps: np.ndarray) -> np.ndarray:
+        """``int64 (len(steps), batch_size)``: this rank's positions at each step (pad: wrapped)."""
+        g, w = self.global_batch_size, self.world_size
+        pos = (self._offset + steps[:, None] * g) + (self.rank + w * np.arange(self.batch_size, dtype=np.int64))[None, :]
+        if self.order.has_epochs and self.tail == "pad":
+            np.remainder(pos, self.order.num_items, out=pos)
+        return pos
+
+    def _items(self, epoch: int, pos: np.ndarray) -> np.ndarray:
+        return self.order.items(epoch, pos.reshape(-1)).reshape(pos.shape)
+
+    @property
+    def position(self) -> int:
+        """Global positions of the epoch delivered (:attr:`consumed`)."""
+        return self._consumed
+
+    def advance_to(self, position: Any) -> None:
+        """Record a delivered step: ``position`` is its :attr:`Planned.after` entry."""
+        self._consumed = int(position)
+
+    def finish(self) -> None:
+        """The epoch's pass ran to its end: the next :meth:`begin` starts the epoch again."""
+        self._completed = True
+
+    def advanced(self, steps: int, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The state ``steps`` delivered steps after ``state`` (default: the current
+        position), in O(1); this sampler is left as it was."""
+        steps = check_count(steps, "steps")
+        if state is None:
+            d = self.state_dict()
+        else:
+            d = dict(state)
+            d["params"] = dict(d.get("params", {}))
+            probe = IndexSampler(self.order, global_batch_size=self.global_batch_size, rank=self.rank,
+                                 world_size=self.world_size, tail=self.tail, fingerprint=self.fingerprint,
+                                 label=self.label)
+            probe.load_state_dict(d)
+            d = probe.state_dict()
+        g = d["global_batch_size"]
+        consumed = d["consumed"] + steps * g
+        if self.order.has_epochs and self.tail == "keep":
+            consumed = min(consumed, self.order.num_items)
+        d["consumed"] = consumed
+        return d
+
+    # -----------------------------------------------------------------------------------
+    # state
+
+    def _params(self) -> dict[str, Any]:
         params = dict(self.order.params())
         params["tail"] = self.tail
-        return OrderState(kind=self.order.kind, seed=self.order.seed, epoch=self.epoch,
+        return params
+
+    def _order_state(self, consumed: int) -> OrderState:
+        return OrderState(kind=self.kind, seed=self.order.seed, epoch=self.epoch,
                           consumed=consumed, num_items=self.order.num_items,
                           global_batch_size=self.global_batch_size,
-                          fingerprint=self.fingerprint, params=params)
+                          fingerprint=self.fingerprint, params=self._params())
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch delivered: JSON-able, a few hundred bytes.
 
         Holds the order (kind, seed, size, parameters, fingerprint), the epoch, the global
         positions consumed and the global batch; ``world_size`` is recorded for information
-        only (any world size that splits the global batch can resume).
+        only (any world size can resume).
         """
         d = self._order_state(self._consumed).to_dict()
         d["world_size"] = self.world_size
         return d
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where ``state`` stopped.
+        """Continue where ``state`` stopped: with the same global batch exactly as an
+        uninterrupted run; with another one from the same position (nothing skipped or
+        repeated in the epoch; see :attr:`offset`).
 
         Raises:
-            StateError: another order, seed, dataset size, fingerprint or tail policy;
-                another global batch (or one this world size cannot split); a position
-                beyond the epoch or between steps; an unknown state version.
+            StateError: another order, seed, dataset size, fingerprint, label or tail
+                policy; a position beyond the epoch or between the steps of its own global
+                batch; a ``world_size`` that is not a positive integer; an unknown state
+                version.
         """
         loaded = OrderState.from_dict(state)
-        total = self.epoch_positions
-        max_consumed = 2**63 - 1 if total is None else total
-        loaded.check_fits(self._order_state(0), max_consumed=max_consumed, world_size=self.world_size)
+        saved_world = state.get("world_size", 1)
+        if isinstance(saved_world, bool) or not isinstance(saved_world, int) or saved_world < 1:
+            raise StateError(f"world_size: must be a positive integer, got {saved_world!r}", field="world_size")
+        n = self.order.num_items
+        if self.order.has_epochs:
+            g = loaded.global_batch_size
+            # the end of the epoch as the state's own global batch cut it
+            own_steps = n // g if self.tail == "drop" else -(-n // g)
+            total = n if self.tail == "keep" else own_steps * g
+        else:
+            total = None
+        loaded.check_fits(self._order_state(0), max_consumed=2**63 - 1 if total is None else max(total, n))
         if not self.order.has_epochs and loaded.epoch != 0:
             raise StateError(f"epoch: a {self.order.kind} order is endless, its only epoch is 0, "
                              f"the state says {loaded.epoch}", field="epoch")
-        if loaded.consumed % self.global_batch_size and loaded.consumed != total:
+        if loaded.consumed % loaded.global_batch_size and loaded.consumed != total:
             raise StateError(f"consumed: {loaded.consumed} positions is not a whole number of "
-                             f"global batches of {self.global_batch_size}", field="consumed")
+                             f"global batches of {loaded.global_batch_size}", field="consumed")
+        if total is not None and loaded.consumed > total:
+            raise StateError(f"consumed: the saved state has consumed {loaded.consumed} positions but the "
+                             f"epoch holds {total}: a step beyond the epoch", field="consumed")
         self.epoch = loaded.epoch
         self._consumed = loaded.consumed
+        self._offset = 0
+        if loaded.global_batch_size != self.global_batch_size and loaded.consumed != total:
+            self._offset = loaded.consumed % self.global_batch_size
         self._completed = False
 
     def __repr__(self) -> str:

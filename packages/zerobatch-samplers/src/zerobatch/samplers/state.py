@@ -47,7 +47,7 @@ class OrderState:
         consumed: global positions of the epoch delivered to the training loop (all ranks).
         num_items: size of the index space the order permutes.
         global_batch_size: positions consumed per step over all ranks (``world_size`` x the
-            per-rank batch). A state resumes on any world size that splits it evenly.
+            per-rank batch) when the state was saved.
         fingerprint: identity of the data (a file's build id), or ``""``.
         params: other parameters the order depends on (block size, shuffle, drop_last...),
             all of which must match on load.
@@ -110,13 +110,14 @@ class OrderState:
             params=params,
         )
 
-    def check_fits(self, expected: OrderState, *, max_consumed: int, world_size: int = 1) -> None:
-        """Check this (loaded) state against the loader's own order.
+    def check_fits(self, expected: OrderState, *, max_consumed: int) -> None:
+        """Check this (loaded) state against the sampler's own order: the same order, seed,
+        number of items, data and parameters (the global batch may differ: see
+        :mod:`zerobatch.samplers.schedule`).
 
         Args:
-            expected: the loader's state (its position is ignored).
-            max_consumed: largest valid ``consumed`` for this loader.
-            world_size: the loader's world size (to say why a global batch does not fit).
+            expected: the sampler's state (its position is ignored).
+            max_consumed: largest valid ``consumed``.
 
         Raises:
             StateError: naming the first field that differs or is out of range.
@@ -136,16 +137,6 @@ class OrderState:
         extra = sorted(set(self.params) - set(expected.params))
         if extra:
             raise StateError(f"{extra[0]}: unknown parameter in the saved state", field=extra[0])
-        if self.global_batch_size != expected.global_batch_size:
-            g = self.global_batch_size
-            if g % world_size:
-                why = f"it cannot be split over {world_size} ranks"
-            else:
-                why = (f"this one has {expected.global_batch_size}; build it with a per-rank batch "
-                       f"of {g // world_size} to continue the same global order")
-            raise StateError(
-                f"global_batch_size: the state was saved with a global batch of {g} positions and "
-                f"{why}", field="global_batch_size")
         if self.consumed > max_consumed:
             raise StateError(
                 f"consumed: the saved state has consumed {self.consumed} positions but the "

@@ -1,0 +1,269 @@
+"""Schedules: which items each step of one rank holds, and where a run stands.
+
+A loader asks its schedule for nothing but this interface, so everything about positions,
+rank sharding, epochs and resuming lives here and not in the loaders:
+
+- :meth:`Schedule.plan` yields the rest of the pass (an epoch, or an endless stream) from the
+  current position as :class:`Planned` pages: each holds the items of several steps
+  (``int64 (steps, items_per_step)``), for a mixture the source of each item, and the
+  position after each step. ``plan(first, stride)`` yields only steps ``first, first +
+  stride, ...`` (worker ``w`` of ``k`` data-loading processes plans ``plan(w, k)``).
+- :meth:`Schedule.advance_to` records a step as delivered (the loop received its batch);
+  :meth:`Schedule.finish` records the end of the pass.
+- :meth:`Schedule.state_dict` / :meth:`Schedule.load_state_dict` save and restore the
+  position after the last delivered step; :meth:`Schedule.advanced` is the state ``n``
+  steps further.
+
+Two schedules implement it: :class:`~zerobatch.samplers.IndexSampler` (one index order cut
+into global batches, dealt round-robin to ranks) and :class:`MixtureSampler` (several
+sources in exact proportions, :class:`~zerobatch.samplers.MixtureSchedule`).
+
+**One resume rule for every schedule.** A state is the count of what the whole job consumed
+(global positions of the epoch, or samples per mixture source), never a per-rank position,
+so it loads on any world size. With the same global batch the run continues exactly as an
+uninterrupted run would; with another global batch it continues from the same position:
+nothing consumed comes again in that epoch and nothing is skipped, but the later steps group
+the remaining items differently.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from zerobatch.core.checks import check_count
+from zerobatch.formats.errors import ConfigError, StateError
+from zerobatch.samplers._dist import resolve_rank
+from zerobatch.samplers.mixture import MixtureSchedule
+from zerobatch.samplers.state import STATE_VERSION
+
+__all__ = ["MixtureSampler", "Planned", "Schedule"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """Consecutive planned steps of one rank.
+
+    Attributes:
+        items: ``int64 (steps, k)``: the items of each step (``k`` is the per-rank batch, or
+            fewer for a kept short last step, alone in its page).
+        sources: ``int32 (steps, k)``: a mixture's source of each item; ``None`` otherwise.
+        after: the schedule's position after each step (for :meth:`Schedule.advance_to`).
+    """
+
+    items: np.ndarray
+    sources: np.ndarray | None
+    after: list[Any]
+
+    @property
+    def steps(self) -> int:
+        return len(self.after)
+
+
+class Schedule(ABC):
+    """Which items each step of one rank holds, and where the run stands (module docs).
+
+    Attributes:
+        kind: the schedule's name in a saved state.
+        rank, world_size: this process's place in the job.
+        batch_size: items per full step on this rank.
+        global_batch_size: items per step over all ranks.
+        epoch: the current epoch (0 for an endless schedule).
+    """
+
+    kind: str
+    rank: int
+    world_size: int
+    batch_size: int
+    global_batch_size: int
+    epoch: int
+
+    @property
+    @abstractmethod
+    def endless(self) -> bool:
+        """No epochs: a pass never ends by itself."""
+
+    @property
+    @abstractmethod
+    def steps_per_epoch(self) -> int | None:
+        """Steps in a whole epoch (``None``: endless)."""
+
+    @abstractmethod
+    def steps_left(self) -> int | None:
+        """Steps from the current position to the end of the pass (``None``: endless)."""
+
+    @abstractmethod
+    def begin(self) -> None:
+        """Start a pass: after a finished pass the same epoch starts again from its beginning."""
+
+    @abstractmethod
+    def plan(self, first: int = 0, stride: int = 1) -> Iterator[Planned]:
+        """Steps ``first, first + stride, ...`` of the rest of the pass, counted from the
+        current position, as pages of consecutive planned steps."""
+
+    @property
+    @abstractmethod
+    def position(self) -> Any:
+        """The position after the last delivered step (opaque; what :class:`Planned` holds)."""
+
+    @abstractmethod
+    def advance_to(self, position: Any) -> None:
+        """A step was delivered: ``position`` is the :attr:`Planned.after` entry of that step."""
+
+    @abstractmethod
+    def finish(self) -> None:
+        """The pass ran to its end (the next pass starts the epoch again)."""
+
+    @abstractmethod
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch; a new one starts at its beginning, the current one keeps its place."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last delivered step (JSON-able)."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` stopped (the module's resume rule)."""
+
+    def advanced(self, steps: int, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The state ``steps`` delivered steps after ``state`` (default: the current position);
+        this schedule is left as it was."""
+        steps = check_count(steps, "steps")
+        other = copy.deepcopy(self)
+        if state is not None:
+            other.load_state_dict(state)
+        pos = other.position
+        if steps:
+            for page in other.plan(0, 1):
+                if steps <= page.steps:
+                    pos = page.after[steps - 1]
+                    break
+                steps -= page.steps
+                pos = page.after[-1]
+        other.advance_to(pos)
+        return other.state_dict()
+
+
+class MixtureSampler(Schedule):
+    """The steps of a :class:`~zerobatch.samplers.MixtureSchedule` for one rank: every global
+    step takes the next ``global_batch_size`` samples of the schedule, and rank ``r`` reads
+    samples ``[r * b, (r + 1) * b)`` of them. Endless (a mixture has no epochs).
+
+    Args:
+        schedule: the mixture (its state is this sampler's position).
+        batch_size / global_batch_size: per rank / over all ranks (give one).
+        rank, world_size: this process's place (default: from ``torch.distributed`` or the
+            environment, see :func:`~zerobatch.samplers.resolve_rank`).
+
+    The state holds the mixture's (counts consumed per source, by name) and the steps
+    delivered; it resumes on any world size, with other weights or added sources
+    (:meth:`MixtureSchedule.load_state_dict`).
+    """
+
+    kind = "mixture"
+
+    def __init__(self, schedule: MixtureSchedule, batch_size: int | None = None, *,
+                 global_batch_size: int | None = None, rank: int | None = None,
+                 world_size: int | None = None) -> None:
+        if not isinstance(schedule, MixtureSchedule):
+            raise ConfigError(f"schedule must be a MixtureSchedule, got {type(schedule).__name__}", field="schedule")
+        self.schedule = schedule
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        if (batch_size is None) == (global_batch_size is None):
+            raise ConfigError("pass exactly one of batch_size and global_batch_size", field="batch_size")
+        if batch_size is not None:
+            self.batch_size = check_count(batch_size, "batch_size", minimum=1, maximum=2**40)
+            self.global_batch_size = self.batch_size * self.world_size
+        else:
+            g = check_count(global_batch_size, "global_batch_size", minimum=1, maximum=2**48)
+            if g % self.world_size:
+                raise ConfigError(f"global_batch_size {g} cannot be split over {self.world_size} ranks",
+                                  field="global_batch_size")
+            self.global_batch_size, self.batch_size = g, g // self.world_size
+        self.epoch = 0
+        self._state = schedule.state_dict()     # the schedule after the last delivered step
+        self._steps = 0                         # steps delivered
+
+    @property
+    def endless(self) -> bool:
+        return True
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        return None
+
+    def steps_left(self) -> int | None:
+        return None
+
+    def begin(self) -> None:
+        pass
+
+    def plan(self, first: int = 0, stride: int = 1) -> Iterator[Planned]:
+        first = check_count(first, "first")
+        stride = check_count(stride, "stride", minimum=1)
+        sched = copy.deepcopy(self.schedule)
+        sched.load_state_dict(self._state)
+        g, b = self.global_batch_size, self.batch_size
+        part = slice(self.rank * b, (self.rank + 1) * b)
+        taken = 0
+        step = first
+        while True:
+            while taken < step:
+                sched.take(g)                   # a step of another worker
+                taken += 1
+            src, items = sched.take(g)
+            taken += 1
+            yield Planned(items[part].reshape(1, b), src[part].reshape(1, b),
+                          [(sched.state_dict(), self._steps + taken)])
+            step += stride
+
+    @property
+    def position(self) -> Any:
+        return (self._state, self._steps)
+
+    def advance_to(self, position: Any) -> None:
+        self._state, self._steps = position
+
+    def finish(self) -> None:
+        pass
+
+    def set_epoch(self, epoch: int) -> None:
+        if check_count(epoch, "epoch") != 0:
+            raise ConfigError("epoch: a mixture has no epochs", field="epoch")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"zerobatch_state": STATE_VERSION, "kind": self.kind, "mixture": copy.deepcopy(self._state),
+                "steps": self._steps, "global_batch_size": self.global_batch_size, "world_size": self.world_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (also a mixture state of the loaders of release 0.1,
+        ``{"zerobatch_loader": 1, "kind": "mixture", ...}``).
+
+        Raises:
+            StateError: not a mixture state, or one that does not fit the mixture
+                (:meth:`MixtureSchedule.load_state_dict`).
+        """
+        if not isinstance(state, dict):
+            raise StateError(f"state: expected a dict, got {type(state).__name__}", field="state")
+        if state.get("kind") != "mixture":
+            raise StateError(f"kind: the state is a {state.get('kind')!r} state; this loader reads a mixture",
+                             field="kind")
+        if state.get("zerobatch_state") != STATE_VERSION and state.get("zerobatch_loader") != 1:
+            raise StateError("zerobatch_state: not a mixture state of this version", field="zerobatch_state")
+        steps = state.get("steps")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise StateError(f"steps: must be a count, got {steps!r}", field="steps")
+        probe = copy.deepcopy(self.schedule)
+        probe.load_state_dict(state.get("mixture"))   # raises StateError for a state that does not fit
+        self._state = probe.state_dict()
+        self._steps = steps
+
+    def __repr__(self) -> str:
+        return (f"MixtureSampler({self.schedule!r}, batch_size={self.batch_size}, rank={self.rank}, "
+                f"world_size={self.world_size})")
