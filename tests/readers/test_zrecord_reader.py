@@ -65,7 +65,7 @@ def test_raw_records_are_zero_copy_views_of_the_mapping(tmp_path):
     make(tmp_path / "s")
     with ZRecordStore(tmp_path / "s") as s:
         b = s.gather([3, 10, 200], ["text", "img"], zero_copy=True)
-        chunk = s._gen.gather.chunk_array(0)
+        chunk = np.frombuffer(s._gen.chunk_maps[0], np.uint8)
         lo, hi = chunk.ctypes.data, chunk.ctypes.data + chunk.nbytes
         v = b["text"][0]
         assert not v.flags.writeable
@@ -143,27 +143,33 @@ def test_threads_and_pool_splits_read_what_one_thread_reads(tmp_path):
 
 
 def test_compiled_kernel_matches_its_pure_python_twin(tmp_path):
+    from zerobatch.core import _zrecord as compiled
+
     make(tmp_path / "s")
     with ZRecordStore(tmp_path / "s") as s:
         rng = np.random.default_rng(3)
         idx = rng.integers(-300, 300, 60)
-        entries, length, nch = s._gen.gather.snapshot(idx, [0, 2, 3])
-        twin = _reference.RecordGather(s._commit_map._m if hasattr(s._commit_map, "_m") else
-                                       bytes(memoryview(s._commit_map)), 0)
-        for k in range(len(FIELDS)):
-            twin.set_table(k, np.memmap(tmp_path / "s" / f"{FIELDS[k].name}.offset", np.uint8, "r"),
-                           np.memmap(tmp_path / "s" / f"{FIELDS[k].name}.check", np.uint8, "r"))
-        for c in range(nch):
-            twin.set_chunk(c, np.memmap(tmp_path / "s" / "chunk" / f"{c}.zr", np.uint8, "r"))
-        t_entries, t_length, t_nch = twin.snapshot(idx, [0, 2, 3])
-        assert (t_length, t_nch) == (length, nch) and t_entries.tobytes() == entries.tobytes()
+        gen = s._gen
+        got = {}
+        for impl in (compiled, _reference):
+            entries = np.empty((idx.size, 3), Z.ENTRY_DTYPE)
+            status, length, nch, bad = impl.snapshot_entries(gen.commit_map, gen.epoch, gen.table_addr,
+                                                             gen.check_addr, gen.table_entries, [0, 2, 3], idx,
+                                                             entries)
+            assert status == 0
+            got[impl] = (entries, length, nch)
+        (e1, l1, n1), (e2, l2, n2) = got[compiled], got[_reference]
+        assert (l1, n1) == (l2, n2) and e1.tobytes() == e2.tobytes()
+        s.gather(np.arange(l1))             # every chunk mapped
         for j, k in enumerate([0, 2, 3]):
             spec = FIELDS[k]
-            col = entries[:, j].copy()
-            got = s._check(s._gen, idx, col, nch, k, spec, None)
-            want = twin.check(col, nch, k, spec.codec, spec.fixed_bytes, spec.fixed_bytes or 1 << 30, True)
-            np.testing.assert_array_equal(got[0], want[0])
-            np.testing.assert_array_equal(got[1], want[1])
+            col = e1[:, j].copy()
+            args = (col, gen.chunk_base, gen.chunk_size, n1, k, spec.codec, spec.fixed_bytes,
+                    spec.fixed_bytes or 1 << 30, spec.np_dtype.itemsize, True)
+            a, b = compiled.check_records(*args), _reference.check_records(*args)
+            assert a[:3] == b[:3] == (0, 0, 0)
+            np.testing.assert_array_equal(a[3], b[3])
+            np.testing.assert_array_equal(a[4], b[4])
 
 
 def test_every_batch_comes_from_one_committed_state_while_a_writer_commits(tmp_path):

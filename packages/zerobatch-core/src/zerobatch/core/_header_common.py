@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from zerobatch.core._status import STATUS as S
 from zerobatch.formats import llmbatch as L
 from zerobatch.formats.errors import ConfigError
 from zerobatch.formats.llmbatch import LLMBatchHeader
@@ -30,8 +31,6 @@ FIELD_NAMES = (
     "batch_bytes",
 )
 
-# Status codes (see _status.pxd).
-_TRUNCATED, _MAGIC, _VERSION, _DTYPE, _FLAGS, _FIELD, _LIMIT, _OVERFLOW, _SIZE, _RESERVED, _CHECKSUM = range(1, 12)
 
 
 def header_from_fields(f: dict[str, Any]) -> LLMBatchHeader:
@@ -66,54 +65,54 @@ def parse_message(status: int, f: dict[str, Any]) -> str:
     """The error message for a failed parse, naming the field and the values."""
     field = FIELD_NAMES[f["bad_field"]]
     checksum_bytes = L.CHECKSUM_SIZE if f["ext_flags"] & L.EXT_FLAG_BATCH_CHECKSUMS else 0
-    if status == _TRUNCATED and field == "header":
+    if status == S.ZB_E_TRUNCATED and field == "header":
         return (f"header: an LLMBATCH file needs at least {L.HEADER_SIZE} bytes for its header, "
                 f"but the file holds {f['file_size']}")
-    if status == _TRUNCATED:
+    if status == S.ZB_E_TRUNCATED:
         nb = f["num_batches"]
         per_batch = f["padded_batch_bytes"] + checksum_bytes
         holds = (f["file_size"] - L.HEADER_SIZE) // per_batch
         return (f"num_batches: header claims {nb} batches ({nb * per_batch} bytes after the "
                 f"header) but the file holds {holds}")
-    if status == _MAGIC:
+    if status == S.ZB_E_MAGIC:
         return "magic: not an LLMBATCH file (the first 8 bytes are not b'LLMBATCH')"
-    if status == _VERSION and field == "version":
+    if status == S.ZB_E_VERSION and field == "version":
         return f"version: unsupported LLMBATCH version {f['version']} (this release reads {L.VERSION})"
-    if status == _VERSION and field == "ext_version":
+    if status == S.ZB_E_VERSION and field == "ext_version":
         return (f"ext_version: unsupported zerobatch extension version {f['ext_version']} "
                 f"(this release reads {L.EXT_VERSION})")
-    if status == _VERSION:
+    if status == S.ZB_E_VERSION:
         return f"hash_algo: unsupported checksum algorithm code {f['hash_algo']} (known: 1 = XXH3-64)"
-    if status == _DTYPE:
+    if status == S.ZB_E_DTYPE:
         return f"dtype: unsupported token dtype code {f['dtype']} (known: 0 = uint32)"
-    if status == _FLAGS:
+    if status == S.ZB_E_FLAGS:
         unknown = f["ext_flags"] & ~L.EXT_FLAGS_KNOWN
         return f"ext_flags: unknown flag bits 0x{unknown:x} in 0x{f['ext_flags']:x}"
-    if status == _CHECKSUM:
+    if status == S.ZB_E_CHECKSUM:
         return (f"header_hash: the header checksum does not match its bytes (stored "
                 f"0x{f['header_hash']:016x}, computed 0x{f['computed_header_hash']:016x})")
-    if status == _RESERVED:
+    if status == S.ZB_E_RESERVED:
         return "reserved: reserved header bytes must be zero"
-    if status == _FIELD and field in ("batch_size", "seq_len"):
+    if status == S.ZB_E_FIELD and field in ("batch_size", "seq_len"):
         return f"{field}: must be between 1 and 2**31-1, got 0"
-    if status == _LIMIT and field == "batch_size":
+    if status == S.ZB_E_LIMIT and field == "batch_size":
         return f"batch_size: must be between 1 and 2**31-1, got {f['batch_size']}"
-    if status == _LIMIT and field == "seq_len":
+    if status == S.ZB_E_LIMIT and field == "seq_len":
         return f"seq_len: must be between 1 and 2**31-1, got {f['seq_len']}"
-    if status in (_LIMIT, _OVERFLOW):
+    if status in (S.ZB_E_LIMIT, S.ZB_E_OVERFLOW):
         return (f"batch_bytes: batch_size {f['batch_size']} x seq_len {f['seq_len']} x 4 bytes "
                 f"exceeds the limit of {L.MAX_BATCH_BYTES} bytes per batch")
-    if status == _FIELD and field == "trailer_offset":
+    if status == S.ZB_E_FIELD and field == "trailer_offset":
         return (f"trailer_offset: extension says {f['trailer_offset']}, but the last batch ends "
                 f"at {f['data_end']}")
-    if status == _FIELD and field == "trailer_size":
+    if status == S.ZB_E_FIELD and field == "trailer_size":
         return (f"trailer_size: extension says {f['trailer_size']} bytes, expected "
                 f"{f['num_batches'] * checksum_bytes} for {f['num_batches']} batches")
-    if status == _FIELD and field == "trailer_hash":
+    if status == S.ZB_E_FIELD and field == "trailer_hash":
         return "trailer_hash: must be zero when the file has no batch checksums"
-    if status == _FIELD and field == "max_token":
+    if status == S.ZB_E_FIELD and field == "max_token":
         return "max_token: must be zero when the max_token flag is not set"
-    if status == _SIZE:
+    if status == S.ZB_E_SIZE:
         extra = f["file_size"] - f["expected_file_size"]
         return (f"file_size: the file holds {f['file_size']} bytes but its header describes "
                 f"{f['expected_file_size']} ({extra} extra bytes after the last batch)")
@@ -122,7 +121,7 @@ def parse_message(status: int, f: dict[str, Any]) -> str:
 
 def geometry_message(status: int, field: str, batch_size: int, seq_len: int) -> str:
     """The error message for a geometry refused by ``llmbatch_geometry``."""
-    if status == _FIELD:
+    if status == S.ZB_E_FIELD:
         return f"{field} must be between 1 and 2**31-1, got 0"
     if field == "batch_size":
         return f"batch_size must be between 1 and 2**31-1, got {batch_size}"

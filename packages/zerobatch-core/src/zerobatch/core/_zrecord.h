@@ -2,7 +2,7 @@
  *
  * Everything here runs without the GIL and touches no Python object. Status codes are those
  * of _status.pxd, plus four internal ones the Python wrapper acts on and retries
- * (ZR_RETRY, ZR_STALE, ZR_NEED_TABLE, ZR_NEED_CHUNK); they never reach a caller.
+ * (ZB_RETRY, ZB_STALE, ZB_NEED_TABLE, ZB_NEED_CHUNK); they never reach a caller.
  */
 #ifndef ZB_ZRECORD_H
 #define ZB_ZRECORD_H
@@ -11,19 +11,7 @@
 #include <string.h>
 #include <zlib.h>
 
-#define ZR_OK 0
-#define ZR_E_TRUNCATED 1
-#define ZR_E_MAGIC 2
-#define ZR_E_FIELD 6
-#define ZR_E_LIMIT 7
-#define ZR_E_OVERFLOW 8
-#define ZR_E_CHECKSUM 11
-#define ZR_E_INDEX 13
-#define ZR_E_IO 15
-#define ZR_RETRY 100      /* the commit file changed while the entries were copied */
-#define ZR_STALE 101      /* a rebalance replaced the tables this reader mapped */
-#define ZR_NEED_TABLE 102 /* an offset table is mapped shorter than the committed length */
-#define ZR_NEED_CHUNK 103 /* a chunk is not mapped, or mapped shorter than an entry needs */
+#include "_status.h"
 
 #define ZR_HEADER 16
 #define ZR_MAGIC 0x5A
@@ -49,30 +37,30 @@ static inline uint64_t zr_seq(const uint8_t *commit) {
  * pre:  tables[k] / checks[k] map table_entries[k] entries / checks of field k (number
  *       field_nos[k]); idx has n values (negative
  *       ones count from the end); out has room for n * nf entries.
- * post: ZR_OK with out[i * nf + k] the entry of index idx[i] in field k, *length and
- *       *num_chunks the committed values they belong to; ZR_RETRY (seq odd or changed:
- *       call again), ZR_STALE (epoch differs from `epoch`, or flags set: reopen, which
- *       checks the commit file), ZR_NEED_TABLE
- *       (*bad = field), ZR_E_INDEX (*bad = position in idx), ZR_E_CHECKSUM (an entry
+ * post: ZB_OK with out[i * nf + k] the entry of index idx[i] in field k, *length and
+ *       *num_chunks the committed values they belong to; ZB_RETRY (seq odd or changed:
+ *       call again), ZB_STALE (epoch differs from `epoch`, or flags set: reopen, which
+ *       checks the commit file), ZB_NEED_TABLE
+ *       (*bad = field), ZB_E_INDEX (*bad = position in idx), ZB_E_CHECKSUM (an entry
  *       disagrees with its check: *bad = position * nf + field). */
 static int zr_snapshot(const uint8_t *commit, uint64_t epoch, const uint8_t *const *tables,
                        const uint8_t *const *checks, const uint32_t *field_nos,
                        const uint64_t *table_entries, int64_t nf, const int64_t *idx, int64_t n,
                        zr_entry *out, uint64_t *length, uint64_t *num_chunks, int64_t *bad) {
     uint64_t s1 = zr_seq(commit);
-    if (s1 & 1) return ZR_RETRY;
+    if (s1 & 1) return ZB_RETRY;
     uint32_t flags = __atomic_load_n((const uint32_t *)(commit + 12), __ATOMIC_ACQUIRE);
     uint64_t len = __atomic_load_n((const uint64_t *)(commit + 24), __ATOMIC_ACQUIRE);
     uint64_t nch = __atomic_load_n((const uint64_t *)(commit + 32), __ATOMIC_ACQUIRE);
     uint64_t ep = __atomic_load_n((const uint64_t *)(commit + 48), __ATOMIC_ACQUIRE);
-    int status = ZR_OK;
-    if (flags != 0 || ep != epoch) return ZR_STALE;
+    int status = ZB_OK;
+    if (flags != 0 || ep != epoch) return ZB_STALE;
     for (int64_t k = 0; k < nf; k++)
-        if (len > table_entries[k]) { *bad = k; status = ZR_NEED_TABLE; goto check; }
+        if (len > table_entries[k]) { *bad = k; status = ZB_NEED_TABLE; goto check; }
     for (int64_t i = 0; i < n; i++) {
         int64_t j = idx[i];
         if (j < 0) j += (int64_t)len;
-        if (j < 0 || (uint64_t)j >= len) { *bad = i; status = ZR_E_INDEX; goto check; }
+        if (j < 0 || (uint64_t)j >= len) { *bad = i; status = ZB_E_INDEX; goto check; }
         for (int64_t k = 0; k < nf; k++) {
             uint8_t buf[28];
             uint64_t jj = (uint64_t)j;
@@ -82,14 +70,14 @@ static int zr_snapshot(const uint8_t *commit, uint64_t epoch, const uint8_t *con
             memcpy(&out[i * nf + k], buf, 16);
             if ((uint32_t)crc32(0L, buf, 28) != zr_ld32(checks[k] + jj * 4u)) {
                 *bad = i * nf + k;
-                status = ZR_E_CHECKSUM;
+                status = ZB_E_CHECKSUM;
                 goto check;
             }
         }
     }
 check:
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    if (zr_seq(commit) != s1) return ZR_RETRY;
+    if (zr_seq(commit) != s1) return ZB_RETRY;
     *length = len;
     *num_chunks = nch;
     return status;
@@ -143,25 +131,25 @@ static int zr_inflate(z_stream *zs, int *zs_ready, const uint8_t *src, uint64_t 
                       uint64_t m) {
     if (!*zs_ready) {
         memset(zs, 0, sizeof(*zs));
-        if (inflateInit2(zs, -15) != Z_OK) return ZR_E_IO;
+        if (inflateInit2(zs, -15) != Z_OK) return ZB_E_NOMEM;
         *zs_ready = 1;
     } else if (inflateReset(zs) != Z_OK) {
-        return ZR_E_IO;
+        return ZB_E_IO;
     }
     zs->next_in = (Bytef *)src;
     zs->avail_in = (uInt)n;
     zs->next_out = dst;
     zs->avail_out = (uInt)m;
     int r = inflate(zs, Z_FINISH);
-    if (r != Z_STREAM_END || zs->avail_out != 0 || zs->avail_in != 0) return ZR_E_FIELD;
-    return ZR_OK;
+    if (r != Z_STREAM_END || zs->avail_out != 0 || zs->avail_in != 0) return ZB_E_FIELD;
+    return ZB_OK;
 }
 
 static int zr_job_run(zr_job *j) {
     const zr_chunkmap *cm = j->cm;
     z_stream zs;
     int zs_ready = 0;
-    int status = ZR_OK;
+    int status = ZB_OK;
     for (int64_t i = 0; i < j->count; i++) {
         const zr_entry *e = &j->entries[i * j->stride];
         uint8_t *dst = NULL;
@@ -171,7 +159,7 @@ static int zr_job_run(zr_job *j) {
             if (j->lens[i] <= 0 || j->codec == 0) continue;
             const uint8_t *p = __atomic_load_n(&cm->base[e->chunk], __ATOMIC_ACQUIRE) + j->payload[i];
             status = zr_inflate(&zs, &zs_ready, p, e->length - ZR_HEADER, dst, (uint64_t)j->lens[i]);
-            if (status != ZR_OK) { j->bad = i; break; }
+            if (status != ZB_OK) { j->bad = i; break; }
             continue;
         }
         if (e->length == 0) {
@@ -180,30 +168,30 @@ static int zr_job_run(zr_job *j) {
             if (dst != NULL && j->fixed_len) memset(dst, 0, j->fixed_len);
             continue;
         }
-        if ((uint64_t)e->chunk >= cm->committed) { status = ZR_E_FIELD; j->bad = i; break; }
+        if ((uint64_t)e->chunk >= cm->committed) { status = ZB_E_FIELD; j->bad = i; break; }
         if ((uint64_t)e->chunk >= cm->mapped) {
-            status = ZR_NEED_CHUNK; j->need_chunk = e->chunk; j->bad = i; break;
+            status = ZB_NEED_CHUNK; j->need_chunk = e->chunk; j->bad = i; break;
         }
         uint64_t csize = __atomic_load_n(&cm->size[e->chunk], __ATOMIC_ACQUIRE);
         const uint8_t *cbase = __atomic_load_n(&cm->base[e->chunk], __ATOMIC_ACQUIRE);
-        if (cbase == NULL) { status = ZR_NEED_CHUNK; j->need_chunk = e->chunk; j->bad = i; break; }
-        if (e->length < ZR_HEADER || (e->offset & 15u) != 0) { status = ZR_E_FIELD; j->bad = i; break; }
-        if (e->offset > UINT64_MAX - e->length) { status = ZR_E_OVERFLOW; j->bad = i; break; }
+        if (cbase == NULL) { status = ZB_NEED_CHUNK; j->need_chunk = e->chunk; j->bad = i; break; }
+        if (e->length < ZR_HEADER || (e->offset & 15u) != 0) { status = ZB_E_FIELD; j->bad = i; break; }
+        if (e->offset > UINT64_MAX - e->length) { status = ZB_E_OVERFLOW; j->bad = i; break; }
         if (e->offset + e->length > csize) {
-            status = ZR_NEED_CHUNK; j->need_chunk = e->chunk; j->bad = i; break;
+            status = ZB_NEED_CHUNK; j->need_chunk = e->chunk; j->bad = i; break;
         }
         const uint8_t *h = cbase + e->offset;
         uint64_t stored = (uint64_t)e->length - ZR_HEADER;
         uint32_t logical = zr_ld32(h + 8);
-        if (h[13] != ZR_MAGIC) { status = ZR_E_MAGIC; j->bad = i; break; }
+        if (h[13] != ZR_MAGIC) { status = ZB_E_MAGIC; j->bad = i; break; }
         if (j->verify && j->hash(h + 8, (uint64_t)e->length - 8) != zr_ld64(h)) {
-            status = ZR_E_CHECKSUM; j->bad = i; break;
+            status = ZB_E_CHECKSUM; j->bad = i; break;
         }
-        if (h[12] != j->codec || zr_ld16(h + 14) != j->field_no) { status = ZR_E_FIELD; j->bad = i; break; }
-        if (j->codec == 0 && logical != stored) { status = ZR_E_FIELD; j->bad = i; break; }
-        if (j->fixed_len && logical != j->fixed_len) { status = ZR_E_FIELD; j->bad = i; break; }
-        if (logical > j->max_len) { status = ZR_E_LIMIT; j->bad = i; break; }
-        if (j->itemsize > 1 && logical % j->itemsize) { status = ZR_E_FIELD; j->bad = i; break; }
+        if (h[12] != j->codec || zr_ld16(h + 14) != j->field_no) { status = ZB_E_FIELD; j->bad = i; break; }
+        if (j->codec == 0 && logical != stored) { status = ZB_E_FIELD; j->bad = i; break; }
+        if (j->fixed_len && logical != j->fixed_len) { status = ZB_E_FIELD; j->bad = i; break; }
+        if (logical > j->max_len) { status = ZB_E_LIMIT; j->bad = i; break; }
+        if (j->itemsize > 1 && logical % j->itemsize) { status = ZB_E_FIELD; j->bad = i; break; }
         j->lens[i] = logical;
         j->payload[i] = e->offset + ZR_HEADER;
         if (dst == NULL) continue;
@@ -211,7 +199,7 @@ static int zr_job_run(zr_job *j) {
             memcpy(dst, h + ZR_HEADER, logical);
         } else {
             status = zr_inflate(&zs, &zs_ready, h + ZR_HEADER, stored, dst, logical);
-            if (status != ZR_OK) { j->bad = i; break; }
+            if (status != ZB_OK) { j->bad = i; break; }
         }
     }
     if (zs_ready) inflateEnd(&zs);

@@ -32,8 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.core import FileMapping, RecordGather, buffer_views, zrstore
-from zerobatch.core import zrecord_status_error as status_error
+from zerobatch.core import (FileMapping, buffer_views, check_records, inflate_records, publish_chunk, record_views,
+                            snapshot_entries, zrstore)
+from zerobatch.core._status import STATUS, raise_for_status
 from zerobatch.core.io import open_regular_file
 from zerobatch.core.pool import shared_pool
 from zerobatch.formats import zrecord as Z
@@ -82,19 +83,62 @@ CLEANER = _Cleaner()
 
 
 class _Generation:
-    """What a reader maps for one rebalance epoch: the gather kernel (tables, chunks), the
-    chunk sizes mapped, and the shared lock on ``epoch-<E>.lock`` that keeps the epoch's
-    chunks on disk. A gather holds its generation from start to end, so a reopen on another
-    thread never pulls chunks from under it; the lock goes with the last user."""
+    """What a reader maps for one rebalance epoch, and the state the kernels read it through:
+    the commit file's mapping, each field's offset table and check file (their addresses and
+    the entries both cover, by field number), the chunk registry (addresses and sizes the
+    kernels read without the GIL, the mappings that keep them valid) and the shared lock on
+    ``epoch-<E>.lock`` that keeps the epoch's chunks on disk. A gather holds its generation
+    from start to end, so a reopen on another thread never pulls chunks from under it; the
+    lock goes with the last user.
 
-    __slots__ = ("gather", "commit_map", "epoch_fd", "chunk_sizes", "maps", "__weakref__")
+    Tables and chunks are only ever replaced by larger mappings of the same file, and every
+    replaced mapping (and every outgrown address array) is kept until the generation goes, so
+    whatever a kernel running on another thread read stays mapped.
+    """
 
-    def __init__(self, gather: Any, commit_map: Any, epoch_fd: int | None) -> None:
-        self.gather = gather
+    __slots__ = ("commit_map", "epoch", "epoch_fd", "table_addr", "check_addr", "table_entries", "tables",
+                 "chunk_base", "chunk_size", "chunk_maps", "chunk_sizes", "maps", "_kept", "__weakref__")
+
+    def __init__(self, commit_map: Any, epoch: int, num_fields: int) -> None:
         self.commit_map = commit_map
-        self.epoch_fd = epoch_fd
+        self.epoch = epoch
+        self.epoch_fd: int | None = None
+        self.table_addr = np.zeros(num_fields, np.uint64)
+        self.check_addr = np.zeros(num_fields, np.uint64)
+        self.table_entries = np.zeros(num_fields, np.uint64)
+        self.tables: list[Any] = [None] * num_fields
+        self.chunk_base = np.zeros(16, np.uint64)
+        self.chunk_size = np.zeros(16, np.uint64)
+        self.chunk_maps: list[Any] = [None] * 16
         self.chunk_sizes: dict[int, int] = {}
         self.maps = 0  # chunk mappings made so far: a check that failed before one may pass now
+        self._kept: list[Any] = []
+
+    def set_table(self, k: int, table: Any, check: Any) -> None:
+        """Field ``k``'s offset table and check file (the entries usable are those both cover)."""
+        if self.tables[k] is not None:
+            self._kept.append(self.tables[k])       # a snapshot running now may read it
+        self.tables[k] = (table, check)
+        self.table_addr[k] = table.address
+        self.check_addr[k] = check.address
+        self.table_entries[k] = min(len(table) // Z.ENTRY_SIZE, len(check) // Z.CHECK_SIZE)
+
+    def set_chunk(self, c: int, mapping: Any, size: int) -> None:
+        """Chunk ``c``'s (larger) mapping, published to the kernels base first."""
+        if c >= len(self.chunk_base):
+            cap = max(c + 1, 2 * len(self.chunk_base))
+            base, sizes = np.zeros(cap, np.uint64), np.zeros(cap, np.uint64)
+            base[:len(self.chunk_base)] = self.chunk_base
+            sizes[:len(self.chunk_size)] = self.chunk_size
+            self._kept.append((self.chunk_base, self.chunk_size))   # a kernel may still read them
+            self.chunk_maps.extend([None] * (cap - len(self.chunk_maps)))
+            self.chunk_base, self.chunk_size = base, sizes
+        if self.chunk_maps[c] is not None:
+            self._kept.append(self.chunk_maps[c])
+        self.chunk_maps[c] = mapping
+        publish_chunk(self.chunk_base, self.chunk_size, c, mapping.address, size)
+        self.chunk_sizes[c] = size
+        self.maps += 1
 
     def release(self) -> None:
         fd, self.epoch_fd = self.epoch_fd, None
@@ -102,6 +146,16 @@ class _Generation:
 
     def __del__(self) -> None:
         self.release()
+
+
+#: What a failed record check means, by status, for the error message.
+_RECORD_FAULTS = {
+    STATUS.ZB_E_MAGIC: "bad magic",
+    STATUS.ZB_E_FIELD: "a field of its container disagrees (codec, field, length, a length that is not a whole "
+                       "number of items, or the inflated size)",
+    STATUS.ZB_E_OVERFLOW: "offset + length overflows",
+    STATUS.ZB_E_CHECKSUM: "checksum mismatch",
+}
 
 
 class RecordBatch:
@@ -256,19 +310,18 @@ class ZRecordStore:
                     zrstore.read_commit_waiting(commit_map, self.path, path=cpath)
                     continue
                 meta = self._read_meta(mpath, commit)
-                gather = RecordGather(commit_map, commit.epoch)
-                tables = []
+                gen = _Generation(commit_map, commit.epoch, len(meta.fields))
                 for k, f in enumerate(meta.fields):
-                    tables.append(self._map_table(gather, k, f, commit.length))
-                epoch_fd = zrstore.lock(os.path.join(self.path, Z.epoch_lock_name(commit.epoch)), exclusive=False,
-                                        blocking=True)
+                    self._map_table(gen, k, f, commit.length)
+                gen.epoch_fd = zrstore.lock(os.path.join(self.path, Z.epoch_lock_name(commit.epoch)),
+                                            exclusive=False, blocking=True)
             finally:
                 zrstore.unlock(sfd)
             self.meta = meta
             self.fields = meta.fields
             self._field_no = {f.name: k for k, f in enumerate(meta.fields)}
             self._commit_map = commit_map
-            self._gen = _Generation(gather, commit_map, epoch_fd)  # the previous one goes with its last user
+            self._gen = gen  # the previous one goes with its last user
             return
         raise StateError("switch.lock: the store kept changing under the reader", path=self.path, field="switch.lock")
 
@@ -314,7 +367,7 @@ class ZRecordStore:
         raise CorruptError(f"meta.json: generation {meta.generation} does not match commit.zr's {commit.generation}",
                            path=mpath, field="generation")
 
-    def _map_table(self, gather: RecordGather, k: int, f: Z.FieldSpec, length: int) -> None:
+    def _map_table(self, gen: _Generation, k: int, f: Z.FieldSpec, length: int) -> None:
         maps = []
         for name, unit in ((Z.offset_name(f.name), Z.ENTRY_SIZE), (Z.check_name(f.name), Z.CHECK_SIZE)):
             tpath = os.path.join(self.path, name)
@@ -332,7 +385,7 @@ class ZRecordStore:
                 maps.append(FileMapping(fd, st.st_size, tpath))
             finally:
                 os.close(fd)
-        gather.set_table(k, maps[0], maps[1])
+        gen.set_table(k, maps[0], maps[1])
 
     def _map_chunk(self, gen: _Generation, c: int, field: str, index: int, maps_before: int) -> None:
         """Map chunk c (again, if it grew) in ``gen``, for a check that started when
@@ -350,9 +403,7 @@ class ZRecordStore:
                 if st.st_size <= gen.chunk_sizes.get(c, -1):
                     raise CorruptError(f"{field}.offset: the entry of record {index} runs past the end of chunk "
                                        f"{c} ({st.st_size} bytes)", path=cpath, field="offset")
-                gen.gather.set_chunk(c, FileMapping(fd, st.st_size, cpath))
-                gen.chunk_sizes[c] = st.st_size
-                gen.maps += 1
+                gen.set_chunk(c, FileMapping(fd, st.st_size, cpath), st.st_size)
             finally:
                 os.close(fd)
 
@@ -386,36 +437,45 @@ class ZRecordStore:
                     yield {f.name: _copy(batch[f.name][i]) for f in self.fields}
 
     def _snapshot(self, idx: np.ndarray, fnos: list[int]) -> tuple[_Generation, np.ndarray, int, int]:
+        """The entries of ``idx`` in the fields ``fnos``, all of one committed state: the
+        kernel's signals are acted on here (a writer committing: read again; a table mapped
+        too short: map it; a rebalance: reopen), its errors raised."""
         deadline = None
+        entries = np.empty((idx.size, len(fnos)), Z.ENTRY_DTYPE)
         while True:
             gen = self._gen
             if gen is None:
                 raise StateError("the store is closed", path=self.path, field="store")
-            r = gen.gather.snapshot(idx, fnos)
-            if len(r) == 3 and not isinstance(r[0], str):
-                return (gen, *r)
-            code, detail = r[0], r[1]
-            if code == "bad_entry":
-                name = self.fields[detail].name
-                raise IntegrityError(f"{name}.offset: the entry of record {r[2]} fails its check (CRC-32 in "
-                                     f"{name}.check)", path=os.path.join(self.path, Z.offset_name(name)),
-                                     field="offset")
-            if code == "need_table":
-                f = self.fields[detail]
+            status, length, nchunks, bad = snapshot_entries(gen.commit_map, gen.epoch, gen.table_addr,
+                                                            gen.check_addr, gen.table_entries, fnos, idx, entries)
+            if status == STATUS.ZB_OK:
+                return gen, entries, length, nchunks
+            if status == STATUS.ZB_E_CHECKSUM:
+                name = self.fields[fnos[bad % len(fnos)]].name
+                raise_for_status(status, f"{name}.offset: the entry of record {int(idx[bad // len(fnos)])} fails its "
+                                 f"check (CRC-32 in {name}.check)", path=os.path.join(self.path, Z.offset_name(name)),
+                                 field="offset")
+            if status == STATUS.ZB_E_INDEX:
+                raise_for_status(status, f"index {int(idx[bad])} is out of range for a store of {length} records",
+                                 path=self.path, field="index")
+            if status == STATUS.ZB_NEED_TABLE:
+                k = fnos[bad]
                 with self._lock:
                     c = zrstore.read_commit_waiting(gen.commit_map, self.path, path=self.path)
-                    self._map_table(gen.gather, detail, f, c.length)
-            elif code == "stale":
+                    self._map_table(gen, k, self.fields[k], c.length)
+            elif status == STATUS.ZB_STALE:
                 with self._lock:
                     if self._gen is gen:   # else another thread reopened already
                         self._open()
-            else:  # retry: a writer is applying a commit
+            elif status == STATUS.ZB_RETRY:   # a writer is applying a commit
                 if deadline is None:
                     deadline = time.monotonic() + 0.05
                 elif time.monotonic() > deadline:
                     zrstore.read_commit_waiting(gen.commit_map, self.path, path=self.path)
                     deadline = None
                 time.sleep(0)
+            else:
+                raise_for_status(status, "an offset-table snapshot failed", path=self.path, field="offset")
 
     def gather(self, indices: Any, fields: Sequence[str] | None = None, *, zero_copy: bool = False) -> RecordBatch:
         """The records at ``indices`` (any integer array; negative counts from the end), in
@@ -455,23 +515,24 @@ class ZRecordStore:
         max_len = spec.fixed_bytes or self.max_record_bytes
         while True:
             maps_before = gen.maps
-            r = gen.gather.check(col, nchunks, k, spec.codec, spec.fixed_bytes, max_len, self.verify, out,
-                                 self._pool, self.num_threads, spec.np_dtype.itemsize)
-            if isinstance(r[0], str):
-                if r[0] == "need_chunk":
-                    self._map_chunk(gen, r[1], spec.name, int(idx[r[2]]), maps_before)
-                    continue
-                self._raise(r, idx, spec)
-            return r
+            status, bad, need, payload, lens = check_records(
+                col, gen.chunk_base, gen.chunk_size, nchunks, k, spec.codec, spec.fixed_bytes, max_len,
+                spec.np_dtype.itemsize, self.verify, out, self._pool, self.num_threads)
+            if status == STATUS.ZB_NEED_CHUNK:
+                self._map_chunk(gen, need, spec.name, int(idx[bad]), maps_before)
+                continue
+            if status != STATUS.ZB_OK:
+                self._raise(status, bad, idx, col, spec)
+            return payload, lens
 
-    def _raise(self, r: tuple[Any, ...], idx: np.ndarray, spec: Z.FieldSpec) -> None:
-        _, status, pos, (c, off, ln) = r
-        what = {2: "bad magic", 6: "a field of its container disagrees (codec, field, length, a length that is not "
-                "a whole number of items, or the inflated size)",
-                7: f"declares more than max_record_bytes ({self.max_record_bytes})",
-                8: "offset + length overflows", 11: "checksum mismatch"}.get(status, "damaged")
-        status_error(status, f"{spec.name}: record {int(idx[pos])} (chunk {c}, offset {off}, {ln} bytes): {what}",
-                     path=os.path.join(self.path, Z.chunk_name(c)), field=spec.name)
+    def _raise(self, status: int, pos: int, idx: np.ndarray, col: np.ndarray, spec: Z.FieldSpec) -> None:
+        e = col[pos]
+        c, off, ln = int(e["chunk"]), int(e["offset"]), int(e["length"])
+        what = _RECORD_FAULTS.get(status, "damaged")
+        if status == STATUS.ZB_E_LIMIT:
+            what = f"declares more than max_record_bytes ({self.max_record_bytes})"
+        raise_for_status(status, f"{spec.name}: record {int(idx[pos])} (chunk {c}, offset {off}, {ln} bytes): {what}",
+                         path=os.path.join(self.path, Z.chunk_name(c)), field=spec.name)
 
     def _field(self, gen: _Generation, idx: np.ndarray, col: np.ndarray, nchunks: int, k: int,
                spec: Z.FieldSpec, zero_copy: bool, buffers: list[Any]) -> tuple[Any, np.ndarray]:
@@ -484,16 +545,18 @@ class ZRecordStore:
         payload, lens = self._check(gen, idx, col, nchunks, k, spec, None)
         present = lens >= 0
         if spec.codec == 0:
-            return gen.gather.views(col["chunk"], payload, lens, dt, spec.shape), present
+            return record_views(gen.chunk_base, gen.chunk_size, gen.chunk_maps, col["chunk"], payload, lens, dt,
+                                spec.shape), present
         sizes = np.where(present, lens, 0).astype(np.uint64)
         offsets = np.zeros(n, np.uint64)
         if n > 1:
             np.cumsum(sizes[:-1], out=offsets[1:])
         buf = np.empty(int(sizes.sum()) + 16, np.uint8)  # never empty: a zero-length view still has a base
         buffers.append(buf)
-        r = gen.gather.inflate(col, k, payload, lens, buf, offsets, self._pool, self.num_threads)
-        if isinstance(r[0], str):
-            self._raise(r, idx, spec)
+        status, bad = inflate_records(col, gen.chunk_base, gen.chunk_size, payload, lens, buf, offsets, self._pool,
+                                      self.num_threads)
+        if status != STATUS.ZB_OK:
+            self._raise(status, bad, idx, col, spec)
         return buffer_views(buf, offsets, lens, dt, spec.shape), present
 
     def verify_all(self, *, batch: int = 4096) -> int:

@@ -1,48 +1,58 @@
-"""Read-only file mappings: the twin of ``_mapping.pyx`` on ``mmap.mmap``."""
+"""Read-only file mappings: the twin of ``_mapping.pyx``, a subclass of ``mmap.mmap`` (so the
+buffer protocol works on every Python, 3.10 included; an ``mmap`` keeps a duplicate of the
+descriptor: fine for debugging, not for thousands of shards)."""
 
 from __future__ import annotations
 
+import mmap
 from typing import Any
 
 import numpy as np
+
 from zerobatch.formats.errors import ConfigError
 
 __all__ = ["FileMapping"]
 
+_ADVICE = ("random", "sequential", "willneed", "normal")
 
-class FileMapping:
-    """Twin of :class:`zerobatch.core._mapping.FileMapping` on ``mmap.mmap`` (which keeps a
-    duplicate of the descriptor: fine for debugging, not for thousands of shards)."""
 
-    def __init__(self, fd: int, size: int, path: Any = None) -> None:
-        import mmap
+class FileMapping(mmap.mmap):
+    """Twin of :class:`zerobatch.core._mapping.FileMapping`.
 
+    A mapping of 0 bytes is an anonymous page of which no byte is part of the mapping
+    (``len()`` is 0; ``mmap`` cannot map an empty range of a file).
+    """
+
+    def __new__(cls, fd: int, size: int, path: Any = None) -> FileMapping:
         if size < 0:
             raise ConfigError(f"size must be >= 0, got {size}", field="size")
-        self.size, self.path = size, path
-        self._m = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
+        if size == 0:
+            m = super().__new__(cls, -1, 1, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20),
+                                prot=mmap.PROT_READ)
+        else:
+            m = super().__new__(cls, fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        m.size, m.path = size, path
+        return m
+
+    def __init__(self, fd: int, size: int, path: Any = None) -> None:
+        pass
 
     @property
     def address(self) -> int:
-        if self._m is None:
+        if self.size == 0:
             return 0
-        return np.frombuffer(self._m, dtype=np.uint8).ctypes.data
-
-    @property
-    def closed(self) -> bool:
-        return self._m is not None and self._m.closed
+        return np.frombuffer(self, dtype=np.uint8).ctypes.data
 
     def advise(self, advice: str) -> None:
-        if advice not in ("random", "sequential", "willneed", "normal"):
+        if advice not in _ADVICE:
             raise ConfigError(f"advice must be random, sequential, willneed or normal, got {advice!r}",
                               field="advice")
-
-    def __buffer__(self, flags: int) -> memoryview:
-        return memoryview(self._m if self._m is not None else b"")
-
-    def close(self) -> None:
-        if self._m is not None:
-            self._m.close()
+        flag = getattr(mmap, f"MADV_{advice.upper()}", None)
+        if flag is not None and self.size:
+            try:
+                self.madvise(flag)
+            except OSError:
+                pass  # advisory
 
     def __len__(self) -> int:
         return self.size
