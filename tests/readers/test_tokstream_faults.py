@@ -143,9 +143,9 @@ def test_checksums_are_checked_once_per_chunk_and_skipped_when_asked(tmp_path):
     with TokenStreamReader(folder, verify=False) as r:
         r.windows([0], r.num_tokens)          # a flip inside the vocabulary goes unseen without checksums
     with TokenStreamReader(folder) as r:
-        assert r._gather.pending == len(r.manifest.shards)
+        assert r._checks.pending == len(r.manifest.shards)
         r.windows([int(r.cum_tokens[1])], 10)  # the second shard: checked, and kept checked
-        assert r._gather.pending == len(r.manifest.shards) - 1 and r._gather.chunk_checked(1, 0)
+        assert r._checks.pending == len(r.manifest.shards) - 1 and r._checks.checked(1, 0)
         with pytest.raises(IntegrityError):
             r.windows([0], 10)
 

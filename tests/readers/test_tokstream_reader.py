@@ -537,7 +537,7 @@ def test_metadata_faults_found_by_the_batch_path_name_the_place(tmp_path, meta_p
 def test_metadata_index_entries_are_checked_when_used(tmp_path, monkeypatch):
     # index files above FULL_INDEX_CHECK_BYTES are checked only at their ends at open: an
     # entry inside them that points past metadata.bin is refused when a window uses it
-    import zerobatch.readers.tokstream as rt
+    import zerobatch.readers._tokstream_shard as rt
 
     folder = tmp_path / "d"
     spans_dataset(folder, n_docs=10, shard_tokens=10**6)

@@ -1,33 +1,20 @@
 # TOKSTREAM windows: gather token windows that may span shards into one output buffer.
 #
-# Contract
-#   zb_ts_windows(g, starts, count, length, out64, out32)
-#     pre:  g->bases[s] points at g->cum[s+1] - g->cum[s] records of g->itemsize bytes (the
-#           mapped tokens.bin of shard s); g->cum is non-decreasing with cum[0] = 0 and
-#           cum[num_shards] = total; exactly one of out64 / out32 is non-NULL with room for
-#           count * length values.
-#     post: ZB_OK and row w of out holds the tokens at global positions
-#           [starts[w], starts[w] + length), read across as many shards as the window spans
-#           (shard found by binary search over cum); or
-#           ZB_E_INDEX when a window falls outside [0, total) (out unspecified), or
-#           ZB_E_RANGE when a token id is >= g->vocab (g->bad_pos = its global position).
-#   _ts_windows(g, starts, count, length, out64, out32, scratch, ids, d)
-#     the same, where out64 and out32 may both be NULL (no tokens copied), and with ids
-#     non-NULL (count * length int32) each token's metadata id is also numbered in the same
-#     pass over the records: ids = the index of (shard, id) among d's distinct pairs in
-#     order of first appearance, -1 for no metadata (id 0xFFFFFFFF); ZB_E_FIELD when an id is not below
-#     g->nmeta[shard] (g->bad_pos set), ZB_E_IO (errno ENOMEM) when d cannot grow.
-#   zb_ts_boundaries(g, starts, count, length, pos64, pos32, seg_ids, cu, &nseg, &maxlen)
-#     pre:  the windows were checked (zb_ts_windows's precondition); g->docs[s] holds shard
-#           s's document starts (increasing, first 0, last the shard's token count).
-#     post: for each window, the segments are its runs of tokens from one document (a window
-#           is cut at every document start inside it, and a shard start is a document
-#           start); positions (pos64 or pos32, or neither) restart at 0 at each segment
-#           start, seg_ids (unless NULL) count the window's
-#           segments from 0, cu receives the flattened segment starts of the whole batch
-#           followed by count * length, nseg the number of segments, maxlen the longest.
-#   Runs without the GIL and touches no Python object. The copy loops are in _tokstream.h
-#   (vectorized, one clone per ISA).
+# Contract (the C kernels and their contracts are declared in _tokstream.pxd)
+#   WindowGather(bases, cum, itemsize, token_size, vocab, paths, documents, metadata_indexes)
+#     an immutable descriptor of a dataset's geometry: the mapped tokens.bin of each shard
+#     (bases: uint64 addresses; None when the caller reads through descriptors), cumulative
+#     token counts, the record layout, the vocabulary, and optionally each shard's document
+#     and metadata indexes. The caller owns and keeps alive every mapping and array it names.
+#     Its methods check their arguments with the GIL held, run the kernels without it and
+#     map the status through raise_for_status:
+#       gather / gather_ranges / gather_with_boundaries / boundaries / metadata_ids: windows,
+#         ranges, boundary outputs and metadata ids (fds=: the caller's per-shard descriptor
+#         table, for a descriptor-backed read);
+#       unchecked_chunks(starts, length, stops, checked): the (shard, chunk) pairs of
+#         tokens.bin a batch touches that the caller's bitmaps do not mark as checked.
+#     It holds no verification state, lock, descriptor or callback: those are the reader's
+#     (zerobatch.readers.tokstream), which checks the chunks it is told about, then gathers.
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
@@ -40,35 +27,16 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 from posix.unistd cimport pread
 
-from zerobatch.core._status cimport ZB_E_FIELD, ZB_E_INDEX, ZB_E_IO, ZB_E_RANGE, ZB_E_TRUNCATED, ZB_OK
-
-cdef extern from "_tokstream.h" nogil:
-    void zb_ts_fill_segment(int64_t *p64, int32_t *p32, int32_t *seg, int64_t n, int32_t segno)
-    void zb_ts_prefetch(const uint8_t *p, int64_t nbytes)
-    uint32_t zb_ts_copy_u16_i64(const uint8_t *src, int64_t stride, int64_t *dst, int64_t n)
-    uint32_t zb_ts_copy_u16_i32(const uint8_t *src, int64_t stride, int32_t *dst, int64_t n)
-    uint32_t zb_ts_copy_u32_i64(const uint8_t *src, int64_t stride, int64_t *dst, int64_t n)
-    uint32_t zb_ts_copy_u32_i32(const uint8_t *src, int64_t stride, int32_t *dst, int64_t n)
-    ctypedef struct zb_ts_distinct:
-        int64_t n
-        int64_t *shard
-        uint32_t *mid
-        uint32_t *raw
-    int zb_ts_distinct_init(zb_ts_distinct *d)
-    void zb_ts_distinct_free(zb_ts_distinct *d)
-    int zb_ts_meta_simd
-    int zb_ts_meta_simd_available()
-    int64_t zb_ts_meta_piece(const uint8_t *src, int token_size, int64_t *dst64, int32_t *dst32, int32_t *ids,
-                             int64_t n, int64_t shard, int64_t nmeta, zb_ts_distinct *d, uint64_t vocab,
-                             uint32_t *vmax)
+from zerobatch.core._status cimport (ZB_E_ARGUMENT, ZB_E_FIELD, ZB_E_INDEX, ZB_E_IO, ZB_E_NOMEM, ZB_E_TRUNCATED,
+                                     ZB_OK)
 
 import os
-import threading
 
 import numpy as np
 
+from zerobatch.core._status import raise_for_status
 from zerobatch.core.checks import as_positions, check_count
-from zerobatch.formats.errors import ConfigError, CorruptError, OutOfRangeError, ReadError, TruncatedError
+from zerobatch.formats.errors import ConfigError, CorruptError, OutOfRangeError
 
 __all__ = ["WindowGather", "gather_windows"]
 
@@ -79,22 +47,7 @@ cdef enum:
 
 _INT64 = np.dtype(np.int64)
 _INT32 = np.dtype(np.int32)
-
-
-cdef struct zb_ts_geometry:
-    const uint8_t **bases      # mmap backend: mapped tokens.bin per shard (NULL: pread backend)
-    const int *fds             # pread backend: tokens.bin descriptor per shard
-    int err_errno              # ZB_E_IO: the failing call's errno
-    int64_t err_shard          # ZB_E_IO / ZB_E_TRUNCATED: the shard
-    const uint64_t **docs      # per shard: documents.index (D_s + 1 entries), or NULL
-    const int64_t *ndocs       # per shard: D_s
-    const int64_t *cum
-    int64_t num_shards
-    int64_t itemsize
-    int64_t token_size
-    uint64_t vocab
-    int64_t bad_pos
-    const int64_t *nmeta       # per shard: metadata blobs (metadata ids must be below), or NULL
+_INTC = np.dtype(np.intc)
 
 
 cdef inline int64_t _find_shard(const int64_t *cum, int64_t num_shards, int64_t pos) noexcept nogil:
@@ -131,17 +84,6 @@ cdef inline void _prefetch_window(const zb_ts_geometry *g, int64_t pos, int64_t 
     zb_ts_prefetch(g.bases[s] + (pos - g.cum[s]) * g.itemsize, min(length, g.cum[s + 1] - pos) * g.itemsize)
 
 
-cdef struct zb_ts_bounds:
-    # the document-boundary outputs of a batch (see zb_ts_boundaries), filled window by window
-    int64_t length             # tokens per window they cover (at most the window's length)
-    int64_t *pos64
-    int32_t *pos32
-    int32_t *seg
-    int32_t *cu
-    int64_t nseg
-    int64_t maxlen
-
-
 cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, int64_t length,
                        int64_t *out64, int32_t *out32, int32_t *ids=NULL, zb_ts_distinct *d=NULL,
                        zb_ts_bounds *bounds=NULL) noexcept nogil:
@@ -151,9 +93,7 @@ cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, 
         # pread backend: each shard piece is read whole into one buffer, then widened
         scratch = <uint8_t *>malloc(max(length, 1) * g.itemsize)
         if scratch == NULL:
-            g.err_errno = 12   # ENOMEM
-            g.err_shard = -1   # no shard: out of memory
-            return ZB_E_IO
+            return ZB_E_NOMEM
     status = _ts_windows(g, starts, count, length, out64, out32, scratch, ids, d, bounds)
     free(scratch)
     return status
@@ -208,11 +148,10 @@ cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, in
                                      g.nmeta[s], d, g.vocab, &vmax32)
                 vmax = vmax32
                 if r == -2:
-                    g.err_errno = 12
-                    g.err_shard = -1
-                    return ZB_E_IO
+                    return ZB_E_NOMEM
                 if r >= 0:
                     g.bad_pos = pos + r
+                    g.bad_field = 1
                     return ZB_E_FIELD
             elif g.token_size == 2:
                 if out64 != NULL:
@@ -233,7 +172,8 @@ cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, in
                     if v >= g.vocab:
                         g.bad_pos = pos + k
                         break
-                return ZB_E_RANGE
+                g.bad_field = 0
+                return ZB_E_FIELD
             pos += take
             done += take
         if bounds != NULL:
@@ -309,15 +249,12 @@ cdef void zb_ts_boundaries(const zb_ts_geometry *g, const int64_t *starts, int64
     b.cu[b.nseg] = <int32_t>(count * b.length)
 
 
-cdef int64_t _ts_unverified(const zb_ts_geometry *g, uint8_t **ok, int chunk_shift, const int64_t *starts,
-                            const int64_t *stops, int64_t count, int64_t length, int64_t *miss,
-                            int64_t cap) noexcept nogil:
-    # the (shard, chunk) pairs of tokens.bin that the ranges [starts[i], stops[i]) (or
-    # [starts[i], starts[i] + length)) touch and ok[shard][chunk] does not mark, at most cap
-    # of them, as miss[2k], miss[2k + 1]; ranges outside [0, total) are skipped (the gather
-    # that follows refuses them)
+cdef int64_t zb_ts_unchecked(const zb_ts_geometry *g, const uint8_t *const *checked, int chunk_shift,
+                             const int64_t *starts, const int64_t *stops, int64_t count, int64_t length,
+                             int64_t *miss, int64_t cap) noexcept nogil:
     cdef int64_t total = g.cum[g.num_shards]
-    cdef int64_t i, pos, end, s, b0, b1, c, n = 0
+    cdef int64_t i, pos, end, s, b0, b1, c, k, n = 0
+    cdef bint listed
     for i in range(count):
         pos = starts[i]
         end = pos + length if stops == NULL else stops[i]
@@ -330,8 +267,14 @@ cdef int64_t _ts_unverified(const zb_ts_geometry *g, uint8_t **ok, int chunk_shi
             b0 = (pos - g.cum[s]) * g.itemsize
             b1 = (min(end, g.cum[s + 1]) - g.cum[s]) * g.itemsize
             for c in range(b0 >> chunk_shift, ((b1 - 1) >> chunk_shift) + 1):
-                if not ok[s][c]:
-                    ok[s][c] = 2          # listed (reset to 0 if its check fails)
+                if checked[s][c]:
+                    continue
+                listed = False
+                for k in range(n):
+                    if miss[2 * k] == s and miss[2 * k + 1] == c:
+                        listed = True
+                        break
+                if not listed:
                     miss[2 * n] = s
                     miss[2 * n + 1] = c
                     n += 1
@@ -362,11 +305,18 @@ MIN_WINDOWS_PER_PART = 4
 MIN_TOKENS_PER_PART = 1 << 16
 
 
+cdef inline void _copy_errors(zb_ts_geometry *to, const zb_ts_geometry *frm) noexcept nogil:
+    to.bad_pos = frm.bad_pos
+    to.bad_field = frm.bad_field
+    to.err_errno = frm.err_errno
+    to.err_shard = frm.err_shard
+
+
 cdef int _run_split(TaskPool pool, zb_ts_geometry *g, const int64_t *starts, int64_t count,
                     int64_t length, int64_t *out64, int32_t *out32, int64_t parts) except -2:
     """Split the windows in `parts` runs: all but the last queued on `pool`, the last run here,
-    then wait for the others (helping with them if no worker has started). Returns the first
-    non-OK status (g.bad_pos set for ZB_E_RANGE)."""
+    then wait for the others (running them here if no worker has started them). Returns the
+    first non-OK status, with its error fields copied into g."""
     cdef zb_ts_job *jobs = <zb_ts_job *>PyMem_Malloc(parts * sizeof(zb_ts_job))
     cdef zb_task *tasks = <zb_task *>PyMem_Malloc(parts * sizeof(zb_task))
     if jobs == NULL or tasks == NULL:
@@ -394,12 +344,12 @@ cdef int _run_split(TaskPool pool, zb_ts_geometry *g, const int64_t *starts, int
             st = _ts_job_run(&jobs[parts - 1])
         if st != ZB_OK:
             status = st
-            g.bad_pos = jobs[parts - 1].g.bad_pos
+            _copy_errors(g, &jobs[parts - 1].g)
         for p in range(submitted):
             pool.wait(&tasks[p])
             if tasks[p].status != ZB_OK and (status == ZB_OK or tasks[p].status == ZB_E_INDEX):
                 status = tasks[p].status
-                g.bad_pos = jobs[p].g.bad_pos
+                _copy_errors(g, &jobs[p].g)
     finally:
         for p in range(submitted):
             pool.wait(&tasks[p])
@@ -409,55 +359,60 @@ cdef int _run_split(TaskPool pool, zb_ts_geometry *g, const int64_t *starts, int
 
 
 cdef class WindowGather:
-    """Gathers token windows across the shards of one dataset, GIL released.
+    """The geometry of one dataset's tokens for the window kernels (see the module comment).
 
-    The geometry is checked once here; each :meth:`gather` only checks its windows and
-    output buffer.
+    The geometry is checked once here; each call only checks its windows, its output buffers
+    and, for a descriptor-backed read, the descriptor table it is given.
 
     Args:
-        bases: ``uint64`` array of the shards' mapped ``tokens.bin`` addresses (the owner
-            keeps the mappings alive and unchanged while this object is used).
-        cum: ``int64`` cumulative token counts, ``len(bases) + 1`` entries from 0.
+        bases: ``uint64`` array of the shards' mapped ``tokens.bin`` addresses, or ``None``
+            when every read passes ``fds`` (the owner keeps the mappings alive and unchanged
+            while this object is used).
+        cum: ``int64`` cumulative token counts, ``num_shards + 1`` entries from 0.
         itemsize: bytes per record (2, 4, 6 or 8); token_size: 2 or 4 (the token field
             comes first in each record).
         vocab: token ids must be below it.
-        paths: optional file name of each shard, named in errors.
+        paths: optional file name of each shard's ``tokens.bin``, named in errors.
         documents: optional per-shard ``uint64`` document indexes (``D_s + 1`` entries:
             document starts, then the shard's token count), for :meth:`boundaries`.
-        fds: optional per-shard descriptors of ``tokens.bin``: windows are then read with
-            ``pread`` (each piece checked for its full length) instead of from ``bases``.
+        metadata_indexes: optional per-shard ``uint64`` metadata indexes, for
+            :meth:`metadata_ids`.
+        num_shards: with ``bases=None``, the number of shards (else ``len(bases)``).
 
     Raises:
         ConfigError: inconsistent geometry.
     """
 
-    cdef object _bases, _cum, paths, _docs, _doc_ptrs, _ndocs, _fds, _nmeta, _midx, _midx_ptrs
-    cdef object _okmaps, _ok_ptrs, _verifier, _vlock
-    cdef const uint64_t[::1] okp
-    cdef int chunk_shift
-    cdef readonly int64_t pending
-    cdef const int64_t[::1] nm
-    cdef const uint64_t[::1] mp
-    cdef const int[::1] fv
-    cdef const uint64_t[::1] b
-    cdef const int64_t[::1] c
-    cdef const uint64_t[::1] dp
-    cdef const int64_t[::1] nd
+    cdef object _bases, _cum, _docs, _doc_ptrs, _doc_counts, _meta_counts, _meta_indexes, _meta_index_ptrs
+    cdef readonly object paths
+    cdef const uint64_t[::1] _base_view
+    cdef const int64_t[::1] _cum_view
+    cdef const uint64_t[::1] _doc_ptr_view
+    cdef const int64_t[::1] _doc_count_view
+    cdef const int64_t[::1] _meta_count_view
+    cdef const uint64_t[::1] _meta_index_ptr_view
     cdef zb_ts_geometry g
     cdef readonly int64_t total
+    cdef readonly int64_t num_shards
 
-    def __cinit__(self, bases, cum, itemsize, token_size, vocab, paths=None, documents=None, fds=None,
-                  metadata_indexes=None, chunk_counts=None, verifier=None, chunk_bytes=1 << 24):
-        self._bases = np.ascontiguousarray(bases, dtype=np.uint64)
+    def __cinit__(self, bases, cum, itemsize, token_size, vocab, paths=None, documents=None,
+                  metadata_indexes=None, num_shards=None):
         self._cum = np.ascontiguousarray(cum, dtype=np.int64)
-        self.b = self._bases
-        self.c = self._cum
-        cdef int64_t ns = self.b.shape[0]
-        if self.c.shape[0] != ns + 1 or ns < 1 or self.c[0] != 0:
-            raise ConfigError("cum must hold len(bases) + 1 cumulative counts from 0", field="cum")
+        self._cum_view = self._cum
+        cdef int64_t ns = self._cum_view.shape[0] - 1
+        memset(&self.g, 0, sizeof(self.g))
+        if bases is not None:
+            self._bases = np.ascontiguousarray(bases, dtype=np.uint64)
+            self._base_view = self._bases
+            if self._base_view.shape[0] != ns:
+                raise ConfigError("cum must hold len(bases) + 1 cumulative counts from 0", field="cum")
+        elif num_shards is None or num_shards != ns:
+            raise ConfigError("without bases, num_shards must be len(cum) - 1", field="num_shards")
+        if ns < 1 or self._cum_view[0] != 0:
+            raise ConfigError("cum must hold num_shards + 1 cumulative counts from 0", field="cum")
         cdef int64_t i
         for i in range(ns):
-            if self.c[i + 1] < self.c[i]:
+            if self._cum_view[i + 1] < self._cum_view[i]:
                 raise ConfigError("cum must be non-decreasing", field="cum")
         if itemsize not in (2, 4, 6, 8) or token_size not in (2, 4) or token_size > itemsize:
             raise ConfigError(f"itemsize {itemsize} / token_size {token_size} is not a record layout",
@@ -465,50 +420,29 @@ cdef class WindowGather:
         if not 1 <= vocab <= 2**32:
             raise ConfigError(f"vocab {vocab} is not in [1, 2**32]", field="vocab")
         self.paths = paths
-        self.g.bases = <const uint8_t **>&self.b[0]
-        self.g.cum = &self.c[0]
+        self.g.bases = <const uint8_t **>&self._base_view[0] if bases is not None else NULL
+        self.g.cum = &self._cum_view[0]
         self.g.num_shards = ns
         self.g.itemsize = itemsize
         self.g.token_size = token_size
         self.g.vocab = vocab
-        self.total = self.c[ns]
-        self.g.fds = NULL
-        if fds is not None:
-            if len(fds) != ns:
-                raise ConfigError("fds: one descriptor per shard", field="fds")
-            self._fds = np.ascontiguousarray(fds, dtype=np.intc)
-            self.fv = self._fds
-            self.g.fds = &self.fv[0]
-        self.pending = 0
-        if chunk_counts is not None:
-            if len(chunk_counts) != ns or not callable(verifier):
-                raise ConfigError("chunk_counts: one count per shard, with a verifier", field="chunk_counts")
-            if chunk_bytes < 1 or chunk_bytes & (chunk_bytes - 1):
-                raise ConfigError("chunk_bytes must be a power of two", field="chunk_bytes")
-            self.chunk_shift = (<int64_t>chunk_bytes).bit_length() - 1
-            self._okmaps = [np.zeros(max(int(n), 1), np.uint8) for n in chunk_counts]
-            self._ok_ptrs = np.array([m.ctypes.data for m in self._okmaps], dtype=np.uint64)
-            self.okp = self._ok_ptrs
-            self._verifier = verifier
-            self._vlock = threading.Lock()
-            self.pending = sum(int(n) for n in chunk_counts)
-        self.g.nmeta = NULL
+        self.total = self._cum_view[ns]
+        self.num_shards = ns
         if metadata_indexes is not None:
             if itemsize == token_size:
                 raise ConfigError("metadata_indexes: the records hold no metadata id", field="metadata_indexes")
             if len(metadata_indexes) != ns:
                 raise ConfigError("metadata_indexes: one index per shard", field="metadata_indexes")
-            self._midx = [np.ascontiguousarray(x, dtype=np.uint64) for x in metadata_indexes]
+            self._meta_indexes = [np.ascontiguousarray(x, dtype=np.uint64) for x in metadata_indexes]
             for i in range(ns):
-                if self._midx[i].ndim != 1 or self._midx[i].shape[0] < 1 or self._midx[i][0] != 0:
+                x = self._meta_indexes[i]
+                if x.ndim != 1 or x.shape[0] < 1 or x[0] != 0:
                     raise ConfigError(f"metadata_indexes[{i}]: must start at 0", field="metadata_indexes")
-            self._nmeta = np.array([x.shape[0] - 1 for x in self._midx], dtype=np.int64)
-            self._midx_ptrs = np.array([x.ctypes.data for x in self._midx], dtype=np.uint64)
-            self.nm = self._nmeta
-            self.mp = self._midx_ptrs
-            self.g.nmeta = &self.nm[0]
-        self.g.docs = NULL
-        self.g.ndocs = NULL
+            self._meta_counts = np.array([x.shape[0] - 1 for x in self._meta_indexes], dtype=np.int64)
+            self._meta_index_ptrs = np.array([x.ctypes.data for x in self._meta_indexes], dtype=np.uint64)
+            self._meta_count_view = self._meta_counts
+            self._meta_index_ptr_view = self._meta_index_ptrs
+            self.g.nmeta = &self._meta_count_view[0]
         if documents is not None:
             if len(documents) != ns:
                 raise ConfigError("documents: one index per shard", field="documents")
@@ -516,62 +450,67 @@ cdef class WindowGather:
             for i in range(ns):
                 d = self._docs[i]
                 if d.ndim != 1 or d.shape[0] < 1 or d[0] != 0 \
-                        or <int64_t>d[d.shape[0] - 1] != self.c[i + 1] - self.c[i]:
+                        or <int64_t>d[d.shape[0] - 1] != self._cum_view[i + 1] - self._cum_view[i]:
                     raise ConfigError(f"documents[{i}]: must start at 0 and end at the shard's token count",
                                       field="documents")
             self._doc_ptrs = np.array([d.ctypes.data for d in self._docs], dtype=np.uint64)
-            self._ndocs = np.array([d.shape[0] - 1 for d in self._docs], dtype=np.int64)
-            self.dp = self._doc_ptrs
-            self.nd = self._ndocs
-            self.g.docs = <const uint64_t **>&self.dp[0]
-            self.g.ndocs = &self.nd[0]
+            self._doc_counts = np.array([d.shape[0] - 1 for d in self._docs], dtype=np.int64)
+            self._doc_ptr_view = self._doc_ptrs
+            self._doc_count_view = self._doc_counts
+            self.g.docs = <const uint64_t **>&self._doc_ptr_view[0]
+            self.g.ndocs = &self._doc_count_view[0]
 
-    cdef int _verify(self, const int64_t *starts, const int64_t *stops, int64_t count, int64_t length) except -1:
-        # check every tokens.bin chunk these ranges touch that no earlier call checked: the
-        # verifier hashes it against its digest (raising on a mismatch); once every chunk of
-        # the dataset is checked this costs nothing
-        if self.pending == 0 or count == 0:
+    cdef int _geometry(self, zb_ts_geometry *g, object fds, Py_buffer *view) except -1:
+        """This call's geometry: the descriptor table when given (held in `view`, released
+        by the caller when this returns 1)."""
+        g[0] = self.g
+        if fds is None:
+            if g.bases == NULL:
+                raise ConfigError("fds: this dataset is read through descriptors; pass the table", field="fds")
             return 0
-        cdef int64_t miss[512]
-        cdef int64_t n, k
-        cdef uint8_t **ok = <uint8_t **>&self.okp[0]
-        # one thread at a time lists and checks chunks: another thread's gather waits here
-        # until the chunks it needs are checked, never reading one that is being checked
-        with self._vlock:
-            return self._verify_locked(starts, stops, count, length, ok, miss)
+        _acquire(fds, view, _INTC, self.num_shards, -1, "fds")
+        g.fds = <const int *>view.buf
+        g.bases = NULL
+        return 1
 
-    cdef int _verify_locked(self, const int64_t *starts, const int64_t *stops, int64_t count, int64_t length,
-                            uint8_t **ok, int64_t *miss) except -1:
-        cdef int64_t n, k
-        while True:
+    def unchecked_chunks(self, starts, length=None, stops=None, checked=None, int64_t chunk_bytes=1 << 24,
+                         int64_t cap=256):
+        """The (shard, chunk) pairs of ``tokens.bin`` that the windows ``[starts[i], starts[i] +
+        length)`` (or the ranges ``[starts[i], stops[i])``) touch and that ``checked`` does not
+        mark: ``int64 (k, 2)``, each pair once, at most ``cap``.
+
+        Args:
+            checked: ``uint64`` addresses of the caller's per-shard ``uint8`` bitmaps, one
+                byte per chunk of ``chunk_bytes`` (a power of two), non-zero when checked.
+        """
+        if checked is None:
+            raise ConfigError("checked: the bitmaps' addresses are needed", field="checked")
+        cdef const uint64_t[::1] maps = np.ascontiguousarray(checked, dtype=np.uint64)
+        if maps.shape[0] != self.num_shards:
+            raise ConfigError("checked: one bitmap per shard", field="checked")
+        if chunk_bytes < 1 or chunk_bytes & (chunk_bytes - 1):
+            raise ConfigError("chunk_bytes must be a power of two", field="chunk_bytes")
+        cdef int shift = (<int64_t>chunk_bytes).bit_length() - 1
+        cdef const int64_t[::1] st = _starts(starts)
+        cdef const int64_t[::1] sp
+        cdef const int64_t *stop_ptr = NULL
+        cdef int64_t count = st.shape[0], L = 0, n = 0
+        if stops is not None:
+            sp = _starts(stops)
+            if sp.shape[0] != count:
+                raise ConfigError("stops: one per start", field="stops")
+            stop_ptr = &sp[0] if count else NULL
+        else:
+            L = check_count(length, "length")
+        out = np.empty((max(cap, 1), 2), np.int64)
+        cdef int64_t[:, ::1] miss = out
+        if count:
             with nogil:
-                n = _ts_unverified(&self.g, ok, self.chunk_shift, starts, stops, count, length, miss, 256)
-            if n == 0:
-                return 0
-            for k in range(n):
-                try:
-                    self._verifier(miss[2 * k], miss[2 * k + 1])
-                except BaseException:
-                    for k in range(n):
-                        if ok[miss[2 * k]][miss[2 * k + 1]] == 2:
-                            ok[miss[2 * k]][miss[2 * k + 1]] = 0
-                    raise
-                ok[miss[2 * k]][miss[2 * k + 1]] = 1
-                self.pending -= 1
+                n = zb_ts_unchecked(&self.g, <const uint8_t *const *>&maps[0], shift, &st[0], stop_ptr, count, L,
+                                    &miss[0, 0], cap)
+        return out[:n]
 
-    def mark_checked(self, shard):
-        """Record every ``tokens.bin`` chunk of ``shard`` as checked (after a full verify)."""
-        if self._okmaps is None:
-            return
-        m = self._okmaps[shard]
-        self.pending -= int((m != 1).sum())
-        m[:] = 1
-
-    def chunk_checked(self, shard, chunk):
-        """Whether chunk ``chunk`` of shard ``shard``'s ``tokens.bin`` has been checked."""
-        return self._okmaps is not None and bool(self._okmaps[shard][chunk] == 1)
-
-    def gather(self, starts, length, out, TaskPool pool=None):
+    def gather(self, starts, length, out, TaskPool pool=None, fds=None):
         """Copy the windows ``[starts[w], starts[w] + length)`` into the rows of ``out``.
 
         Args:
@@ -580,14 +519,17 @@ cdef class WindowGather:
             out: C-contiguous ``int64`` or ``int32`` array of ``len(starts) * length`` elements.
             pool: a :class:`~zerobatch.core.TaskPool`: the windows are split over its workers
                 and the calling thread (each part runs without the GIL).
+            fds: the caller's ``intc`` table of each shard's ``tokens.bin`` descriptor (read
+                with ``pread``; every descriptor a window needs must be open).
 
         Returns:
             ``out``.
 
         Raises:
-            IndexError: a window outside ``[0, total)``.
+            OutOfRangeError: a window outside ``[0, total)``.
             CorruptError: a token id at or above ``vocab`` (field ``token``, naming the
                 shard's file when ``paths`` was given).
+            ReadError, TruncatedError: a ``pread`` failed or came short.
             ConfigError: an unfit ``out`` or non-integer starts.
         """
         cdef int64_t L = length if type(length) is int and length >= 0 else check_count(length, "length")
@@ -595,18 +537,23 @@ cdef class WindowGather:
         cdef int64_t count = st.shape[0], i
         cdef int64_t *p64 = NULL
         cdef int32_t *p32 = NULL
-        cdef Py_buffer view
-        if count and L and self.pending:
-            self._verify(&st[0], NULL, count, L)
-        cdef void *data = _acquire_out(out, &view, count * L, self.g.vocab, count * L, -1)
-        cdef zb_ts_geometry g = self.g
+        cdef Py_buffer view, fview
+        cdef zb_ts_geometry g
+        cdef bint held = self._geometry(&g, fds, &fview)
+        cdef void *data
+        try:
+            data = _acquire_out(out, &view, count * L, self.g.vocab, count * L, -1)
+        except BaseException:
+            if held:
+                PyBuffer_Release(&fview)
+            raise
         cdef int status = ZB_OK
         cdef int64_t parts = 1
         try:
             if count == 0 or L == 0:
                 for i in range(count):
                     if st[i] < 0 or st[i] > self.total:
-                        raise OutOfRangeError(f"a window start is outside [0, {self.total}]")
+                        raise OutOfRangeError(f"a window start is outside [0, {self.total}]", field="starts")
                 return out
             if view.itemsize == 8:
                 p64 = <int64_t *>data
@@ -621,10 +568,12 @@ cdef class WindowGather:
                     status = zb_ts_windows(&g, &st[0], count, L, p64, p32)
         finally:
             PyBuffer_Release(&view)
+            if held:
+                PyBuffer_Release(&fview)
         self._raise_status(status, &g, L)
         return out
 
-    def metadata_ids(self, starts, length, ids=None, out=None):
+    def metadata_ids(self, starts, length, ids=None, out=None, fds=None):
         """The per-token metadata of a batch of windows, deduplicated over the batch, GIL released.
 
         With ``out`` the windows' tokens are copied as well, in the same pass over the
@@ -635,6 +584,7 @@ cdef class WindowGather:
             length: tokens per window.
             ids: optional caller buffer, C-contiguous ``int32 (len(starts), length)``.
             out: optional token output (as for :meth:`gather`).
+            fds: as for :meth:`gather`.
 
         Returns:
             ``(ids, table)``: ``ids[w, k]`` numbers the distinct metadata of token
@@ -644,8 +594,8 @@ cdef class WindowGather:
             the shard's metadata index, each checked to be a range of the file).
 
         Raises:
-            ConfigError: built without ``metadata_counts``; an unfit ``ids`` or ``out``.
-            IndexError: a window outside ``[0, total)``.
+            ConfigError: built without ``metadata_indexes``; an unfit ``ids`` or ``out``.
+            OutOfRangeError: a window outside ``[0, total)``.
             CorruptError: a metadata id not below its shard's count (field ``metadata_id``);
                 index entries that are not a range of ``metadata.bin`` (field
                 ``metadata.index``); with ``out``, a token id at or above ``vocab`` (field
@@ -657,33 +607,30 @@ cdef class WindowGather:
         cdef int64_t L = length if type(length) is int and length >= 0 else check_count(length, "length")
         cdef const int64_t[::1] st = _starts(starts)
         cdef int64_t count = st.shape[0]
-        if count and L and self.pending:
-            self._verify(&st[0], NULL, count, L)
         tokens = out
         out = np.empty((count, L), _INT32) if ids is None else ids
-        cdef Py_buffer view, tview
+        cdef Py_buffer view, tview, fview
         cdef int64_t *p64 = NULL
         cdef int32_t *p32 = NULL
         cdef int32_t *p
         cdef void *tp
-        if tokens is not None:
-            tp = _acquire_out(tokens, &tview, count * L, self.g.vocab, count * L, -1)
-            if tview.itemsize == 8:
-                p64 = <int64_t *>tp
-            else:
-                p32 = <int32_t *>tp
-        try:
-            p = <int32_t *>_acquire(out, &view, _INT32, count, L, "ids")
-        except BaseException:
-            if tokens is not None:
-                PyBuffer_Release(&tview)
-            raise
+        cdef bint have_t = False, have_v = False, held = False
         cdef zb_ts_distinct d
         memset(&d, 0, sizeof(d))
-        cdef zb_ts_geometry g = self.g
+        cdef zb_ts_geometry g
         cdef int status = ZB_OK
         cdef int64_t i
         try:
+            held = self._geometry(&g, fds, &fview)
+            if tokens is not None:
+                tp = _acquire_out(tokens, &tview, count * L, self.g.vocab, count * L, -1)
+                have_t = True
+                if tview.itemsize == 8:
+                    p64 = <int64_t *>tp
+                else:
+                    p32 = <int32_t *>tp
+            p = <int32_t *>_acquire(out, &view, _INT32, count, L, "ids")
+            have_v = True
             if zb_ts_distinct_init(&d) != 0:
                 raise MemoryError()
             d.raw = <uint32_t *>malloc(max(L, 1) * sizeof(uint32_t))
@@ -695,21 +642,18 @@ cdef class WindowGather:
             else:
                 for i in range(count):
                     if st[i] < 0 or st[i] > self.total:
-                        raise OutOfRangeError(f"a window start is outside [0, {self.total}]")
-            if status == ZB_E_FIELD:
-                shard = _find_shard(g.cum, g.num_shards, g.bad_pos)
-                raise CorruptError(f"metadata_id: the id at global position {g.bad_pos} (record "
-                                   f"{g.bad_pos - self.c[shard]} of shard {shard}) is not below the shard's "
-                                   f"{self.nm[shard]} metadata blobs",
-                                   path=None if self.paths is None else self.paths[shard], field="metadata_id")
+                        raise OutOfRangeError(f"a window start is outside [0, {self.total}]", field="starts")
             self._raise_status(status, &g, L)
             table = np.empty((d.n, 4), np.int64)
             if d.n:
                 self._blob_table(&d, table)
         finally:
-            PyBuffer_Release(&view)
-            if tokens is not None:
+            if have_v:
+                PyBuffer_Release(&view)
+            if have_t:
                 PyBuffer_Release(&tview)
+            if held:
+                PyBuffer_Release(&fview)
             zb_ts_distinct_free(&d)
         return out, table
 
@@ -725,12 +669,12 @@ cdef class WindowGather:
             for i in range(d.n):
                 s = d.shard[i]
                 m = d.mid[i]
-                idx = <const uint64_t *>self.mp[s]
+                idx = <const uint64_t *>self._meta_index_ptr_view[s]
                 a = idx[m]
                 b = idx[m + 1]
-                if a > b or b > idx[self.nm[s]]:
+                if a > b or b > idx[self._meta_count_view[s]]:
                     raise CorruptError(f"metadata.index[{m}:{m + 2}]: [{a}, {b}) is not a range of metadata.bin's "
-                                       f"{idx[self.nm[s]]} bytes", field="metadata.index",
+                                       f"{idx[self._meta_count_view[s]]} bytes", field="metadata.index",
                                        path=None if self.paths is None else
                                        os.path.join(os.path.dirname(self.paths[s]), "metadata.index"))
                 t[4 * i] = s
@@ -741,18 +685,19 @@ cdef class WindowGather:
             PyBuffer_Release(&view)
         return 0
 
-    def gather_ranges(self, starts, stops, out):
+    def gather_ranges(self, starts, stops, out, fds=None):
         """Copy the token ranges ``[starts[i], stops[i])`` back to back into the flat ``out``.
 
         Args:
             starts, stops: integer array-likes of global token positions, ``starts <= stops``.
             out: C-contiguous ``int64`` or ``int32`` array of ``sum(stops - starts)`` elements.
+            fds: as for :meth:`gather`.
 
         Returns:
             ``out``.
 
         Raises:
-            IndexError: a range outside ``[0, total)`` or reversed.
+            OutOfRangeError: a range outside ``[0, total)`` or reversed.
             CorruptError, ReadError, TruncatedError: as :meth:`gather`.
             ConfigError: an unfit ``out``.
         """
@@ -763,19 +708,24 @@ cdef class WindowGather:
             raise ConfigError("stops: one per start", field="stops")
         for i in range(count):
             if a[i] < 0 or b[i] < a[i] or b[i] > self.total:
-                raise OutOfRangeError(f"range [{a[i]}, {b[i]}) is not within [0, {self.total})")
+                raise OutOfRangeError(f"range [{a[i]}, {b[i]}) is not within [0, {self.total})", field="starts")
             total += b[i] - a[i]
-        if count and self.pending:
-            self._verify(&a[0], &b[0], count, 0)
         cdef int64_t *p64 = NULL
         cdef int32_t *p32 = NULL
-        cdef Py_buffer view
-        cdef void *data = _acquire_out(out, &view, total, self.g.vocab, total, -1)
+        cdef Py_buffer view, fview
+        cdef zb_ts_geometry g
+        cdef bint held = self._geometry(&g, fds, &fview)
+        cdef void *data
+        try:
+            data = _acquire_out(out, &view, total, self.g.vocab, total, -1)
+        except BaseException:
+            if held:
+                PyBuffer_Release(&fview)
+            raise
         if view.itemsize == 8:
             p64 = <int64_t *>data
         else:
             p32 = <int32_t *>data
-        cdef zb_ts_geometry g = self.g
         cdef int status = ZB_OK
         cdef int64_t at = 0, cur = 0
         try:
@@ -790,28 +740,38 @@ cdef class WindowGather:
                         at += b[i] - a[i]
         finally:
             PyBuffer_Release(&view)
+            if held:
+                PyBuffer_Release(&fview)
         self._raise_status(status, &g, cur)
         return out
 
     cdef int _raise_status(self, int status, zb_ts_geometry *g, int64_t L) except -1:
+        """Map a kernel's status through the one table, with the place named."""
+        cdef int64_t shard
         if status == ZB_OK:
             return 0
         if status == ZB_E_INDEX:
-            raise OutOfRangeError(f"a window of {L} tokens falls outside [0, {self.total})")
-        if status == ZB_E_IO and g.err_shard < 0:
-            raise MemoryError("out of memory for a window gather")
+            raise_for_status(status, f"a window of {L} tokens falls outside [0, {self.total})", field="starts")
+        if status == ZB_E_NOMEM:
+            raise_for_status(status, "out of memory for a window gather")
         if status == ZB_E_IO or status == ZB_E_TRUNCATED:
             where = None if self.paths is None else self.paths[g.err_shard]
             if status == ZB_E_TRUNCATED:
-                raise TruncatedError(f"tokens.bin: shard {g.err_shard} ended before its last record (the "
-                                     "file shrank after open)", path=where, field="tokens.bin")
-            raise ReadError(f"tokens.bin: read failed: {os.strerror(g.err_errno)}", errno=g.err_errno,
-                            path=where, field="tokens.bin")
-        shard = _find_shard(g.cum, g.num_shards, g.bad_pos)
-        raise CorruptError(f"token: the id at global position {g.bad_pos} (record "
-                           f"{g.bad_pos - self.c[shard]} of shard {shard}) is not below the "
-                           f"vocabulary size {g.vocab}",
-                           path=None if self.paths is None else self.paths[shard], field="token")
+                raise_for_status(status, f"tokens.bin: shard {g.err_shard} ended before its last record (the file "
+                                 "shrank after open)", path=where, field="tokens.bin")
+            raise_for_status(status, f"tokens.bin: read failed: {os.strerror(g.err_errno)}", path=where,
+                             field="tokens.bin", errno=g.err_errno)
+        if status == ZB_E_FIELD:
+            shard = _find_shard(g.cum, g.num_shards, g.bad_pos)
+            where = None if self.paths is None else self.paths[shard]
+            if g.bad_field == 1:
+                raise_for_status(status, f"metadata_id: the id at global position {g.bad_pos} (record "
+                                 f"{g.bad_pos - self._cum_view[shard]} of shard {shard}) is not below the shard's "
+                                 f"{self._meta_count_view[shard]} metadata blobs", path=where, field="metadata_id")
+            raise_for_status(status, f"token: the id at global position {g.bad_pos} (record "
+                             f"{g.bad_pos - self._cum_view[shard]} of shard {shard}) is not below the "
+                             f"vocabulary size {g.vocab}", path=where, field="token")
+        raise_for_status(status, "a window gather failed", field="starts")
 
     def boundaries(self, starts, length, position_ids=None, segment_ids=None, cu_seqlens=None, *,
                    position_dtype=np.int64, segments=True):
@@ -851,10 +811,11 @@ cdef class WindowGather:
         cdef const int64_t[::1] st = _starts(starts)
         cdef int64_t count = st.shape[0]
         return self._bounded(st, count, L, L, None, position_ids, segment_ids, cu_seqlens, position_dtype,
-                             segments)[1:]
+                             segments, None)[1:]
 
     def gather_with_boundaries(self, starts, length, out, bounds_length=None, position_ids=None,
-                               segment_ids=None, cu_seqlens=None, *, position_dtype=np.int64, segments=True):
+                               segment_ids=None, cu_seqlens=None, *, position_dtype=np.int64, segments=True,
+                               fds=None):
         """:meth:`gather` and :meth:`boundaries` in one pass on the calling thread: each
         window's boundary outputs are computed right after its tokens are copied, while the
         next windows' loads are in flight.
@@ -882,20 +843,18 @@ cdef class WindowGather:
         cdef const int64_t[::1] st = _starts(starts)
         cdef int64_t count = st.shape[0]
         return self._bounded(st, count, L, BL, out, position_ids, segment_ids, cu_seqlens, position_dtype,
-                             segments)
+                             segments, fds)
 
     cdef object _bounded(self, const int64_t[::1] st, int64_t count, int64_t L, int64_t BL, object out,
                          object position_ids, object segment_ids, object cu_seqlens, object position_dtype,
-                         bint segments):
+                         bint segments, object fds):
         # boundaries over BL tokens of each window, and with `out` the windows' L tokens too
         cdef int64_t i
         if count * BL >= 2**31:
             raise ConfigError(f"boundaries: {count} x {BL} tokens do not fit int32 cu_seqlens", field="length")
         for i in range(count):
             if st[i] < 0 or st[i] > self.total - L:
-                raise OutOfRangeError(f"a window of {L} tokens falls outside [0, {self.total})")
-        if out is not None and count and self.pending:
-            self._verify(&st[0], NULL, count, L)
+                raise OutOfRangeError(f"a window of {L} tokens falls outside [0, {self.total})", field="starts")
         pdt = None
         if type(position_ids) is np.ndarray:
             pdt = position_ids.dtype
@@ -919,8 +878,8 @@ cdef class WindowGather:
         cdef zb_ts_bounds b
         memset(&b, 0, sizeof(b))
         b.length = BL
-        cdef Py_buffer pv, sv, cv, tv
-        cdef bint have_p = False, have_s = False, have_c = False, have_t = False
+        cdef Py_buffer pv, sv, cv, tv, fview
+        cdef bint have_p = False, have_s = False, have_c = False, have_t = False, held = False
         cdef void *pp
         cdef void *tp
         cdef int64_t *t64 = NULL
@@ -928,6 +887,8 @@ cdef class WindowGather:
         cdef zb_ts_geometry g = self.g
         cdef int status = ZB_OK
         try:
+            if out is not None:
+                held = self._geometry(&g, fds, &fview)
             if pos_ids is not None:
                 pp = _acquire(pos_ids, &pv, pdt, count, BL, "position_ids")
                 have_p = True
@@ -964,6 +925,8 @@ cdef class WindowGather:
                 PyBuffer_Release(&cv)
             if have_t:
                 PyBuffer_Release(&tv)
+            if held:
+                PyBuffer_Release(&fview)
         self._raise_status(status, &g, L)
         return out, pos_ids, seg_ids, cu[:b.nseg + 1], b.maxlen
 

@@ -41,7 +41,6 @@ from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import (
     ConfigError,
     CorruptError,
-    IntegrityError,
     NotFoundError,
     StateError,
     TruncatedError,

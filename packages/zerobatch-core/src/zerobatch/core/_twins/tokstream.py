@@ -2,61 +2,129 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
 from typing import Any
 
 import numpy as np
-from zerobatch.core.checks import (
-    as_positions,
-    check_count,
-)
+
+from zerobatch.core._status import STATUS, raise_for_status
+from zerobatch.core.checks import as_positions, check_count
 from zerobatch.formats.errors import ConfigError, CorruptError, OutOfRangeError
 
 __all__ = ["WindowGather", "gather_windows"]
 
 
 class WindowGather:
-    """Twin of :class:`zerobatch.core._tokstream.WindowGather`."""
+    """Twin of :class:`zerobatch.core._tokstream.WindowGather`; ``bases`` may also be a list of
+    the shards' record buffers (NumPy arrays or bytes-like) instead of addresses, and a read
+    given ``fds`` reads each shard whole with ``os.pread``."""
 
     def __init__(self, bases: Any, cum: Any, itemsize: int, token_size: int, vocab: int,
-                 paths: Any = None, documents: Any = None, fds: Any = None, metadata_indexes: Any = None) -> None:
-        self.args = (bases, cum, itemsize, token_size, vocab)
+                 paths: Any = None, documents: Any = None, metadata_indexes: Any = None,
+                 num_shards: Any = None) -> None:
+        c = np.ascontiguousarray(cum, dtype=np.int64)
+        ns = c.shape[0] - 1
+        if bases is not None and len(bases) != ns:
+            raise ConfigError("cum must hold len(bases) + 1 cumulative counts from 0", field="cum")
+        if bases is None and num_shards != ns:
+            raise ConfigError("without bases, num_shards must be len(cum) - 1", field="num_shards")
+        if ns < 1 or c[0] != 0 or (np.diff(c) < 0).any():
+            raise ConfigError("cum must hold num_shards + 1 non-decreasing cumulative counts from 0", field="cum")
+        if itemsize not in (2, 4, 6, 8) or token_size not in (2, 4) or token_size > itemsize:
+            raise ConfigError(f"itemsize {itemsize} / token_size {token_size} is not a record layout",
+                              field="itemsize")
+        self.bases, self.cum, self.itemsize, self.token_size, self.vocab = bases, c, itemsize, token_size, vocab
         self.paths = paths
+        self.num_shards = ns
         self.midx = None if metadata_indexes is None else [np.asarray(x, dtype=np.uint64) for x in metadata_indexes]
-        self.total = int(np.asarray(cum)[-1])
+        self.total = int(c[-1])
         self.doc_starts = None
         if documents is not None:
-            c = np.asarray(cum, dtype=np.int64)
             self.doc_starts = np.unique(np.concatenate(
                 [c[k] + np.asarray(d, dtype=np.int64)[:-1] for k, d in enumerate(documents)] + [c[:-1]]))
 
-    def gather_ranges(self, starts: Any, stops: Any, out: Any) -> np.ndarray:
+    def _shards(self, fds: Any) -> list[Any]:
+        """Each shard's record source: a buffer or an address, or ``("fd", descriptor)``."""
+        if fds is None:
+            if self.bases is None:
+                raise ConfigError("fds: this dataset is read through descriptors; pass the table", field="fds")
+            return list(self.bases)
+        table = np.asarray(fds)
+        if table.size != self.num_shards:
+            raise ConfigError(f"fds must be a writable C-contiguous int32 array of {self.num_shards} elements",
+                              field="fds")
+        return [("fd", int(fd)) for fd in table.tolist()]
+
+    def unchecked_chunks(self, starts: Any, length: Any = None, stops: Any = None, checked: Any = None,
+                         chunk_bytes: int = 1 << 24, cap: int = 256) -> np.ndarray:
+        if checked is None:
+            raise ConfigError("checked: the bitmaps' addresses are needed", field="checked")
+        maps = np.asarray(checked, dtype=np.uint64)
+        if maps.size != self.num_shards:
+            raise ConfigError("checked: one bitmap per shard", field="checked")
+        if chunk_bytes < 1 or chunk_bytes & (chunk_bytes - 1):
+            raise ConfigError("chunk_bytes must be a power of two", field="chunk_bytes")
+        st = as_positions(starts, "starts")
+        if stops is None:
+            sp = st + check_count(length, "length")
+        else:
+            sp = as_positions(stops, "stops")
+            if sp.size != st.size:
+                raise ConfigError("stops: one per start", field="stops")
+        out: list[tuple[int, int]] = []
+        for a, b in zip(st.tolist(), sp.tolist(), strict=True):
+            if a < 0 or b > self.total or b <= a:
+                continue
+            while a < b:
+                s = int(np.searchsorted(self.cum, a, side="right")) - 1
+                e = min(b, int(self.cum[s + 1]))
+                b0 = (a - int(self.cum[s])) * self.itemsize
+                b1 = (e - int(self.cum[s])) * self.itemsize
+                for c in range(b0 // chunk_bytes, (b1 - 1) // chunk_bytes + 1):
+                    flag = ctypes.c_uint8.from_address(int(maps[s]) + c).value
+                    if not flag and (s, c) not in out:
+                        out.append((s, c))
+                        if len(out) == cap:
+                            return np.array(out, dtype=np.int64).reshape(-1, 2)
+                a = e
+        return np.array(out, dtype=np.int64).reshape(-1, 2)
+
+    def gather_ranges(self, starts: Any, stops: Any, out: Any, fds: Any = None) -> np.ndarray:
         a, b = as_positions(starts, "starts"), as_positions(stops, "stops")
         if a.size != b.size:
             raise ConfigError("stops: one per start", field="stops")
         if a.size and ((a < 0).any() or (b < a).any() or (b > self.total).any()):
-            raise OutOfRangeError(f"a range is not within [0, {self.total})")
+            raise OutOfRangeError(f"a range is not within [0, {self.total})", field="starts")
         flat = out.reshape(-1)
+        if flat.size != int((b - a).sum()):
+            raise ConfigError(f"out must hold {int((b - a).sum())} elements", field="out")
+        shards = self._shards(fds)
         at = 0
         for x, y in zip(a.tolist(), b.tolist(), strict=True):
             if y > x:
-                gather_windows(*self.args, [x], y - x, flat[at:at + y - x], paths=self.paths)
+                gather_windows(shards, self.cum, self.itemsize, self.token_size, self.vocab, [x], y - x,
+                               flat[at:at + y - x], paths=self.paths)
                 at += y - x
         return out
 
     def boundaries(self, starts: Any, length: Any, position_ids: Any = None, segment_ids: Any = None,
                    cu_seqlens: Any = None, *, position_dtype: Any = np.int64,
-                   segments: bool = True) -> tuple[np.ndarray, Any, np.ndarray, int]:
+                   segments: bool = True) -> tuple[Any, Any, np.ndarray, int]:
         if self.doc_starts is None:
             raise ConfigError("boundaries: this gatherer has no document indexes", field="documents")
         L = check_count(length, "length", minimum=1)
         st = as_positions(starts, "starts")
         if st.size and (st.min() < 0 or st.max() > self.total - L):
-            raise OutOfRangeError(f"a window of {L} tokens falls outside [0, {self.total})")
+            raise OutOfRangeError(f"a window of {L} tokens falls outside [0, {self.total})", field="starts")
+        if st.size * L >= 2**31:
+            raise ConfigError(f"boundaries: {st.size} x {L} tokens do not fit int32 cu_seqlens", field="length")
         pos_ids = np.empty((st.size, L), dtype=np.int64)
         seg_ids = np.empty((st.size, L), dtype=np.int32)
         cu, maxlen = [], 0
         for w, p in enumerate(st.tolist()):
-            cuts = [p] + [int(d) for d in self.doc_starts if p < d < p + L] + [p + L]
+            inside = self.doc_starts[(self.doc_starts > p) & (self.doc_starts < p + L)].tolist()
+            cuts = [p, *inside, p + L]
             for k in range(len(cuts) - 1):
                 a, b = cuts[k], cuts[k + 1]
                 pos_ids[w, a - p:b - p] = np.arange(b - a)
@@ -65,81 +133,162 @@ class WindowGather:
                 maxlen = max(maxlen, b - a)
         cu.append(st.size * L)
         cu_arr = np.array(cu, dtype=np.int32)
-        for buf, val in ((position_ids, pos_ids), (segment_ids, seg_ids), (cu_seqlens, None)):
-            if buf is not None and val is not None:
-                buf.reshape(-1)[:] = val.reshape(-1)
+        pdt = None
+        if position_ids is not None:
+            if not isinstance(position_ids, np.ndarray):
+                raise ConfigError("position_ids must be a NumPy array", field="position_ids")
+            pdt = position_ids.dtype
+        elif position_dtype is not None:
+            pdt = np.dtype(position_dtype)
+        if pdt is not None and pdt not in (np.int64, np.int32):
+            raise ConfigError(f"position_ids must be int64 or int32, got {pdt}", field="position_ids")
+        pos = None
+        if pdt is not None:
+            pos = pos_ids.astype(pdt) if position_ids is None else position_ids
+            if position_ids is not None:
+                _check_buffer(position_ids, pdt, (st.size, L), "position_ids")
+                position_ids[...] = pos_ids
+        seg = None
+        if segments:
+            seg = seg_ids if segment_ids is None else segment_ids
+            if segment_ids is not None:
+                _check_buffer(segment_ids, np.int32, (st.size, L), "segment_ids")
+                segment_ids[...] = seg_ids
         if cu_seqlens is not None:
-            cu_seqlens.reshape(-1)[:cu_arr.size] = cu_arr
-        if position_ids is None and position_dtype is None:
-            return None, seg_ids if segments else None, cu_arr, maxlen
-        pdt = position_ids.dtype if position_ids is not None else np.dtype(position_dtype)
-        return pos_ids.astype(pdt), seg_ids if segments else None, cu_arr, maxlen
+            _check_buffer(cu_seqlens, np.int32, (st.size * L + 1,), "cu_seqlens")
+            cu_seqlens[:cu_arr.size] = cu_arr
+            cu_arr = cu_seqlens[:cu_arr.size]
+        return pos, seg, cu_arr, maxlen
 
-    def gather(self, starts: Any, length: Any, out: Any, pool: Any = None) -> np.ndarray:
-        return gather_windows(*self.args, starts, length, out, paths=self.paths)
+    def gather(self, starts: Any, length: Any, out: Any, pool: Any = None, fds: Any = None) -> np.ndarray:
+        return gather_windows(self._shards(fds), self.cum, self.itemsize, self.token_size, self.vocab, starts,
+                              length, out, paths=self.paths)
 
-    def metadata_ids(self, starts: Any, length: Any, ids: Any = None, out: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    def metadata_ids(self, starts: Any, length: Any, ids: Any = None, out: Any = None,
+                     fds: Any = None) -> tuple[np.ndarray, np.ndarray]:
         if self.midx is None:
             raise ConfigError("metadata_ids: this gatherer has no metadata indexes", field="metadata_indexes")
         L = check_count(length, "length")
         st = as_positions(starts, "starts")
         if st.size and (st.min() < 0 or st.max() > self.total - L):
-            raise OutOfRangeError(f"a window of {L} tokens falls outside [0, {self.total})")
+            raise OutOfRangeError(f"a window of {L} tokens falls outside [0, {self.total})", field="starts")
+        shards = self._shards(fds)
         if out is not None:
-            self.gather(st, L, out)
-        bases, cum, itemsize, token_size, _ = self.args
-        c = np.asarray(cum, dtype=np.int64)
-        mids = np.concatenate([_records(b, int(c[k + 1] - c[k]), itemsize, token_size)["metadata_id"]
-                               for k, b in enumerate(bases)])
+            gather_windows(shards, self.cum, self.itemsize, self.token_size, self.vocab, st, L, out,
+                           paths=self.paths)
+        c = self.cum
         res = np.empty((st.size, L), np.int32) if ids is None else ids
+        if ids is not None:
+            _check_buffer(ids, np.int32, (st.size, L), "ids")
         numbers: dict[tuple[int, int], int] = {}
         for w, p in enumerate(st.tolist()):
+            mids = np.concatenate([_records(shards[s], n, self.itemsize, self.token_size, first)["metadata_id"]
+                                   for s, first, n in _pieces(c, p, L)]) if L else np.zeros(0, np.uint32)
             for k in range(L):
-                m = int(mids[p + k])
+                m = int(mids[k])
                 if m == 0xFFFFFFFF:
                     res[w, k] = -1
                     continue
                 s = int(np.searchsorted(c, p + k, side="right") - 1)
                 if m >= self.midx[s].size - 1:
-                    raise CorruptError(f"metadata_id: the id at global position {p + k} is not below the shard's "
-                                       f"{self.midx[s].size - 1} metadata blobs", field="metadata_id")
+                    raise CorruptError(f"metadata_id: the id at global position {p + k} (record {p + k - int(c[s])} "
+                                       f"of shard {s}) is not below the shard's {self.midx[s].size - 1} metadata "
+                                       f"blobs", path=None if self.paths is None else self.paths[s],
+                                       field="metadata_id")
                 res[w, k] = numbers.setdefault((s, m), len(numbers))
-        table = np.array([(s, m, int(self.midx[s][m]), int(self.midx[s][m + 1])) for (s, m) in numbers],
-                         dtype=np.int64).reshape(-1, 4)
-        return res, table
+        rows = []
+        for s, m in numbers:
+            idx = self.midx[s]
+            a, b, end = int(idx[m]), int(idx[m + 1]), int(idx[-1])
+            if a > b or b > end:
+                raise CorruptError(f"metadata.index[{m}:{m + 2}]: [{a}, {b}) is not a range of metadata.bin's "
+                                   f"{end} bytes", field="metadata.index",
+                                   path=None if self.paths is None else
+                                   os.path.join(os.path.dirname(self.paths[s]), "metadata.index"))
+            rows.append((s, m, a, b))
+        return res, np.array(rows, dtype=np.int64).reshape(-1, 4)
 
     def gather_with_boundaries(self, starts: Any, length: Any, out: Any, bounds_length: Any = None,
                                position_ids: Any = None, segment_ids: Any = None, cu_seqlens: Any = None, *,
-                               position_dtype: Any = np.int64, segments: bool = True) -> tuple:
+                               position_dtype: Any = np.int64, segments: bool = True, fds: Any = None) -> tuple:
+        if self.doc_starts is None:
+            raise ConfigError("boundaries: this gatherer has no document indexes", field="documents")
         L = check_count(length, "length", minimum=1)
         BL = L - 1 if bounds_length is None else check_count(bounds_length, "bounds_length")
         if not 1 <= BL <= L:
             raise ConfigError(f"bounds_length must be in [1, {L}], got {BL}", field="bounds_length")
-        self.gather(starts, L, out)
-        return (out, *self.boundaries(starts, BL, position_ids, segment_ids, cu_seqlens,
+        st = as_positions(starts, "starts")
+        if st.size and (st.min() < 0 or st.max() > self.total - L):
+            raise OutOfRangeError(f"a window of {L} tokens falls outside [0, {self.total})", field="starts")
+        self.gather(st, L, out, fds=fds)
+        return (out, *self.boundaries(st, BL, position_ids, segment_ids, cu_seqlens,
                                       position_dtype=position_dtype, segments=segments))
 
 
-def _records(base: Any, n: int, itemsize: int, token_size: int) -> np.ndarray:
-    """A shard's records as a structured array (``token``, ``metadata_id``), from an address
-    or a buffer."""
-    import ctypes
+def _pieces(c: np.ndarray, pos: int, L: int) -> list[tuple[int, int, int]]:
+    """``(shard, first record, count)`` of each piece of the window ``[pos, pos + L)``."""
+    out = []
+    while L > 0:
+        s = int(np.searchsorted(c, pos, side="right")) - 1
+        take = min(L, int(c[s + 1]) - pos)
+        out.append((s, pos - int(c[s]), take))
+        pos += take
+        L -= take
+    return out
 
+
+def _check_buffer(buf: Any, dtype: Any, shape: tuple[int, ...], name: str) -> None:
+    if not isinstance(buf, np.ndarray) or buf.dtype != np.dtype(dtype) or not buf.flags.c_contiguous \
+            or not buf.flags.writeable or (buf.size != int(np.prod(shape)) if len(shape) == 1 else buf.shape != shape):
+        desc = f"{shape[0]} elements" if len(shape) == 1 else f"shape {shape}"
+        raise ConfigError(f"{name} must be a writable C-contiguous {np.dtype(dtype)} array of {desc}", field=name)
+
+
+def _piece(src: Any, first: int, count: int, itemsize: int) -> memoryview:
+    """Bytes of records ``[first, first + count)`` of one shard, whose source is an address
+    (``int``), a buffer, or a descriptor (``("fd", n)``)."""
+    a, n = first * itemsize, count * itemsize
+    if n == 0:
+        return memoryview(b"")
+    if isinstance(src, tuple):
+        data = os.pread(src[1], n, a)
+        if len(data) != n:
+            raise_for_status(STATUS.ZB_E_TRUNCATED, "tokens.bin: a shard ended before its last record (the file "
+                             "shrank after open)", field="tokens.bin")
+        return memoryview(data)
+    if isinstance(src, (int, np.integer)):
+        return memoryview((ctypes.c_uint8 * n).from_address(int(src) + a))
+    return memoryview(src).cast("B")[a:a + n]
+
+
+def _records(base: Any, n: int, itemsize: int, token_size: int, first: int = 0) -> np.ndarray:
+    """Records ``[first, first + n)`` of a shard as a structured array (``token``,
+    ``metadata_id``), from an address, a buffer or a descriptor."""
     rec = np.dtype([("token", f"<u{token_size}"), ("metadata_id", "<u4")])
     if rec.itemsize != itemsize:
         raise ConfigError(f"itemsize {itemsize}: these records hold no metadata id", field="itemsize")
-    if isinstance(base, (int, np.integer)):
-        raw = (ctypes.c_uint8 * (n * itemsize)).from_address(int(base)) if n else b""
-        return np.frombuffer(raw, dtype=rec, count=n)
-    return np.frombuffer(base, dtype=rec, count=n)
+    return np.frombuffer(_piece(base, first, n, itemsize), dtype=rec, count=n)
+
+
+def _window_tokens(shards: Any, c: np.ndarray, itemsize: int, token_size: int, pos: int, L: int) -> np.ndarray:
+    """The token ids of ``[pos, pos + L)``, read piece by piece from the shards it spans."""
+    rec = np.dtype([("token", f"<u{token_size}"), ("rest", f"V{itemsize - token_size}")]) \
+        if itemsize > token_size else np.dtype(f"<u{token_size}")
+    parts = []
+    while L > 0:
+        s = int(np.searchsorted(c, pos, side="right")) - 1
+        take = min(L, int(c[s + 1]) - pos)
+        arr = np.frombuffer(_piece(shards[s], pos - int(c[s]), take, itemsize), dtype=rec, count=take)
+        parts.append(arr["token"] if itemsize > token_size else arr)
+        pos += take
+        L -= take
+    return np.concatenate(parts) if parts else np.zeros(0, np.uint32)
 
 
 def gather_windows(bases: Any, cum: Any, itemsize: int, token_size: int, vocab: int, starts: Any,
                    length: Any, out: Any, paths: Any = None) -> np.ndarray:
     """Twin of :func:`zerobatch.core._tokstream.gather_windows`; ``bases`` may also be a list
-    of the shards' record buffers (NumPy arrays or bytes-like) instead of addresses."""
-    import ctypes
-
+    of the shards' record buffers (NumPy arrays or bytes-like), or of ``("fd", descriptor)``."""
     c = np.ascontiguousarray(cum, dtype=np.int64)
     ns = len(bases)
     if c.shape[0] != ns + 1 or ns < 1 or c[0] != 0 or (np.diff(c) < 0).any():
@@ -154,24 +303,12 @@ def gather_windows(bases: Any, cum: Any, itemsize: int, token_size: int, vocab: 
                           field="out")
     total = int(c[-1])
     if st.size and (st.min() < 0 or st.max() > total - L):
-        raise OutOfRangeError(f"a window of {L} tokens falls outside [0, {total})")
+        raise OutOfRangeError(f"a window of {L} tokens falls outside [0, {total})", field="starts")
     if out.dtype == np.int32 and vocab > 2**31:
         raise ConfigError("out: int32 cannot hold every id of this vocabulary", field="out")
-    rec = np.dtype([("token", f"<u{token_size}"), ("rest", f"V{itemsize - token_size}")]) \
-        if itemsize > token_size else np.dtype(f"<u{token_size}")
-    shards = []
-    for s, base in enumerate(bases):
-        n = int(c[s + 1] - c[s])
-        if isinstance(base, (int, np.integer)):
-            raw = (ctypes.c_uint8 * (n * itemsize)).from_address(int(base)) if n else b""
-            arr = np.frombuffer(raw, dtype=rec, count=n)
-        else:
-            arr = np.frombuffer(base, dtype=rec, count=n)
-        shards.append(arr["token"] if itemsize > token_size else arr)
-    tokens = np.concatenate(shards) if shards else np.zeros(0, np.uint32)
     flat = out.reshape(-1)
     for w, pos in enumerate(st.tolist()):
-        win = tokens[pos:pos + L]
+        win = _window_tokens(bases, c, itemsize, token_size, pos, L)
         if win.size and int(win.max()) >= vocab:
             bad = pos + int(np.argmax(win >= vocab))
             shard = int(np.searchsorted(c, bad, side="right") - 1)

@@ -1,0 +1,338 @@
+"""One TOKSTREAM shard opened for reading: its files validated, its index arrays mapped, its
+chunks checked against their digests; and the reader's record of which ``tokens.bin`` chunks
+were checked. The data files' bytes are read through the reader's storage backend
+(:mod:`zerobatch.readers.backends`)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from zerobatch.core import FileMapping, xxh3_64
+from zerobatch.core.io import open_regular_file, pread_exact
+from zerobatch.formats import tokstream as T
+from zerobatch.formats.errors import CorruptError, IntegrityError, NotFoundError, TruncatedError
+from zerobatch.readers.backends import DataFile
+
+if TYPE_CHECKING:
+    from zerobatch.readers.backends import Backend
+
+__all__ = ["FULL_INDEX_CHECK_BYTES", "ChunkChecks", "Shard"]
+
+#: Index files up to this size are validated in full at open (monotonic offsets); larger
+#: ones are checked at their ends at open and in full by ``TokenStreamReader.verify``.
+FULL_INDEX_CHECK_BYTES = 64 << 20
+
+
+class Shard:
+    """One shard's files: every file checked at open (listing, sizes, trailers, build ids),
+    the index files and the digests mapped; the data files (``tokens.bin``, ``metadata.bin``)
+    handed to the reader's backends as :class:`~zerobatch.readers.backends.DataFile` s, where
+    this shard's files are number :attr:`index`.
+
+    Args:
+        folder: the dataset folder.
+        entry: the shard's manifest entry.
+        manifest: the dataset's manifest.
+        index: the shard's place in the dataset.
+        backends: the backend of each data file name (``tokens.bin``, ``metadata.bin``).
+        verify: check the index files against their digests at open.
+    """
+
+    def __init__(self, folder: str, entry: T.ShardEntry, manifest: T.DatasetManifest, index: int,
+                 backends: dict[str, Backend], verify: bool = True) -> None:
+        self.entry = entry
+        self.index = index
+        self.verify = verify
+        self.path = os.path.join(folder, entry.name)
+        self.build_id = bytes.fromhex(entry.build_id)
+        self.backends = backends
+        self._lists_ok: set[str] = set()
+        self._meta_ok: np.ndarray | None = None
+        self._index_bytes: dict[str, memoryview] = {}
+        self._maps: list[FileMapping] = []
+        try:
+            self._open(manifest)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- opening ------------------------------------------------------------------------------
+
+    def _check_listing(self) -> None:
+        try:
+            present = set(os.listdir(self.path))
+        except FileNotFoundError:
+            raise NotFoundError(f"shard {self.entry.name!r}: the folder is missing", path=self.path,
+                                field="shards") from None
+        expected = set(self.entry.files) | {T.SHARD_MANIFEST_NAME}
+        missing = sorted(set(self.entry.files) - present)
+        if missing:
+            raise NotFoundError(f"{missing[0]}: missing from shard {self.entry.name!r}",
+                                path=os.path.join(self.path, missing[0]), field="files")
+        extra = sorted(f for f in present - expected if not f.startswith("."))
+        if extra:
+            raise CorruptError(f"{extra[0]}: a file the manifest does not list in shard {self.entry.name!r}",
+                               path=os.path.join(self.path, extra[0]), field="files")
+
+    def open_checked(self, fname: str) -> int:
+        """A descriptor of ``fname`` checked as at open: its size against the manifest, its
+        trailer's build id and kind (so a file replaced since is refused). The caller closes it.
+
+        Raises:
+            TruncatedError, CorruptError: a file that does not belong to this shard.
+        """
+        path = os.path.join(self.path, fname)
+        fd, st = open_regular_file(path)
+        try:
+            want = self.entry.files[fname].size + T.TRAILER_SIZE
+            if st.st_size < want:
+                raise TruncatedError(f"size: {st.st_size} bytes, the manifest says {want} (payload and trailer)",
+                                     path=path, field="size")
+            if st.st_size > want:
+                raise CorruptError(f"size: {st.st_size} bytes, the manifest says {want} (payload and trailer)",
+                                   path=path, field="size")
+            build_id, kind = T.unpack_trailer(pread_exact(fd, T.TRAILER_SIZE, want - T.TRAILER_SIZE, path=path,
+                                                          field="trailer"), path=path)
+            if build_id != self.build_id:
+                raise CorruptError(f"build_id: the file belongs to build {build_id.hex()}, the shard to "
+                                   f"{self.entry.build_id}", path=path, field="build_id")
+            if kind != T.FILE_KINDS[fname]:
+                raise CorruptError(f"trailer: file kind {kind} is not {fname}'s", path=path, field="trailer")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _map_file(self, fname: str) -> memoryview:
+        """A checked file's payload, mapped (index files and digests: small, read in full)."""
+        fd = self.open_checked(fname)
+        try:
+            size = self.entry.files[fname].size
+            if size == 0:
+                return memoryview(b"")
+            m = FileMapping(fd, size, os.path.join(self.path, fname))
+        finally:
+            os.close(fd)
+        self._maps.append(m)
+        return memoryview(m)
+
+    def _index(self, fname: str, count: int, end: int, end_name: str) -> np.ndarray:
+        raw = self._map_file(fname)
+        path = os.path.join(self.path, fname)
+        self._index_bytes[fname] = raw
+        idx = np.frombuffer(raw, dtype="<u8", count=count + 1)
+        if idx[0] != 0:
+            raise CorruptError(f"{fname}[0]: {int(idx[0])}, expected 0", path=path, field=fname)
+        if int(idx[-1]) != end:
+            raise CorruptError(f"{fname}[{count}]: {int(idx[-1])}, expected {end_name} {end}", path=path,
+                               field=fname)
+        if raw.nbytes <= FULL_INDEX_CHECK_BYTES:
+            self._check_monotonic(idx, fname, path)
+        return idx
+
+    def _open(self, manifest: T.DatasetManifest) -> None:
+        self._check_listing()
+        e = self.entry
+        self.dtype = np.dtype(T.record_dtype_descr(manifest.token_dtype, manifest.metadata))
+        # the chunk digests of every data file (checked against the manifest on first use)
+        self.sums = np.frombuffer(self._map_file("checksums.bin"), dtype="<u8")
+        self._ranges = T.chunk_digest_ranges(e.files, manifest.metadata)
+        for fname in self.backends:
+            # checked now; the backend maps it, or keeps the descriptor and opens it again on demand
+            f = DataFile(os.path.join(self.path, fname), e.files[fname].size,
+                         lambda fname=fname: self.open_checked(fname), fname)
+            k = self.backends[fname].add(f, self.open_checked(fname))
+            if k != self.index:
+                raise CorruptError(f"{fname}: shard {self.index} was numbered {k} by the backend",
+                                   path=f.path, field="shards")
+        self.documents = self._index("documents.index", e.num_documents, e.num_tokens, "num_tokens")
+        if self.verify:
+            self._check_whole("documents.index")
+        self.metadata_index = None
+        if manifest.metadata:
+            self.metadata_index = self._index("metadata.index", e.num_metadata, e.files["metadata.bin"].size,
+                                              "the size of metadata.bin")
+            if self.verify:
+                self._check_whole("metadata.index")
+                self._meta_ok = np.zeros(T.num_chunks(e.files["metadata.bin"].size), np.uint8)
+
+    def _check_monotonic(self, idx: np.ndarray, fname: str, path: str) -> None:
+        strict = fname == "documents.index"
+        steps = np.diff(idx.astype(np.int64, copy=False)) if idx.size > 1 else np.zeros(0, np.int64)
+        bad = np.flatnonzero(steps <= 0) if strict else np.flatnonzero(idx[1:] < idx[:-1])
+        if bad.size:
+            k = int(bad[0]) + 1
+            raise CorruptError(f"{fname}[{k}]: {int(idx[k])} does not {'increase' if strict else 'grow'} "
+                               f"from {int(idx[k - 1])}", path=path, field=fname)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def read(self, fname: str, offset: int, size: int) -> memoryview:
+        """Bytes ``[offset, offset + size)`` of data file ``fname`` (through the backend)."""
+        return self.backends[fname].read(self.index, offset, size)
+
+    @property
+    def records(self) -> np.ndarray | None:
+        """``tokens.bin`` as a record array when the backend maps it (``None`` otherwise)."""
+        view = getattr(self.backends["tokens.bin"], "view", None)
+        if view is None:
+            return None
+        return np.frombuffer(view(self.index), dtype=self.dtype, count=self.entry.num_tokens)
+
+    def read_records(self, local: int, count: int) -> np.ndarray:
+        """Records ``[local, local + count)`` of ``tokens.bin`` (a view, or a fresh read)."""
+        isz = self.dtype.itemsize
+        return np.frombuffer(self.read("tokens.bin", local * isz, count * isz), dtype=self.dtype)
+
+    def read_blobs(self, ranges: list[tuple[int, int]]) -> list[memoryview]:
+        """The ``[start, stop)`` ranges of ``metadata.bin`` (checked ones), read with one
+        read spanning them unless that would read over four times their bytes (plus 64 KiB),
+        else one read each; returned as slices, without copying."""
+        first = min(a for a, _ in ranges)
+        last = max(b for _, b in ranges)
+        if last - first <= 4 * sum(b - a for a, b in ranges) + (64 << 10):
+            data = self.read("metadata.bin", first, last - first)
+            return [data[a - first:b - first] for a, b in ranges]
+        return [self.read("metadata.bin", a, b - a) for a, b in ranges]
+
+    # -- checksums ----------------------------------------------------------------------------
+
+    def digests(self, fname: str) -> np.ndarray:
+        """The chunk digests of data file ``fname``, checked (once) against the manifest's
+        checksum of that file.
+
+        Raises:
+            IntegrityError: ``checksums.bin`` does not hold the digests the manifest records.
+        """
+        a, b = self._ranges[fname]
+        sums = self.sums[a:b]
+        if fname not in self._lists_ok:
+            got = f"{xxh3_64(sums.tobytes()):016x}"
+            if got != self.entry.files[fname].xxh3:
+                raise IntegrityError(f"checksums.bin: the chunk digests of {fname} hash to {got}, the manifest "
+                                     f"records {self.entry.files[fname].xxh3}",
+                                     path=os.path.join(self.path, "checksums.bin"), field=f"{fname}.xxh3")
+            self._lists_ok.add(fname)
+        return sums
+
+    def chunk(self, fname: str, c: int) -> Any:
+        """The bytes of chunk ``c`` of file ``fname`` (a view of a mapping, or a read)."""
+        size = self.entry.files[fname].size
+        a, b = c * T.CHECKSUM_CHUNK, min((c + 1) * T.CHECKSUM_CHUNK, size)
+        if fname in self._index_bytes:
+            return self._index_bytes[fname][a:b]
+        if fname not in self.backends:
+            # an index file not yet mapped (the check at open runs before it is)
+            return self._map_file(fname)[a:b]
+        return self.read(fname, a, b - a)
+
+    def check_chunk(self, fname: str, c: int) -> None:
+        """Hash chunk ``c`` of ``fname`` and compare it with its digest.
+
+        Raises:
+            IntegrityError: naming the file, the chunk and its byte range.
+        """
+        want = int(self.digests(fname)[c])
+        got = xxh3_64(self.chunk(fname, c))
+        if got != want:
+            a = c * T.CHECKSUM_CHUNK
+            b = min(a + T.CHECKSUM_CHUNK, self.entry.files[fname].size)
+            raise IntegrityError(f"{fname}: chunk {c} (bytes [{a}, {b})) does not match its checksum "
+                                 f"({got:016x}, expected {want:016x})", path=os.path.join(self.path, fname),
+                                 field="xxh3")
+
+    def check_file(self, fname: str) -> list[str]:
+        """Hash every chunk of ``fname``: the messages of the chunks that differ from their
+        digests (``checksums.bin``: its own checksum in the manifest).
+
+        Raises:
+            IntegrityError: the digest list of ``fname`` disagrees with the manifest.
+            ReadError, TruncatedError: a read failed (pread backend).
+        """
+        size = self.entry.files[fname].size
+        if fname == "checksums.bin":
+            raw = self.sums.view(np.uint8)
+            digests = [xxh3_64(raw[a:a + T.CHECKSUM_CHUNK]) for a in range(0, max(size, 1), T.CHECKSUM_CHUNK)]
+            got = f"{xxh3_64(np.asarray(digests, dtype='<u8').tobytes()):016x}"
+            want = self.entry.files[fname].xxh3
+            return [] if got == want else [f"checksums.bin: hashes to {got}, the manifest records {want}"]
+        out = []
+        for c in range(T.num_chunks(size)):
+            try:
+                self.check_chunk(fname, c)
+            except IntegrityError as exc:
+                out.append(str(exc))
+        return out
+
+    def _check_whole(self, fname: str) -> None:
+        for c in range(T.num_chunks(self.entry.files[fname].size)):
+            self.check_chunk(fname, c)
+
+    def check_metadata_range(self, a: int, b: int) -> None:
+        """Check the ``metadata.bin`` chunks under bytes ``[a, b)`` not checked before."""
+        ok = self._meta_ok
+        if ok is None or b <= a:
+            return
+        for c in range(a // T.CHECKSUM_CHUNK, (b - 1) // T.CHECKSUM_CHUNK + 1):
+            if not ok[c]:
+                self.check_chunk("metadata.bin", c)
+                ok[c] = 1
+
+    def max_token(self) -> int:
+        """The largest token id in ``tokens.bin`` (read in blocks of 4 Mi records)."""
+        top, n, step = 0, self.entry.num_tokens, 1 << 22
+        for a in range(0, n, step):
+            rec = self.read_records(a, min(step, n - a))
+            tok = rec["token"] if rec.dtype.names else rec
+            if tok.size:
+                top = max(top, int(tok.max()))
+        return top
+
+    def verify_indexes(self) -> None:
+        self._check_monotonic(self.documents, "documents.index", os.path.join(self.path, "documents.index"))
+        if self.metadata_index is not None:
+            self._check_monotonic(self.metadata_index, "metadata.index", os.path.join(self.path, "metadata.index"))
+
+    def close(self) -> None:
+        self.documents = None
+        self.metadata_index = None
+        self._index_bytes = {}
+        for m in self._maps:
+            try:
+                m.close()
+            except BufferError:
+                pass  # a caller's array still views it; it is unmapped with the last view
+        self._maps.clear()
+
+
+class ChunkChecks:
+    """Which 16 MiB chunks of every shard's ``tokens.bin`` were checked against their digests:
+    a bitmap per shard (one byte per chunk) whose addresses the window kernel reads to list
+    the chunks a batch touches that were not checked yet, a count of those still pending, and
+    the lock under which one thread at a time checks them (another thread's batch waits
+    until the chunks it needs are checked, never reading one being checked)."""
+
+    def __init__(self, chunk_counts: list[int]) -> None:
+        self.maps = [np.zeros(max(int(n), 1), np.uint8) for n in chunk_counts]
+        self.addresses = np.array([m.ctypes.data for m in self.maps], dtype=np.uint64)
+        self.pending = sum(int(n) for n in chunk_counts)
+        self.lock = threading.Lock()
+
+    def checked(self, shard: int, chunk: int) -> bool:
+        """Whether chunk ``chunk`` of shard ``shard``'s ``tokens.bin`` was checked."""
+        return bool(self.maps[shard][chunk])
+
+    def mark(self, shard: int, chunk: int) -> None:
+        if not self.maps[shard][chunk]:
+            self.maps[shard][chunk] = 1
+            self.pending -= 1
+
+    def mark_shard(self, shard: int, chunks: int) -> None:
+        """Every chunk of ``shard`` checked (after a full verify)."""
+        m = self.maps[shard][:chunks]
+        self.pending -= int((m == 0).sum())
+        m[:] = 1
