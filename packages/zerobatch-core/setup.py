@@ -1,12 +1,16 @@
 """Build the compiled kernels of zerobatch-core.
 
-One table of extensions with their full dotted names (letting cythonize infer names in a
-PEP 420 tree puts the modules in the wrong place) and one table of compiler directives.
-``ZEROBATCH_CYTHON_DEBUG=1`` turns bounds, wraparound-free and initialization checks back on
-to catch what the wrappers' validation missed.
+Every ``src/zerobatch/core/_<name>.pyx`` is a kernel module (a new one needs no edit here):
+each becomes an extension with its full dotted name (letting cythonize infer names in a PEP
+420 tree puts the modules in the wrong place), with NumPy's headers on the include path
+(building against NumPy 2 headers also runs on NumPy 1.x) and the libraries its own
+``# distutils: libraries = ...`` line names (zlib for ZRECORD's deflate). One table of
+compiler directives. ``ZEROBATCH_CYTHON_DEBUG=1`` turns bounds, wraparound-free and
+initialization checks back on to catch what the wrappers' validation missed.
 """
 
 import os
+import pathlib
 
 import numpy as np
 from Cython.Build import cythonize
@@ -15,12 +19,7 @@ from setuptools import Extension, setup
 DEBUG = os.environ.get("ZEROBATCH_CYTHON_DEBUG") == "1"
 SRC = "src/zerobatch/core"
 
-KERNELS = ["_hash", "_header", "_pool", "_gather", "_offsets", "_feistel", "_tokstream", "_mapping", "_zrecord",
-           "_llmchnk", "_features"]
-#: System libraries a kernel links (zlib: the raw deflate of ZRECORD's flate records).
-LIBRARIES = {"_zrecord": ["z"]}
-#: Kernels that use NumPy's C API (building against NumPy 2 headers also runs on NumPy 1.x).
-NUMPY_C_API = {"_zrecord"}
+KERNELS = sorted(p.stem for p in pathlib.Path(SRC).glob("_*.pyx"))
 
 DIRECTIVES = {
     "language_level": 3,
@@ -38,10 +37,9 @@ extensions = [
     Extension(
         f"zerobatch.core.{name}",
         [f"{SRC}/{name}.pyx"],
-        include_dirs=[SRC, np.get_include()] if name in NUMPY_C_API else [SRC],
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")] if name in NUMPY_C_API else [],
+        include_dirs=[SRC, np.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=COMPILE_ARGS,
-        libraries=LIBRARIES.get(name, []),
     )
     for name in KERNELS
 ]

@@ -94,7 +94,7 @@ def test_gather_equals_numpy_and_the_twin(tmp_path_factory, recs, width, pad, da
             assert wmask.all()                           # no row was padded
         else:
             assert (mask == wmask).all()
-        twin = ref.ChunkRecords(r._mm, len(recs), 4, True, True, str(p))
+        twin = ref.ChunkRecords(r._mm, len(recs), 4, True, np.zeros(len(recs), np.uint8), str(p))
         out = np.empty((len(idx), width), np.int64)
         m = np.empty((len(idx), width), bool)
         lens = twin.gather(idx, out, m, pad)
@@ -107,7 +107,8 @@ def test_kernel_and_twin_refuse_alike(tmp_path):
     p = tmp_path / "k.chunk"
     write_chunk_file(p, recs)
     r = LLMChunkReader(p)
-    for impl in (ChunkRecords(r._mm, 2, 4, True, True, "k"), ref.ChunkRecords(r._mm, 2, 4, True, True, "k")):
+    for impl in (ChunkRecords(r._mm, 2, 4, True, np.zeros(2, np.uint8), "k"),
+                 ref.ChunkRecords(r._mm, 2, 4, True, np.zeros(2, np.uint8), "k")):
         with pytest.raises(IndexError):
             impl.gather([0, 2], np.empty((2, 3), np.int64))
         with pytest.raises(ConfigError, match="int32"):

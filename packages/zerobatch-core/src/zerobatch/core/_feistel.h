@@ -31,7 +31,7 @@
  *   zb_feistel_fill_range(f, start, count, out, inverse)
  *     pre:  start + count <= n.  post: out[i] = P(start + i) (P^-1 with inverse).
  *   zb_feistel_map(f, positions, count, out, inverse)
- *     post: ZB_FEISTEL_OK and out[i] = P(positions[i]) for every i, or ZB_FEISTEL_E_INDEX
+ *     post: ZB_OK and out[i] = P(positions[i]) for every i, or ZB_E_INDEX
  *           when a position is outside [0, n) (out unspecified). out may alias positions.
  *   All are thread-safe (f is read-only after setup) and never touch Python.
  *
@@ -44,6 +44,8 @@
 #ifndef ZB_FEISTEL_H
 #define ZB_FEISTEL_H
 
+#include "_status.h"
+
 #include <stdint.h>
 #include <stddef.h>
 
@@ -54,8 +56,6 @@
 #define ZB_SPECK_ROUNDS 27
 #define ZB_FEISTEL_LANES 32 /* positions per bulk block */
 #define ZB_PORTABLE_LANES 16
-#define ZB_FEISTEL_OK 0
-#define ZB_FEISTEL_E_INDEX 13 /* = ZB_E_INDEX in _status.pxd */
 
 typedef struct {
     uint64_t n;        /* size of the permuted range */
@@ -350,7 +350,7 @@ static int zb_feistel_map(const zb_feistel *f, const int64_t *positions, uint64_
     for (; i + ZB_FEISTEL_LANES <= count; i += ZB_FEISTEL_LANES) {
         for (int l = 0; l < ZB_FEISTEL_LANES; l++) {
             int64_t p = positions[i + l];
-            if (p < 0 || (uint64_t)p >= f->n) return ZB_FEISTEL_E_INDEX;
+            if (p < 0 || (uint64_t)p >= f->n) return ZB_E_INDEX;
             v[l] = (uint64_t)p;
         }
         zb_feistel_block(f, v, inverse);
@@ -358,10 +358,10 @@ static int zb_feistel_map(const zb_feistel *f, const int64_t *positions, uint64_
     }
     for (; i < count; i++) {
         int64_t p = positions[i];
-        if (p < 0 || (uint64_t)p >= f->n) return ZB_FEISTEL_E_INDEX;
+        if (p < 0 || (uint64_t)p >= f->n) return ZB_E_INDEX;
         out[i] = (int64_t)(inverse ? zb_feistel_decrypt(f, (uint64_t)p) : zb_feistel_encrypt(f, (uint64_t)p));
     }
-    return ZB_FEISTEL_OK;
+    return ZB_OK;
 }
 
 /* Counter-mode draws and epoch keys, from the same Speck64/128 primitive.

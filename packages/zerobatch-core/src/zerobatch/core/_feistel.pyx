@@ -14,38 +14,16 @@
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
+from zerobatch.core._status cimport ZB_OK
+
 import numpy as np
+
+from zerobatch.core._status import raise_for_status
 
 from zerobatch.core.checks import check_count, check_out, check_position, check_seed, positions_and_out
 from zerobatch.formats.errors import ConfigError, OutOfRangeError
 
 __all__ = ["FeistelPermutation", "epoch_seed", "random_draws"]
-
-cdef extern from "_feistel.h" nogil:
-    ctypedef struct zb_feistel:
-        uint64_t n
-        uint64_t a
-        uint64_t rounds
-        uint64_t barrett
-        uint32_t *keys
-        int simd
-    int ZB_SPECK_ROUNDS
-    int zb_feistel_simd_available()
-    int ZB_FEISTEL_OK
-    void zb_feistel_setup(zb_feistel *f, uint64_t n, uint64_t rounds, uint64_t seed)
-    uint64_t zb_feistel_encrypt(const zb_feistel *f, uint64_t m)
-    uint64_t zb_feistel_decrypt(const zb_feistel *f, uint64_t c)
-    void zb_feistel_fill_range(const zb_feistel *f, uint64_t start, uint64_t count,
-                               int64_t *out, int inverse)
-    int zb_feistel_map(const zb_feistel *f, const int64_t *positions, uint64_t count,
-                       int64_t *out, int inverse)
-    uint64_t ZB_DOMAIN_EPOCH
-    uint64_t ZB_DOMAIN_DRAW_HI
-    uint64_t ZB_DOMAIN_DRAW_LO
-    void zb_speck_expand(uint64_t lo, uint64_t hi, uint32_t *s)
-    void zb_random_draws(const uint32_t *k0, const uint32_t *k1, const int64_t *counters,
-                         uint64_t count, uint64_t n, int64_t *out)
-    uint64_t zb_epoch_seed(const uint32_t *k, uint64_t epoch)
 
 #: Most Feistel rounds accepted (gfc's README uses 6; cryptographic use needs 8 to 16).
 MAX_ROUNDS = 1024
@@ -243,9 +221,9 @@ cdef class FeistelPermutation:
                 status = zb_feistel_map(&self.f, &pos[0], count, &dst[0], inv)
         else:
             status = zb_feistel_map(&self.f, &pos[0], count, &dst[0], inv)
-        if status != ZB_FEISTEL_OK:
+        if status != ZB_OK:
             what = "value" if inverse else "position"
-            raise OutOfRangeError(f"a {what} is outside [0, {self.f.n})")
+            raise_for_status(status, f"a {what} is outside [0, {self.f.n})", field=what)
         return out
 
     def __iter__(self):

@@ -37,6 +37,8 @@ from zerobatch.core._status cimport ZB_E_CHECKSUM, ZB_E_RANGE, ZB_OK
 
 import numpy as np
 
+from zerobatch.core._status import raise_for_status
+
 from zerobatch.formats.errors import ConfigError, IntegrityError, OutOfRangeError
 
 __all__ = ["LLMBatchSlots", "max_u32", "pad_rows", "widen_u32"]
@@ -272,16 +274,31 @@ def pad_rows(tokens, lengths, int64_t pad_id=0, mask=None, labels=None, int64_t 
     return tokens
 
 
+cdef object _bitmap(object given, int64_t nbytes, str name):
+    """The caller's bitmap (checked), or a fresh one."""
+    if given is None:
+        return np.zeros(nbytes, dtype=np.uint8)
+    if not isinstance(given, np.ndarray) or given.dtype != np.uint8 or given.size < nbytes \
+            or not given.flags.c_contiguous or not given.flags.writeable:
+        raise ConfigError(f"{name} must be a writable uint8 array of {nbytes} bytes", field=name)
+    return given
+
+
 cdef class LLMBatchSlots:
     """Compiled access to the batch slots of one mapped LLMBATCH file.
 
     Holds the mapping's buffer and the validated geometry; every method validates its
-    arguments with the GIL held, then copies and verifies with the GIL released.
+    arguments with the GIL held, then copies and verifies with the GIL released. What was
+    checked is recorded in bitmaps the caller owns (a reader passes its own; a caller that
+    passes none gets fresh ones).
 
     Args:
         buffer: the whole file, mapped (any buffer of ``header.file_size`` bytes).
         header: the file's validated :class:`~zerobatch.formats.llmbatch.LLMBatchHeader`.
         verify: check each batch against its checksum the first time it is served.
+        verified: the caller's ``uint8`` bitmap of ``ceil(num_batches / 8)`` bytes of batches
+            checked against their checksums (set here as batches are checked).
+        int32_ok: the caller's bitmap of batches known to hold no id of 2**31 or more.
         path: the file's name, for error messages.
     """
 
@@ -305,7 +322,7 @@ cdef class LLMBatchSlots:
     cdef object _batch_shape     # (batch_size, seq_len)
     cdef object _int64
 
-    def __cinit__(self, buffer, header, *, bint verify=True, path=None):
+    def __cinit__(self, buffer, header, *, bint verify=True, verified=None, int32_ok=None, path=None):
         cdef const uint8_t[::1] data = memoryview(buffer).cast("B")
         if <uint64_t>data.shape[0] != <uint64_t>header.file_size:
             raise ConfigError(f"LLMBatchSlots: buffer holds {data.shape[0]} bytes, header "
@@ -320,9 +337,9 @@ cdef class LLMBatchSlots:
         self.padded_batch_bytes = header.padded_batch_bytes
         self.has_checksums = header.has_checksums
         self.verify = verify and header.has_checksums
-        nbytes = (header.num_batches + 7) // 8
-        self._verified = np.zeros(max(nbytes, 1), dtype=np.uint8)
-        self._int32_ok = np.zeros(max(nbytes, 1), dtype=np.uint8)
+        nbytes = max((header.num_batches + 7) // 8, 1)
+        self._verified = _bitmap(verified, nbytes, "verified")
+        self._int32_ok = _bitmap(int32_ok, nbytes, "int32_ok")
         self.int32_safe = header.max_token is not None and header.max_token < 2**31
         cdef uint64_t trailer_offset = header.trailer_offset
         self._g.base = &data[0]
@@ -376,12 +393,14 @@ cdef class LLMBatchSlots:
         if status == ZB_E_CHECKSUM:
             expected = zb_load_u64le(self._g.trailer + bad * LLMBATCH_CHECKSUM_SIZE)
             got = zb_xxh3_64(_slot(&self._g, bad), self._g.padded)
-            raise IntegrityError(f"batch_checksum: batch {bad} does not match its checksum "
-                                 f"(stored 0x{expected:016x}, computed 0x{got:016x})",
-                                 path=self.path, field="batch_checksum")
+            raise_for_status(status, f"batch_checksum: batch {bad} does not match its checksum "
+                             f"(stored 0x{expected:016x}, computed 0x{got:016x})", path=self.path,
+                             field="batch_checksum")
         if status == ZB_E_RANGE:
-            raise ConfigError(f"batch {bad} holds a token id of 2**31 or more, which does not "
-                              f"fit in int32; read it as int64", path=self.path, field="dtype")
+            raise_for_status(status, f"batch {bad} holds a token id of 2**31 or more, which does not "
+                             f"fit in int32; read it as int64", path=self.path, field="dtype")
+        if status != ZB_OK:
+            raise_for_status(status, f"a gather of batch {bad} failed", path=self.path, field="batch")
         return 0
 
     cpdef uint64_t check(self, object i) except? 0xFFFFFFFFFFFFFFFF:

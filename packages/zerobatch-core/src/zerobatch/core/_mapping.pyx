@@ -46,11 +46,6 @@ cdef class FileMapping:
         ReadError: ``mmap`` failed (``errno`` kept).
     """
 
-    cdef uint8_t *addr
-    cdef readonly int64_t size
-    cdef int exports
-    cdef readonly object path
-
     def __cinit__(self, int fd, int64_t size, path=None):
         self.addr = NULL
         self.size = size

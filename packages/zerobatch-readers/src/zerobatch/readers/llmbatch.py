@@ -201,7 +201,13 @@ class BatchFileReader:
                 f"fingerprint: the file changed since this reader was pickled (was "
                 f"{self._expected_fingerprint}, now {self.fingerprint})",
                 path=self.path, field="fingerprint")
-        self._slots = LLMBatchSlots(mm, header, verify=self.verify_batches, path=self.path)
+        # what this reader checked: the batches that match their checksums, the batches known
+        # to hold no id of 2**31 or more (the kernel sets the bits)
+        nbytes = max((header.num_batches + 7) // 8, 1)
+        self._verified = np.zeros(nbytes, np.uint8)
+        self._int32_ok = np.zeros(nbytes, np.uint8)
+        self._slots = LLMBatchSlots(mm, header, verify=self.verify_batches, verified=self._verified,
+                                    int32_ok=self._int32_ok, path=self.path)
         self._shape = (header.batch_size, header.seq_len)
         # Bound methods of the compiled slots: the hot paths are one Python call deep.
         self._view_u32 = self._slots.view_uint32

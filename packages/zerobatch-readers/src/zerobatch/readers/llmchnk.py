@@ -101,8 +101,9 @@ class LLMChunkReader:
             view.release()
         self._table = table
         self._dtype = np.dtype(header.np_dtype)
-        self._records = ChunkRecords(self._mm, n, header.itemsize, header.checksums, self.verify_records,
-                                     self.path)
+        # the records checked against their checksums: this reader's (the kernel marks them)
+        self._verified = np.zeros(n, np.uint8) if self.verify_records and header.checksums else None
+        self._records = ChunkRecords(self._mm, n, header.itemsize, header.checksums, self._verified, self.path)
         self.closed = False
 
     def _check_table(self, table: np.ndarray, h: C.LLMChunkHeader, geo: C.Geometry) -> None:
@@ -234,16 +235,12 @@ class LLMChunkReader:
         if not self.header.checksums:
             return report
         n = self.num_records
-        probe = ChunkRecords(self._mm, n, self.header.itemsize, True, True, self.path)
         for start in range(0, n, chunk):
-            for i in range(start, min(n, start + chunk)):
-                try:
-                    probe.span(i)
-                except IntegrityError:
-                    report.bad_records.append(i)
-                report.records_checked += 1
+            stop = min(n, start + chunk)
+            report.bad_records.extend(self._records.check(start, stop))
+            report.records_checked += stop - start
             if progress is not None:
-                progress(min(n, start + chunk), n)
+                progress(stop, n)
         return report
 
     def close(self) -> None:

@@ -100,23 +100,50 @@ def pad_rows(tokens: Any, lengths: Any, pad_id: int = 0, mask: Any = None, label
 
 
 class _Ticket:
-    def __init__(self, out: Any, error: BaseException | None) -> None:
-        self.out = out
-        self.error = error
+    """A gather queued on the pool twin's threads (as a Python call)."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
 
     def wait(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.out
+        if self.call.done() and getattr(self.call, "_cancelled", False):
+            raise ConfigError("wait: this gather was cancelled", field="ticket")
+        return self.call.wait()
 
     def cancel(self) -> bool:
-        return False
+        return bool(self.call.cancel())
+
+
+def _bitmap(given: Any, nbytes: int, name: str) -> np.ndarray:
+    if given is None:
+        return np.zeros(nbytes, dtype=np.uint8)
+    if not isinstance(given, np.ndarray) or given.dtype != np.uint8 or given.size < nbytes \
+            or not given.flags.c_contiguous or not given.flags.writeable:
+        raise ConfigError(f"{name} must be a writable uint8 array of {nbytes} bytes", field=name)
+    return given
+
+
+class _Bits:
+    """A caller's bitmap, read and set bit by bit (as the kernel's zb_bit_get / zb_bit_set)."""
+
+    __slots__ = ("bits",)
+
+    def __init__(self, bits: np.ndarray) -> None:
+        self.bits = bits
+
+    def __getitem__(self, i: int) -> bool:
+        return bool((int(self.bits[i >> 3]) >> (i & 7)) & 1)
+
+    def __setitem__(self, i: int, value: bool) -> None:
+        if value:
+            self.bits[i >> 3] |= np.uint8(1 << (i & 7))
 
 
 class LLMBatchSlots:
     """Twin of the compiled ``LLMBatchSlots``: access to the batch slots of a mapped file."""
 
-    def __init__(self, buffer: Any, header: L.LLMBatchHeader, *, verify: bool = True, path: Any = None) -> None:
+    def __init__(self, buffer: Any, header: L.LLMBatchHeader, *, verify: bool = True, verified: Any = None,
+                 int32_ok: Any = None, path: Any = None) -> None:
         self._data = np.frombuffer(memoryview(buffer).cast("B"), dtype=np.uint8)
         if self._data.size != header.file_size:
             raise ConfigError(f"LLMBatchSlots: buffer holds {self._data.size} bytes, header "
@@ -132,8 +159,9 @@ class LLMBatchSlots:
         self.verify = bool(verify and header.has_checksums)
         self.int32_safe = header.max_token is not None and header.max_token < 2**31
         self._trailer = header.trailer_offset
-        self._verified = np.zeros(self.num_batches, dtype=bool)
-        self._int32_ok = np.zeros(self.num_batches, dtype=bool)
+        nbytes = max((self.num_batches + 7) // 8, 1)
+        self._verified = _Bits(_bitmap(verified, nbytes, "verified"))
+        self._int32_ok = _Bits(_bitmap(int32_ok, nbytes, "int32_ok"))
         shape = (header.num_batches, header.batch_size, header.seq_len)
         strides = (header.padded_batch_bytes, header.seq_len * 4, 4)
         if header.num_batches:
@@ -159,11 +187,7 @@ class LLMBatchSlots:
             if j < 0 or j >= self.num_batches:
                 raise OutOfRangeError(f"batch index {j} out of range [0, {self.num_batches})", path=self.path, field="index")
         _out_array(out, idx.size * self.tokens_per_batch, "gather")
-        try:
-            self.gather(idx, out)
-        except Exception as exc:  # raised by wait(), as the compiled pool does
-            return _Ticket(out, exc)
-        return _Ticket(out, None)
+        return _Ticket(pool.call(lambda: self.gather(idx, out)))
 
     def _index(self, i: Any) -> int:
         j = operator.index(i)

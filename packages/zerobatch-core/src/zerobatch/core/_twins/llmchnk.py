@@ -18,7 +18,7 @@ __all__ = ["ChunkRecords"]
 class ChunkRecords:
     """Twin of :class:`zerobatch.core._llmchnk.ChunkRecords` (NumPy, same checks and errors)."""
 
-    def __init__(self, buffer: Any, num_records: int, itemsize: int, checksums: bool, verify: bool,
+    def __init__(self, buffer: Any, num_records: int, itemsize: int, checksums: bool, verified: Any = None,
                  path: Any = None) -> None:
         if itemsize not in (2, 4):
             raise ConfigError(f"itemsize must be 2 or 4, got {itemsize}", path=path, field="dtype")
@@ -26,29 +26,35 @@ class ChunkRecords:
         self.num_records = int(num_records)
         self.itemsize = itemsize
         self.checksums = bool(checksums)
-        self.verify = bool(verify and checksums)
         self.path = path
         if 32 + 8 * (self.num_records + 1) > self._buf.size:
             raise ConfigError("the buffer is shorter than the offset table", path=path, field="num_records")
         self._table = self._buf[32:32 + 8 * (self.num_records + 1)].view("<u8")
         self._sums = self._buf[self._buf.size - 16 - 8 * self.num_records:self._buf.size - 16].view("<u8") \
             if checksums else None
-        self._verified = np.zeros(self.num_records if self.verify else 0, np.uint8)
+        self._verified = None
+        if verified is not None and checksums:
+            if not isinstance(verified, np.ndarray) or verified.dtype != np.uint8 or verified.size < self.num_records \
+                    or not verified.flags.c_contiguous or not verified.flags.writeable:
+                raise ConfigError(f"verified must be a writable uint8 array of {self.num_records} bytes",
+                                  field="verified")
+            self._verified = verified
 
     def _index(self, i: int) -> int:
         if not 0 <= i < self.num_records:
             raise OutOfRangeError(f"record index {i} out of range [0, {self.num_records})", path=self.path, field="index")
         return i
 
-    def _check(self, i: int) -> None:
-        if not self.verify or self._verified[i]:
+    def _check(self, i: int, verified: Any = None) -> None:
+        verified = self._verified if verified is None else verified
+        if verified is None or verified[i]:
             return
         a, b = int(self._table[i]), int(self._table[i + 1])
         got, stored = xxh3_64(self._buf[a:b].tobytes()), int(self._sums[i])  # type: ignore[index]
         if got != stored:
             raise IntegrityError(f"record_checksum: record {i} does not match its checksum (stored "
                                  f"0x{stored:016x}, computed 0x{got:016x})", path=self.path, field="record_checksum")
-        self._verified[i] = 1
+        verified[i] = 1
 
     def span(self, i: int) -> tuple[int, int]:
         self._check(self._index(int(i)))
@@ -61,8 +67,22 @@ class ChunkRecords:
             self._index(i)
         return ((self._table[idx + 1] - self._table[idx]) // self.itemsize).astype(np.int64)
 
-    def is_verified(self, i: int) -> bool:
-        return bool(self.verify and 0 <= i < self.num_records and self._verified[i])
+    def check(self, start: int, stop: int) -> list[int]:
+        if start < 0 or stop > self.num_records or start > stop:
+            raise ConfigError(f"check: [{start}, {stop}) is not inside [0, {self.num_records})", field="stop")
+        bad = []
+        if self._sums is None:
+            return bad
+        fresh = np.zeros(max(self.num_records, 1), np.uint8)
+        for i in range(start, stop):
+            try:
+                self._check(i, fresh)
+            except IntegrityError:
+                bad.append(i)
+                continue
+            if self._verified is not None:
+                self._verified[i] = 1
+        return bad
 
     def gather(self, indices: Any, out: Any, mask: Any = None, pad_id: int = 0) -> np.ndarray:
         idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
