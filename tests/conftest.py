@@ -9,6 +9,19 @@ import pytest
 from zbtest import records
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under ``ZEROBATCH_PUREPYTHON=1`` (the pure-Python twins) the tests marked ``compiled``
+    are skipped: they bound speed or memory, or compare the compiled kernels with the twins."""
+    from zerobatch.core import PURE_PYTHON
+
+    if not PURE_PYTHON:
+        return
+    skip = pytest.mark.skip(reason="needs the compiled kernels (ZEROBATCH_PUREPYTHON=1)")
+    for item in items:
+        if item.get_closest_marker("compiled"):
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def tokens_small() -> np.ndarray:
     return records(1000, 64, seed=1)

@@ -49,7 +49,7 @@ def test_no_distribution_ships_the_namespace_init():
 def test_dependencies_run_one_way():
     for pkg in PACKAGES:
         mine = LAYERS[area(pkg)]
-        declared = {d.split("==")[0].removeprefix("zerobatch-")
+        declared = {d.split("==")[0].split("[")[0].removeprefix("zerobatch-")
                     for d in tomllib.loads((pkg / "pyproject.toml").read_text())["project"].get("dependencies", [])
                     if d.startswith("zerobatch-")}
         for other in declared:

@@ -26,6 +26,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -46,13 +47,25 @@ def clean(src: pathlib.Path) -> None:
             shutil.rmtree(stale)
 
 
+#: What a package's copy for building leaves out: earlier builds' outputs and in-place extensions.
+_NOT_SOURCES = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", "*.so", "*.pyc")
+
+
 def build(src: pathlib.Path, out: pathlib.Path, *, isolation: bool, env: dict[str, str] | None = None) -> None:
-    clean(src)
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out), str(src)]
-    if not isolation:
-        cmd.insert(4, "--no-build-isolation")
-    print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, env={**os.environ, **(env or {})})
+    """Build ``src``'s wheel into ``out``. A package is built from a fresh copy of its sources,
+    so that builds running at once (tests on several workers, a developer's build) never share
+    a ``build/`` folder, and nothing a developer built in place reaches the wheel; the
+    umbrella (``src`` the repository) holds no sources and is built where it is."""
+    with tempfile.TemporaryDirectory(prefix="zb-wheel-") as tmp:
+        if src != ROOT:
+            src = pathlib.Path(shutil.copytree(src, pathlib.Path(tmp) / src.name, ignore=_NOT_SOURCES))
+        else:
+            clean(src)
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out), str(src)]
+        if not isolation:
+            cmd.insert(4, "--no-build-isolation")
+        print("+", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True, env={**os.environ, **(env or {})})
 
 
 def main(argv: list[str] | None = None) -> int:

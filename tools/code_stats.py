@@ -55,10 +55,10 @@ def main() -> None:
     funcs = [(n, f"{os.path.relpath(f, root)}:{name}") for f in _modules(root) for n, name in _functions(f)]
     total = sum(n for n, _ in mods)
     print(f"{len(mods)} modules, {total} lines; {len(funcs)} functions and classes")
-    print(f"\nlargest modules (lines):")
+    print("\nlargest modules (lines):")
     for n, name in sorted(mods, reverse=True)[:a.top]:
         print(f"  {n:6d}  {name}")
-    print(f"\nlargest functions (lines; classes excluded):")
+    print("\nlargest functions (lines; classes excluded):")
     shown = 0
     for n, name in sorted(funcs, reverse=True):
         path = name.split(":")[0]

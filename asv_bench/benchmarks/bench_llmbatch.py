@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from zerobatch.adapters.torch import BatchNativeLoader
-from zerobatch.readers.llmbatch import BatchFileReader
+from zerobatch.batch_loader import BatchFileReader  # the reader with the seed's read_batch_torch
 from zerobatch.writers.llmbatch import write_batch_dataset, write_batch_file
 
 BS, SL = 32, 512

@@ -318,9 +318,6 @@ class SlowSource(Source):
             self.read_after_close = True
         return {"tokens": items.astype(dtype)}
 
-    def emit(self, step):
-        return step["tokens"]
-
     def close(self):
         self.closed = True
 

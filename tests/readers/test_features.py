@@ -307,6 +307,7 @@ def big(tmp_path_factory):
     return folder
 
 
+@pytest.mark.compiled
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_workers_under_every_start_method_keep_private_memory_flat(big, method):
     fm = FeatureMatrix(big, 512, stride=512)             # 320 windows covering the whole matrix

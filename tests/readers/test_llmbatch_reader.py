@@ -26,7 +26,7 @@ from zerobatch.formats.errors import (
     UnsupportedVersionError,
     ZerobatchError,
 )
-from zerobatch.readers.llmbatch import BatchFileReader
+from zerobatch.batch_loader import BatchFileReader  # the reader with the seed's read_batch_torch
 from zerobatch.writers.llmbatch import write_batch_file
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "v1" / "llmbatch"
@@ -290,7 +290,7 @@ def test_every_single_bit_flip_is_caught_or_harmless(tmp_path):
     write_batch_file(p, records(5, 4, seed=3), 2, 4, seed=1)  # 2 padded batches: 12304 bytes
     r = run_python(f"""
         import os, numpy as np
-        from zerobatch.readers.llmbatch import BatchFileReader
+        from zerobatch.batch_loader import BatchFileReader
         from zerobatch.formats.errors import ZerobatchError
         src = {str(p)!r}
         good = open(src, "rb").read()
@@ -452,7 +452,7 @@ def test_truncation_under_a_live_mapping_is_sigbus_documented_limit(batch_file):
     SIGBUS (zerobatch writers never shrink a published file; they rename a new one)."""
     r = run_python(f"""
         import os
-        from zerobatch.readers.llmbatch import BatchFileReader
+        from zerobatch.batch_loader import BatchFileReader
         r = BatchFileReader({str(batch_file)!r}, verify=False)
         os.truncate({str(batch_file)!r}, 4096)
         r.read_batch_torch(100)

@@ -283,6 +283,7 @@ def test_a_2d_array_is_written_whole_and_byte_identical(tmp_path, shape, dtype):
         write_chunk_file(tmp_path / "c.chunk", np.full((300, 2), -1))
 
 
+@pytest.mark.compiled
 def test_writer_memory_is_bounded(tmp_path):
     """Peak traced memory of the writer: neither the tokens nor the records' table are held."""
     r = run_python(f"""

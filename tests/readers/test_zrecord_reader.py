@@ -142,6 +142,7 @@ def test_threads_and_pool_splits_read_what_one_thread_reads(tmp_path):
         assert not errors, errors
 
 
+@pytest.mark.compiled
 def test_compiled_kernel_matches_its_pure_python_twin(tmp_path):
     from zerobatch.core import _zrecord as compiled
 

@@ -9,6 +9,9 @@ import pytest
 
 from zerobatch.samplers import FeistelPermutation
 
+# statistics over millions of draws: minutes in the pure-Python twin
+pytestmark = pytest.mark.compiled
+
 N = 1000          # items per permutation
 S = 3000          # permutations (seeds)
 BINS = 10

@@ -84,6 +84,7 @@ def test_streaming_writer_equals_in_memory_writer(tmp_path, chunked):
     assert a.read_bytes() == b.read_bytes()
 
 
+@pytest.mark.compiled
 def test_streaming_writer_memory_does_not_grow_with_seq_len(tmp_path):
     """Peak traced memory of the streaming writer: a few bytes per record, nothing per token."""
     r = run_python(f"""

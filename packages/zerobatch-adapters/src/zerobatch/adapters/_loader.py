@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources import Source, open_source
+from zerobatch.adapters.sources import Source, build, open_source
 from zerobatch.core.checks import check_count
 from zerobatch.core.pool import shared_pool
 from zerobatch.formats.errors import ConfigError
@@ -186,6 +186,10 @@ class BaseLoader:
         """``(worker, num_workers)`` of a data-loading worker process (torch sets it)."""
         return 0, 1
 
+    def __iter__(self) -> Iterator[Any]:
+        """The batches as NumPy arrays (the torch and JAX loaders yield their own types)."""
+        return self._iter()
+
     def _iter(self) -> Iterator[Any]:
         self._close_active()
         p = _Pass(self, *self._worker_split())
@@ -209,15 +213,36 @@ class BaseLoader:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    # -- conversion: the one generic path from a read to the steps the loop receives ----------
+    # Subclasses say how an array becomes the framework's (_to_framework), how a converted
+    # stacked array splits along its step axis (_unstack), and what is done to a whole step
+    # once built (_finish); the structure of a step is the source's declared output.
+
+    def _to_framework(self, array: np.ndarray) -> Any:
+        """An array of a read as the loop receives it (NumPy here)."""
+        return array
+
+    def _unstack(self, value: Any) -> list[Any]:
+        """A converted stacked array split along its step axis (views)."""
+        return list(value)
+
+    def _finish(self, step: Any) -> Any:
+        """A built step, as the loop receives it."""
+        return step
+
     def _convert(self, result: Any, steps: int) -> list[Any]:
-        """Per-step outputs of one read (NumPy here; subclasses make tensors)."""
-        emit = self.source.emit
-        if isinstance(result, dict):
-            out = self.source.emit_stacked(result, list)
-            if out is not None:
-                return out
-            return [emit({k: v[i] for k, v in result.items()}) for i in range(steps)]
-        return [emit(step) for step in result]
+        """Per-step outputs of one read: the source's declared output built over the read's
+        arrays, each array converted once (a stacked read: once for all its steps)."""
+        output = self.source.output
+        if isinstance(result, dict):            # stacked: a leading step axis on every array
+            parts = {name: self._unstack(self._to_framework(v)) for name, v in result.items()}
+            return [self._finish(build(output, lambda leaf, i=i: leaf.cut(parts[leaf.name][i])))
+                    for i in range(steps)]
+        out = []
+        for step in result:
+            conv = {k: self._to_framework(v) if isinstance(v, np.ndarray) else v for k, v in step.items()}
+            out.append(self._finish(build(output, lambda leaf, conv=conv: leaf.cut(conv[leaf.name]))))
+        return out
 
     # ---------------------------------------------------------------------------------------
     # state (the schedule's)

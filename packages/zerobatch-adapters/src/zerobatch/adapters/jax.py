@@ -25,18 +25,17 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters._loader import BaseLoader
-from zerobatch.adapters.sources import (FeatureWindows, LLMBatchSource, LLMChunkSource, Mixture, NpyTokenWindows,
-                                        RecordFields, Source, TokenDocuments, TokenWindows)
-from zerobatch.formats.errors import ConfigError
-
 try:
     import jax
 except ImportError as exc:  # pragma: no cover - exercised only without jax
     raise ImportError("zerobatch.adapters.jax needs jax: pip install 'zerobatch-adapters[jax]'") from exc
 
-__all__ = ["FeatureWindows", "LLMBatchSource", "LLMChunkSource", "Loader", "Mixture", "NpyTokenWindows",
-           "RecordFields", "Source", "TokenDocuments", "TokenWindows"]
+from zerobatch.adapters import sources as _sources
+from zerobatch.adapters._loader import BaseLoader
+from zerobatch.adapters.sources import *  # noqa: F403 - every source, re-exported with the loader
+from zerobatch.formats.errors import ConfigError
+
+__all__ = sorted(["Loader", *_sources.__all__])
 
 OUTPUTS = ("jax", "numpy")
 
@@ -88,16 +87,9 @@ class Loader(BaseLoader):
             return jax.make_array_from_process_local_data(self.sharding, value)
         return jax.device_put(value, self.device)
 
-    def _convert(self, result: Any, steps: int) -> list[Any]:
-        emit = self.source.emit
-        steps_data = ([{k: v[i] for k, v in result.items()} for i in range(steps)]
-                      if isinstance(result, dict) else result)
+    def _finish(self, step: Any) -> Any:
+        # Built first, converted after: a next-token pair's two views of one array become two
+        # arrays (JAX has no views).
         if self.output == "numpy":
-            return [emit(step) for step in steps_data]
-        # Emit first, then convert: next-token views become two arrays (JAX has no views).
-        out = []
-        for step in steps_data:
-            emitted = emit(step)
-            out.append(jax.tree_util.tree_map(self._array, emitted,
-                                              is_leaf=lambda v: not isinstance(v, (tuple, list, dict))))
-        return out
+            return step
+        return jax.tree_util.tree_map(self._array, step, is_leaf=lambda v: not isinstance(v, (tuple, list, dict)))

@@ -21,23 +21,76 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import torch
-import torch.utils.data
 
+try:
+    import torch
+    import torch.utils.data
+except ImportError as exc:  # pragma: no cover - exercised only without torch
+    raise ImportError("zerobatch.adapters.torch needs PyTorch: pip install 'zerobatch-adapters[torch]'") from exc
+
+from zerobatch.adapters import sources as _sources
 from zerobatch.adapters._loader import BaseLoader
-from zerobatch.adapters.sources import (FeatureWindows, LLMBatchSource, LLMChunkSource, Mixture, NpyTokenWindows,
-                                        RecordFields, Source, TokenDocuments, TokenWindows)
+from zerobatch.adapters.sources import *  # noqa: F403 - every source, re-exported with the loader
+from zerobatch.adapters.sources import LLMBatchSource
 from zerobatch.formats.errors import ConfigError
-from zerobatch.readers.llmbatch import BatchFileReader
+from zerobatch.readers import llmbatch as _llmbatch
 
-__all__ = ["BatchNativeLoader", "DatasetLoader", "FeatureWindows", "LLMBatchSource", "LLMChunkSource", "Loader",
-           "Mixture", "NpyTokenWindows", "RecordFields", "Source", "TokenDocuments", "TokenWindows", "WorkerDataLoader"]
+__all__ = sorted(["BatchFileReader", "BatchNativeLoader", "DatasetLoader", "Loader", "WorkerDataLoader",
+                  *_sources.__all__])
 
 _DTYPES = {torch.int64: np.dtype(np.int64), torch.int32: np.dtype(np.int32)}
+# torch dtype (or None) -> 1 for int64, 2 for int32
+_TORCH_KINDS: dict[Any, int] = {None: 1, torch.int64: 1, torch.int32: 2}
 
 
-def _unbind(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return t.unbind(0)
+def _torch_kind(dtype: Any) -> int:
+    raise ConfigError(f"read_batch_torch: dtype must be torch.int64 or torch.int32, got {dtype!r}", field="dtype")
+
+
+class BatchFileReader(_llmbatch.BatchFileReader):
+    """The LLMBATCH reader (:class:`zerobatch.readers.llmbatch.BatchFileReader`) with the seed's
+    torch read (the readers themselves never import torch)::
+
+        reader = BatchFileReader("dataset.batch")
+        t64 = reader.read_batch_torch(0)                       # int64 tensor (one conversion)
+        t32 = reader.read_batch_torch(0, dtype=torch.int32)    # shares the file's pages
+    """
+
+    def read_batch_torch(self, batch_index: int, dtype: Any = None, out: Any = None) -> Any:
+        """Batch ``batch_index`` as a torch tensor ``[batch_size, seq_len]``.
+
+        Args:
+            batch_index: in ``[0, num_batches)``.
+            dtype: ``torch.int64`` (default; a new tensor, one conversion) or ``torch.int32``
+                (shares the mapped file's pages, no copy at all; refused when a token id is
+                2**31 or more, which the reader knows from the header's ``max_token``, or for
+                files without it by scanning the batch once). In-place writes to an ``int32``
+                tensor change this process's private copy of the page (never the file), and
+                later reads of that batch in this process see them: clone before writing.
+            out: a CPU, contiguous ``int64`` or ``int32`` tensor of ``batch_size * seq_len``
+                elements to fill instead; returned.
+
+        Raises:
+            IndexError, IntegrityError: as :meth:`read_batch`.
+            ConfigError: a bad ``dtype`` or ``out``, or ``int32`` and a token id of 2**31 or
+                more.
+        """
+        if out is None:
+            kind = _TORCH_KINDS.get(dtype) or _torch_kind(dtype)
+            if kind == 1:
+                return torch.from_numpy(self.read_batch_numpy(batch_index))
+            return torch.from_numpy(self.read_batch_numpy(batch_index, dtype=np.int32))
+        if not isinstance(out, torch.Tensor):
+            raise ConfigError(f"read_batch_torch: out must be a torch.Tensor, got {type(out).__name__}", field="out")
+        if out.device.type != "cpu" or not out.is_contiguous() or out.requires_grad:
+            raise ConfigError("read_batch_torch: out must be a contiguous CPU tensor that does not require grad",
+                              field="out")
+        if out.dtype not in (torch.int64, torch.int32):
+            raise ConfigError(f"read_batch_torch: out must be int64 or int32, got {out.dtype}", field="out")
+        self.read_batch_numpy(batch_index, out=out.numpy())
+        return out
+
+
 
 
 def _accelerator_available() -> bool:
@@ -117,9 +170,7 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         return (0, 1) if info is None else (info.id, info.num_workers)
 
-    def _tensor(self, value: Any) -> Any:
-        if not isinstance(value, np.ndarray):
-            return value
+    def _to_framework(self, value: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(value) if value.flags.writeable else torch.from_numpy(value.copy())
         if self.pin_memory:
             t = t.pin_memory()
@@ -127,19 +178,8 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
             t = t.to(self.device, non_blocking=self.pin_memory)
         return t
 
-    def _convert(self, result: Any, steps: int) -> list[Any]:
-        emit = self.source.emit
-        if isinstance(result, dict):
-            key = self.source.passthrough
-            if key is not None:
-                return list(self._tensor(result[key]).unbind(0))
-            tensors = {k: self._tensor(v) for k, v in result.items()}
-            out = self.source.emit_stacked(tensors, _unbind)
-            if out is not None:
-                return out
-            cols = {k: v.unbind(0) for k, v in tensors.items()}
-            return [emit({k: c[i] for k, c in cols.items()}) for i in range(steps)]
-        return [emit({k: self._tensor(v) for k, v in step.items()}) for step in result]
+    def _unstack(self, value: torch.Tensor) -> list[torch.Tensor]:
+        return list(value.unbind(0))
 
     def dataloader(self, num_workers: int = 2, **kwargs: Any) -> WorkerDataLoader:
         """A ``torch.utils.data.DataLoader`` over this loader with ``num_workers`` worker
@@ -252,6 +292,8 @@ class BatchNativeLoader(Loader):
                  world_size: int | None = None, drop_last: bool = True, dtype: Any = torch.int64,
                  num_threads: int | None = None, prefetch: int = 64, verify: bool = True,
                  pin_memory: bool = False, device: Any = None) -> None:
+        if not isinstance(path, _llmbatch.BatchFileReader):
+            path = BatchFileReader(path, verify=verify)
         source = LLMBatchSource(path, block_size=block_size, verify=verify)
         super().__init__(source, None, shuffle=shuffle, seed=seed, tail="drop" if drop_last else "pad",
                          rank=rank, world_size=world_size, epoch=epoch, prefetch=prefetch,

@@ -12,7 +12,8 @@ writer is atomic) and the staging folder removed.
 Token files (``.npy``, nanoGPT ``.bin``, Megatron ``.bin``/``.idx``) go straight to the
 target from a memory map.
 
-Targets, from documents:
+Targets, from documents: every format whose registry record names a ``convert`` target
+(``zerobatch.cli.formats.<fmt>.write``):
 
 * ``llmbatch``: the documents concatenated and cut into ``--seq-len`` records (the tail that
   does not fill one is dropped), shuffled with ``--seed`` into ``--batch-size`` batches;
@@ -38,13 +39,14 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
-
 from zerobatch.cli.sources import TextSource, open_source
+from zerobatch.core.io import fsync_dir
+from zerobatch.formats import registry
 from zerobatch.formats.errors import ConfigError, CorruptError, LimitExceededError, NotFoundError
 
-__all__ = ["TARGETS", "ConvertOptions", "convert", "find_eod", "load_tokenizer"]
+__all__ = ["ConvertOptions", "Target", "build_folder", "convert", "documents", "find_eod", "load_tokenizer", "records",
+           "targets"]
 
-TARGETS = ("llmbatch", "llmchnk", "tokstream", "zrecord")
 #: Special tokens tried, in order, as the end-of-document token when none is named.
 EOD_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>", "[SEP]", "<eod>")
 STAGING_SUFFIX = ".zbconvert"
@@ -57,7 +59,7 @@ class ConvertOptions:
     options; see ``zerobatch convert --help``).
 
     Attributes:
-        to: the target format (one of :data:`TARGETS`).
+        to: the target format (one of :func:`targets`).
         source_kind: the source kind (``text``, ``jsonl``, ``parquet``, ``hf``, ``npy``,
             ``nanogpt``, ``megatron``); default: from the name.
         tokenizer: a ``tokenizer.json`` for text sources.
@@ -309,8 +311,32 @@ def staged_totals(paths: list[str]) -> tuple[int, int, int]:
 # Writing targets
 
 
-def _records(chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], seq_len: int
-             ) -> Iterator[np.ndarray]:
+Chunks = Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a format's conversion target is told (``write(dst, chunks, target)`` of its
+    registry record's ``convert``).
+
+    Attributes:
+        num_tokens: tokens in the source.
+        vocab: ids are below it (every piece of ``chunks`` is checked already).
+        dtype: ``"uint16"`` or ``"uint32"``: the stored token type.
+        eod: the end-of-document id, when there is one.
+        options: the conversion's options.
+        log: called with each line of the report.
+    """
+
+    num_tokens: int
+    vocab: int
+    dtype: str
+    eod: int | None
+    options: ConvertOptions
+    log: Callable[[str], None]
+
+
+def records(chunks: Chunks, seq_len: int) -> Iterator[np.ndarray]:
     """The concatenated stream cut into ``[k, seq_len]`` uint32 records (tail dropped)."""
     carry = np.zeros(0, np.uint32)
     for tokens, _ in chunks():
@@ -322,7 +348,8 @@ def _records(chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], seq_
         carry = t[k * seq_len:].copy()
 
 
-def _documents(chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]) -> Iterator[np.ndarray]:
+def documents(chunks: Chunks) -> Iterator[np.ndarray]:
+    """The documents of the chunks, one array each."""
     for tokens, lengths in chunks():
         ends = np.cumsum(lengths)
         starts = ends - lengths
@@ -331,10 +358,42 @@ def _documents(chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]) ->
                 yield tokens[a:b]
 
 
-def write_target(target: str, dst: str, chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], *,
-                 num_tokens: int, max_token: int, args: ConvertOptions, eod: int | None,
-                 log: Callable[[str], None]) -> str:
-    """Write ``dst`` in format ``target``; returns a one-line summary."""
+def build_folder(dst: str, build: Callable[[str], str]) -> str:
+    """``build(tmp)`` writes a folder dataset under a temporary name, which is then renamed
+    into place whole (a failed or killed conversion never leaves a partial dataset under the
+    final name); returns ``build``'s summary.
+
+    Raises:
+        ConfigError: ``dst`` exists and is not an empty folder.
+    """
+    if os.path.exists(dst) and not (os.path.isdir(dst) and not os.listdir(dst)):
+        raise ConfigError("destination: already exists and is not an empty folder; remove it first", path=dst,
+                          field="destination")
+    tmp = f"{os.path.abspath(dst)}.zbtmp.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        summary = build(tmp)
+        if os.path.isdir(dst):
+            os.rmdir(dst)
+        os.rename(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(os.path.dirname(os.path.abspath(dst)))
+    return summary
+
+
+def targets() -> list[str]:
+    """The formats ``zerobatch convert --to`` writes (those whose registry record has a target)."""
+    return [f.name for f in registry.formats() if f.convert]
+
+
+def write_target(target: str, dst: str, chunks: Chunks, *, num_tokens: int, max_token: int, args: ConvertOptions,
+                 eod: int | None, log: Callable[[str], None]) -> str:
+    """Write ``dst`` in format ``target`` (its registry record's ``convert``); returns a
+    one-line summary."""
+    if target not in targets():
+        raise ConfigError(f"--to must be one of {targets()}, got {target!r}", field="to")
     vocab = args.vocab_size if args.vocab_size else max_token + 1
     if max_token >= vocab:
         raise LimitExceededError(f"--vocab-size: token id {max_token} is not below {vocab}", field="vocab_size")
@@ -343,13 +402,13 @@ def write_target(target: str, dst: str, chunks: Callable[[], Iterator[tuple[np.n
         raise ConfigError(f"--dtype uint16 cannot hold token id {max_token}", field="dtype")
     source_chunks = chunks
 
-    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def checked() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """The source's pieces, each checked against the vocabulary (so no id is ever cut to
         fit the stored type), with a progress bar over the tokens written."""
         from tqdm import tqdm
 
         bar = tqdm(total=num_tokens, unit="tok", unit_scale=True, desc=f"write {target}", file=sys.stderr,
-                   mininterval=0.5, disable=bool(getattr(args, "quiet", False)))
+                   mininterval=0.5, disable=bool(args.quiet))
         try:
             for tokens, lengths in source_chunks():
                 if tokens.size:
@@ -361,93 +420,8 @@ def write_target(target: str, dst: str, chunks: Callable[[], Iterator[tuple[np.n
                 bar.update(tokens.size)
         finally:
             bar.close()
-    if target == "llmbatch":
-        from zerobatch.writers.llmbatch import write_batch_dataset
-
-        seq_len, batch_size = args.seq_len or 512, args.batch_size
-        records = num_tokens // seq_len
-        if records < batch_size:
-            raise ConfigError(f"--batch-size: {num_tokens} tokens make {records} records of {seq_len}, fewer than "
-                              f"one batch of {batch_size}", field="batch_size")
-        nb = write_batch_dataset(dst, _records(chunks, seq_len), records, batch_size, seq_len, args.seed,
-                                 shuffle=args.shuffle)
-        dropped = num_tokens - nb * batch_size * seq_len
-        return (f"{nb} batches of {batch_size} x {seq_len} ({nb * batch_size * seq_len:,} tokens; {dropped:,} "
-                f"tokens that do not fill a whole batch dropped)")
-    if target == "llmchnk":
-        from zerobatch.writers.llmchnk import LLMChunkWriter
-
-        seq_len = args.seq_len or 0
-        n = 0
-        with LLMChunkWriter(dst, seq_len=seq_len, dtype=dtype) as w:
-            for doc in _documents(chunks):
-                if seq_len and doc.size > seq_len:
-                    for s in range(0, doc.size, seq_len):
-                        w.add(doc[s:s + seq_len])
-                        n += 1
-                else:
-                    w.add(doc)
-                    n += 1
-        return f"{n:,} records, {num_tokens:,} tokens ({dtype})"
-    if target in ("tokstream", "zrecord"):
-        if os.path.exists(dst) and not (os.path.isdir(dst) and not os.listdir(dst)):
-            raise ConfigError("destination: already exists and is not an empty folder; remove it first", path=dst,
-                              field="destination")
-        # The folder is built under a temporary name and renamed into place whole: a failed or
-        # killed conversion never leaves a partial dataset under the final name.
-        tmp = f"{os.path.abspath(dst)}.zbtmp.{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            summary = (_write_tokstream if target == "tokstream" else _write_zrecord)(
-                tmp, chunks, vocab=vocab, dtype=dtype, eod=eod, args=args)
-            if os.path.isdir(dst):
-                os.rmdir(dst)
-            os.rename(tmp, dst)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        fd = os.open(os.path.dirname(os.path.abspath(dst)), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        return f"{summary}, {num_tokens:,} tokens"
-    raise ConfigError(f"--to must be one of {TARGETS}, got {target!r}", field="to")
-
-
-def _write_tokstream(folder: str, chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], *, vocab: int,
-                     dtype: str, eod: int | None, args: ConvertOptions) -> str:
-    from zerobatch.writers.tokstream import TokenStreamWriter
-
-    w = TokenStreamWriter(folder, vocab_size=max(vocab, 1), eod_token=eod if eod is not None and eod < vocab else None,
-                          shard_tokens=args.shard_tokens)
-    try:
-        n = 0
-        for doc in _documents(chunks):
-            w.add_document(doc)
-            n += 1
-    except BaseException:
-        w.abort()
-        raise
-    m = w.close()
-    return f"{n:,} documents in {len(m.shards)} shards"
-
-
-def _write_zrecord(folder: str, chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], *, vocab: int,
-                   dtype: str, eod: int | None, args: Any) -> str:
-    from zerobatch.writers.zrecord import ZRecordWriter
-
-    spec = [{"name": "tokens", "dtype": "u16" if dtype == "uint16" else "u32", "shape": None,
-             "compress": args.compress}]
-    w = ZRecordWriter(folder, spec, num_writers=max(1, min(args.workers, 8)))
-    np_dt = np.uint16 if dtype == "uint16" else np.uint32
-    try:
-        n = len(w.extend(np.ascontiguousarray(d, dtype=np_dt) for d in _documents(chunks)))
-    except BaseException:
-        w.close(commit=False)
-        raise
-    w.close()
-    return f"{n:,} records (field tokens, {dtype}, {args.compress})"
+    write = registry.get(target).resolve("convert")
+    return write(dst, checked, Target(num_tokens, vocab, dtype, eod, args, log))
 
 
 def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, **options: Any) -> str:
@@ -458,7 +432,7 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
         src: a file, folder or glob of text, JSONL, Parquet, a Hugging Face ``save_to_disk``
             folder, ``.npy``, nanoGPT ``.bin`` or Megatron ``.bin``/``.idx``.
         dst: the file (llmbatch, llmchnk) or folder (tokstream, zrecord) to write.
-        to: the target format (:data:`TARGETS`).
+        to: the target format (one of :func:`targets`).
         log: called with each line of the report.
         options: the fields of :class:`ConvertOptions` (``tokenizer=``, ``seq_len=``...).
 
@@ -475,8 +449,8 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
     args = ConvertOptions(to=to, **options)
     src, dst = os.fspath(src), os.fspath(dst)
     dst = dst.rstrip("/") or dst
-    if args.to not in TARGETS:
-        raise ConfigError(f"--to must be one of {TARGETS}, got {args.to!r}", field="to")
+    if args.to not in targets():
+        raise ConfigError(f"--to must be one of {targets()}, got {args.to!r}", field="to")
     if args.workers < 1:
         raise ConfigError("--workers must be at least 1", field="workers")
     parent = os.path.dirname(os.path.abspath(dst))

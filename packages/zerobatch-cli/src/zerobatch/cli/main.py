@@ -28,9 +28,10 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import numpy as np
-
-from zerobatch.cli.datasets import human, open_dataset, percentiles, time_reads
+from zerobatch.cli.convert import targets
+from zerobatch.cli.datasets import dist, human, open_dataset, percentiles, pyplot, time_reads
 from zerobatch.formats.errors import NotFoundError, ZerobatchError
+from zerobatch.formats import registry
 
 __all__ = ["build_parser", "main"]
 
@@ -143,21 +144,13 @@ def cmd_head(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dist(name: str, a: np.ndarray) -> str:
-    if a.size == 0:
-        return f"{name}: none"
-    p = np.percentile(a, [50, 90, 99])
-    return (f"{name}: {a.size:,}  mean {a.mean():,.1f}  min {int(a.min()):,}  p50 {p[0]:,.0f}  p90 {p[1]:,.0f}  "
-            f"p99 {p[2]:,.0f}  max {int(a.max()):,}")
-
-
 def cmd_stats(args: argparse.Namespace) -> int:
     tok = _decoder(args.tokenizer)
     ds = open_dataset(args.path, field=args.field)
     try:
         print(f"{args.path}: {ds.kind}")
         if not ds.tokens:
-            return _feature_stats(ds, args)
+            return ds.print_value_stats(args.path, top=args.top, plot=args.plot)
         counts = np.zeros(0, np.int64)
         total = 0
         doc_lengths: list[np.ndarray] = []
@@ -185,7 +178,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
             np.zeros(0, np.int64) if args.eod is not None else ds.lengths())
         what = "documents (split at --eod)" if args.eod is not None else f"{ds.sample_name()}s"
         print(f"tokens: {total:,}  distinct ids: {int(np.count_nonzero(counts)):,}  largest id: {counts.size - 1:,}")
-        print(_dist(f"{what} (tokens each)", lengths))
+        print(dist(f"{what} (tokens each)", lengths))
         order = np.argsort(counts)[::-1][: args.top]
         print(f"most frequent {len(order)} ids:")
         for i in order:
@@ -201,53 +194,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _feature_stats(ds: Any, args: argparse.Namespace) -> int:
-    m = ds.r.matrix
-    print(f"rows: {m.shape[0]:,}  features: {m.shape[1]}  keys: {len(ds.r.meta.keys)}")
-    print(_dist("key lengths (rows each)", ds.lengths()))
-    if m.shape[0]:
-        lo = np.full(m.shape[1], np.inf)
-        hi = np.full(m.shape[1], -np.inf)
-        s = np.zeros(m.shape[1])
-        s2 = np.zeros(m.shape[1])
-        for a in range(0, m.shape[0], 65536):
-            blk = m[a:a + 65536].astype(np.float64)
-            lo, hi = np.minimum(lo, blk.min(0)), np.maximum(hi, blk.max(0))
-            s += blk.sum(0)
-            s2 += (blk * blk).sum(0)
-        mean = s / m.shape[0]
-        std = np.sqrt(np.maximum(s2 / m.shape[0] - mean * mean, 0))
-        names = ds.r.meta.columns or [f"f{j}" for j in range(m.shape[1])]
-        print(f"{'feature':<16} {'mean':>10} {'std':>10} {'min':>10} {'max':>10}   (stored values)")
-        for j in range(min(m.shape[1], args.top)):
-            print(f"{names[j][:16]:<16} {mean[j]:>10.4f} {std[j]:>10.4f} {lo[j]:>10.4f} {hi[j]:>10.4f}")
-        if args.plot:
-            plt = _pyplot()
-            fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-            ax[0].hist(ds.lengths(), bins=50)
-            ax[0].set(title="rows per key", xlabel="rows", ylabel="keys")
-            ax[1].errorbar(np.arange(m.shape[1]), mean, yerr=std, fmt="o", ms=3)
-            ax[1].set(title="stored values: mean +- std per feature", xlabel="feature")
-            fig.suptitle(args.path)
-            fig.tight_layout()
-            fig.savefig(args.plot, dpi=110)
-            print(f"wrote {args.plot}")
-    return 0
-
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ZerobatchError("--plot needs matplotlib: pip install 'zerobatch-cli[plot]'", field="plot") from None
-    return plt
-
-
 def _plot_tokens(path: str, counts: np.ndarray, lengths: np.ndarray, what: str, title: str) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     if lengths.size:
         ax[0].hist(lengths, bins=min(100, max(10, int(np.unique(lengths).size))))
@@ -270,7 +218,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         read, units, tokens = ds.batch_reader(args.batch_size, args.seq_len, rng)
         trial_reads = args.reads
         print(f"{args.path}: {ds.kind}; random batches "
-              f"({'the stored batches' if ds.kind == 'llmbatch' else f'{args.batch_size} x {args.seq_len}'}), "
+              f"({'the stored batches' if ds.stored_batches else f'{args.batch_size} x {args.seq_len}'}), "
               f"int64 into a reused buffer, warm page cache")
         rates = []
         lat: list[float] = []
@@ -294,7 +242,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _bench_sample(args: argparse.Namespace) -> int:
     import torch
-
     from zerobatch.adapters.torch import BatchNativeLoader
     from zerobatch.writers.llmbatch import write_batch_dataset
 
@@ -353,6 +300,22 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
                       batch_size=args.batch_size, text=args.text, seed=args.seed)
 
 
+def cmd_formats(args: argparse.Namespace) -> int:
+    """The format registry: each format's name, layout, how it is recognised, and whether
+    ``convert --to`` writes it."""
+    rows = [{"name": f.name, "title": f.title, "layout": f.layout,
+             "detected_by": f.magic.decode("latin-1") if f.magic else " + ".join(f.markers),
+             "convert_target": bool(f.convert), "spec": f.spec, "summary": f.summary} for f in registry.formats()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        to = "  (convert --to)" if r["convert_target"] else ""
+        print(f"{r['name']:<{width}}  {r['layout']:<6}  {r['detected_by']!s:<28}  {r['summary']}{to}")
+    return 0
+
+
 def _usage(args: argparse.Namespace, message: str) -> SystemExit:
     print(f"zerobatch {args.command}: error: {message} (see zerobatch {args.command} --help)", file=sys.stderr)
     return SystemExit(2)
@@ -371,8 +334,9 @@ def _positive(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from zerobatch.cli._version import __version__
 
-    p = _Parser(prog="zerobatch", description="Convert, inspect, verify and benchmark zerobatch datasets "
-                "(LLMBATCH .batch, LLMCHNK, TOKSTREAM, ZRECORD, feature matrices).")
+    titles = ", ".join(f.title for f in registry.formats())
+    p = _Parser(prog="zerobatch", description=f"Convert, inspect, verify and benchmark zerobatch datasets "
+                f"({titles}).")
     p.add_argument("--version", action="version", version=f"zerobatch {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
@@ -384,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("src", help="a file, a folder of files or a glob; a Hugging Face save_to_disk folder; a "
                    "Megatron prefix (.bin or .idx)")
     s.add_argument("dst", help="the file (llmbatch, llmchnk) or folder (tokstream, zrecord) to write")
-    s.add_argument("--to", required=True, choices=("llmbatch", "llmchnk", "tokstream", "zrecord"))
+    s.add_argument("--to", required=True, choices=targets())
     s.add_argument("--from", dest="source_kind",
                    choices=("text", "jsonl", "parquet", "hf", "npy", "nanogpt", "megatron"),
                    help="the source kind (default: from the name)")
@@ -460,6 +424,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=42)
     s.add_argument("--keep", "--path", dest="keep", metavar="FILE", help="sample: keep the sample file here")
     s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("formats", help="list the formats this installation reads and writes")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=cmd_formats)
 
     s = sub.add_parser("quickstart", help="train a tokenizer, convert a bundled public-domain text and train a tiny "
                        "causal LM through the zerobatch loader (CPU, a few minutes)")

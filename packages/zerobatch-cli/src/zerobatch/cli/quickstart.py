@@ -91,7 +91,6 @@ def quickstart(*, steps: int = 300, workdir: str | None = None, vocab: int = 204
     import numpy as np
     import torch
     import torch.nn.functional as F
-
     from zerobatch.adapters.torch import BatchNativeLoader, Loader, TokenWindows
     from zerobatch.cli.convert import convert
     from zerobatch.cli.datasets import open_dataset

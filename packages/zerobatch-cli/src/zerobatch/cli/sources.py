@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 from zerobatch.formats.errors import ConfigError, CorruptError, NotFoundError, TruncatedError
 
 __all__ = [

@@ -39,10 +39,12 @@ __all__ = [
     "AtomicFile",
     "cleanup_orphans",
     "fsync_dir",
+    "grow_file",
     "io_call",
     "open_regular_file",
     "pread_exact",
     "pwrite_all",
+    "pwritev_all",
     "temp_prefix",
 ]
 
@@ -134,6 +136,37 @@ def pwrite_all(fd: int, data: Any, offset: int) -> None:
         if n <= 0:
             raise OSError(_errno.ENOSPC, os.strerror(_errno.ENOSPC))
         done += n
+
+
+def pwritev_all(fd: int, buffers: list[Any], offset: int) -> None:
+    """Write ``buffers`` back to back at ``offset`` with one ``pwritev`` (the common case),
+    finishing a short write with :func:`pwrite_all`.
+
+    Raises:
+        OSError: from ``pwritev`` / ``pwrite``; ``ENOSPC`` when a call writes nothing.
+    """
+    if not buffers:
+        return
+    want = sum(memoryview(b).nbytes for b in buffers)
+    done = io_call("pwritev", os.pwritev, fd, buffers, offset)
+    if done < want:
+        flat = b"".join(bytes(memoryview(b).cast("B")) for b in buffers)
+        pwrite_all(fd, memoryview(flat)[done:], offset + done)
+
+
+def grow_file(fd: int, size: int, needed: int, step: int) -> int:
+    """Grow a file of ``size`` bytes (sparse, with ``ftruncate``) so that it holds ``needed``,
+    in whole ``step``-byte steps; never shrinks it (a reader may have it mapped). Returns the
+    new size.
+
+    Raises:
+        OSError: from ``ftruncate`` (``ENOSPC``, ``EFBIG``).
+    """
+    if needed <= size:
+        return size
+    size += -(-(needed - size) // step) * step
+    io_call("ftruncate", os.ftruncate, fd, size)
+    return size
 
 
 # --------------------------------------------------------------------------------------------

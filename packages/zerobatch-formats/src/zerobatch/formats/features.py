@@ -23,8 +23,9 @@ from typing import Any
 
 from zerobatch.formats._json import loads_strict
 from zerobatch.formats.errors import CorruptError, IntegrityError, LimitExceededError, UnsupportedVersionError
+from zerobatch.formats.registry import Format
 
-__all__ = ["BLOCK_BYTES", "DTYPES", "FeatureMeta", "KeyRange", "MAX_METADATA_BYTES", "METADATA", "VERSION",
+__all__ = ["FORMAT", "BLOCK_BYTES", "DTYPES", "FeatureMeta", "KeyRange", "MAX_METADATA_BYTES", "METADATA", "VERSION",
            "data_file_names", "parse_metadata"]
 
 VERSION = 1
@@ -204,3 +205,12 @@ def parse_metadata(raw: bytes, *, path: Any = None, digest: Callable[[bytes], in
         raise CorruptError(f"{extra[0]}: unknown field", path=path, field=extra[0])
     return FeatureMeta(dtype=dtype, num_rows=rows, num_features=feats, build_id=build_id, block_bytes=block,
                        sums_xxh3=sums, keys=tuple(keys), mean=mean, std=std, columns=columns)
+
+
+#: This format in the registry (:mod:`zerobatch.formats.registry`).
+FORMAT = Format(
+    name="features", title="feature matrix", layout="folder", markers=(METADATA,), spec="docs/formats/features.md",
+    summary="one float feature matrix and the row ranges of its keys; windows that never cross a key",
+    reader="zerobatch.readers.features:FeatureMatrix", writer="zerobatch.writers.features:write_feature_matrix",
+    kernel="zerobatch.core._features", sources=("zerobatch.adapters.sources.features:FeatureWindows",),
+    cli="zerobatch.cli.formats.features:Features")

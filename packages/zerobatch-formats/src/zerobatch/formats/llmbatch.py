@@ -21,7 +21,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from zerobatch.formats.registry import Format
+
 __all__ = [
+    "FORMAT",
     "BATCH_ALIGNMENT",
     "CHECKSUM_SIZE",
     "DTYPE_UINT32",
@@ -183,3 +186,13 @@ class LLMBatchHeader:
         out["tokens_per_batch"] = self.tokens_per_batch
         out["num_tokens"] = self.num_tokens
         return out
+
+
+#: This format in the registry (:mod:`zerobatch.formats.registry`).
+FORMAT = Format(
+    name="llmbatch", title="LLMBATCH", layout="file", magic=MAGIC, spec="docs/formats/llmbatch.md",
+    summary="pre-formed, page-aligned [batch_size, seq_len] batches, read with zero copies",
+    reader="zerobatch.readers.llmbatch:BatchFileReader", writer="zerobatch.writers.llmbatch:LLMBatchWriter",
+    kernel="zerobatch.core._gather", sources=("zerobatch.adapters.sources.llmbatch:LLMBatchSource",),
+    default_source="zerobatch.adapters.sources.llmbatch:LLMBatchSource",
+    cli="zerobatch.cli.formats.llmbatch:LLMBatch", convert="zerobatch.cli.formats.llmbatch:write")

@@ -21,8 +21,10 @@ import struct
 from typing import Any
 
 from zerobatch.formats.errors import CorruptError, LimitExceededError, TruncatedError, UnsupportedVersionError
+from zerobatch.formats.registry import Format
 
 __all__ = [
+    "FORMAT",
     "DIGEST_BLOCK",
     "DTYPES",
     "DTYPE_UINT16",
@@ -170,3 +172,12 @@ def geometry(h: LLMChunkHeader, file_size: int, *, path: Any = None) -> Geometry
     data_end = file_size - trailer_size(h)
     return Geometry(table_offset=HEADER_SIZE, data_start=data_start, data_end=data_end,
                     checksums_offset=data_end, digest_offset=data_end + 8 * n, file_size=file_size)
+
+
+#: This format in the registry (:mod:`zerobatch.formats.registry`).
+FORMAT = Format(
+    name="llmchnk", title="LLMCHNK", layout="file", magic=MAGIC, spec="docs/formats/llmchnk.md",
+    summary="token records behind an offset table, each checksummed; any batch size at read time",
+    reader="zerobatch.readers.llmchnk:LLMChunkReader", writer="zerobatch.writers.llmchnk:LLMChunkWriter",
+    kernel="zerobatch.core._llmchnk", sources=("zerobatch.adapters.sources.llmchnk:LLMChunkSource",),
+    cli="zerobatch.cli.formats.llmchnk:LLMChunk", convert="zerobatch.cli.formats.llmchnk:write")

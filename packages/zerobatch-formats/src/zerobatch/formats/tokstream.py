@@ -30,8 +30,10 @@ from typing import Any
 
 from zerobatch.formats._json import loads_strict
 from zerobatch.formats.errors import CorruptError, FormatError, LimitExceededError, UnsupportedVersionError
+from zerobatch.formats.registry import Format
 
 __all__ = [
+    "FORMAT",
     "CODECS",
     "CHECKSUM_CHUNK",
     "DATA_FILES",
@@ -417,3 +419,15 @@ def parse_manifest(raw: bytes, *, path: Any = None) -> DatasetManifest:
         raise CorruptError(f"num_documents: {d['num_documents']} is not the shards' sum {m.num_documents}",
                            path=path, field="num_documents")
     return m
+
+
+#: This format in the registry (:mod:`zerobatch.formats.registry`).
+FORMAT = Format(
+    name="tokstream", title="TOKSTREAM", layout="folder", markers=(MANIFEST_NAME,),
+    spec="docs/formats/tokstream.md",
+    summary="sharded token streams with documents and per-token metadata, windows at any position",
+    reader="zerobatch.readers.tokstream:TokenStreamReader", writer="zerobatch.writers.tokstream:TokenStreamWriter",
+    kernel="zerobatch.core._tokstream",
+    sources=("zerobatch.adapters.sources.tokstream:TokenWindows",
+             "zerobatch.adapters.sources.tokstream:TokenDocuments"),
+    cli="zerobatch.cli.formats.tokstream:TokStream", convert="zerobatch.cli.formats.tokstream:write")

@@ -28,11 +28,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
 from zerobatch.formats._json import loads_strict
 from zerobatch.formats.errors import ConfigError, CorruptError, LimitExceededError, UnsupportedVersionError
+from zerobatch.formats.registry import Format
 
 __all__ = [
+    "FORMAT",
     "CHUNK_DIR",
     "CODECS",
     "COMMIT_NAME",
@@ -431,3 +432,12 @@ def check_fields(fields: Sequence[FieldSpec | dict[str, Any]]) -> tuple[FieldSpe
 
 
 __all__ += ["Commit", "check_fields", "dtype_name"]
+
+
+#: This format in the registry (:mod:`zerobatch.formats.registry`).
+FORMAT = Format(
+    name="zrecord", title="ZRECORD", layout="folder", markers=(META_NAME, COMMIT_NAME), spec="docs/formats/zrecord.md",
+    summary="a multi-field record store with atomic appends, edits and threaded checked gathers",
+    reader="zerobatch.readers.zrecord:ZRecordStore", writer="zerobatch.writers.zrecord:ZRecordWriter",
+    kernel="zerobatch.core._zrecord", sources=("zerobatch.adapters.sources.zrecord:RecordFields",),
+    cli="zerobatch.cli.formats.zrecord:ZRecord", convert="zerobatch.cli.formats.zrecord:write")

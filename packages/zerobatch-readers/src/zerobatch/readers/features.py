@@ -26,11 +26,12 @@ from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.formats import features as F
 from zerobatch.formats.errors import (ConfigError, CorruptError, IntegrityError, LimitExceededError, ReadError,
                                       TruncatedError)
+from zerobatch.readers.base import BatchReader
 
 __all__ = ["FeatureMatrix"]
 
 
-class FeatureMatrix:
+class FeatureMatrix(BatchReader):
     """Windows of ``window`` rows of a feature-matrix dataset.
 
     Args:
@@ -248,6 +249,17 @@ class FeatureMatrix:
             gather_rows(buf, self._row_bytes, self.num_rows, rows + self.window, self.horizon, target_out)
             y = target_out
         return out, y
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes per row of the matrix."""
+        return self._row_bytes
+
+    def read_into(self, items: Any, out: np.ndarray, *, target_out: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The batch read sources call: :meth:`windows` ``items`` into ``out`` (and the
+        targets into ``target_out`` with a horizon)."""
+        return self.windows(items, out=out, target_out=target_out)
 
     def verify(self) -> None:
         """Check every block (raises ``IntegrityError`` naming the first bad one)."""

@@ -16,15 +16,14 @@ Limits (documented in ``docs/formats/llmbatch.md``): a file must not be truncate
 in place while mapped (the kernel then raises SIGBUS in the reader); zerobatch writers only
 ever replace files by renaming.
 
-This module never imports torch at import time; ``read_batch_torch`` imports it on first use
-(install ``zerobatch-readers[torch]``).
+This module never imports torch: the seed's ``read_batch_torch`` is on the reader of
+``zerobatch.batch_loader`` (``zerobatch.adapters.torch.BatchFileReader``), which subclasses this one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno as _errno
-import importlib
 import mmap
 import os
 from collections.abc import Callable, Iterator
@@ -36,50 +35,12 @@ from zerobatch.core import LLMBatchSlots, parse_llmbatch_header, xxh3_64
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.formats import llmbatch as L
 from zerobatch.formats.errors import ConfigError, IntegrityError, ReadError
+from zerobatch.readers.base import BatchReader
 
 __all__ = ["BatchFileReader", "VerifyReport"]
 
 _INT64 = np.dtype(np.int64)
 _INT32 = np.dtype(np.int32)
-_torch_module: Any = None
-# torch dtype (or None) -> 1 for int64, 2 for int32; filled on first use.
-_TORCH_KINDS: dict[Any, int] = {}
-
-
-def _torch() -> Any:
-    """The torch module, imported on first use only."""
-    global _torch_module
-    if _torch_module is None:
-        try:
-            _torch_module = importlib.import_module("torch")
-        except ImportError as exc:
-            raise ConfigError(
-                "read_batch_torch needs PyTorch: pip install 'zerobatch-readers[torch]'",
-                field="torch") from exc
-    return _torch_module
-
-
-def _from_numpy(arr: np.ndarray) -> Any:
-    """``torch.from_numpy``, bound on first use (then this name is the torch function)."""
-    global _from_numpy
-    _from_numpy = _torch().from_numpy
-    return _from_numpy(arr)
-
-
-def _torch_kind(dtype: Any) -> int:
-    """1 (int64) or 2 (int32) for a ``read_batch_torch`` dtype; caches the answer."""
-    torch = _torch()
-    if dtype is None or dtype == torch.int64:
-        kind = 1
-    elif dtype == torch.int32:
-        kind = 2
-    else:
-        raise ConfigError(f"read_batch_torch: dtype must be torch.int64 or torch.int32, got {dtype!r}",
-                          field="dtype")
-    _TORCH_KINDS[dtype] = kind
-    return kind
-
-
 _NUMPY_DTYPES: dict[Any, np.dtype] = {}
 
 
@@ -141,7 +102,7 @@ class VerifyReport:
         return self.num_bad_batches == 0 and self.padding_ok and self.max_token_ok
 
 
-class BatchFileReader:
+class BatchFileReader(BatchReader):
     """Zero-copy, validated access to the batches of an LLMBATCH file.
 
     Args:
@@ -160,8 +121,8 @@ class BatchFileReader:
 
         reader = BatchFileReader("dataset.batch")
         arr = reader.read_batch(0)           # (batch_size, seq_len) uint32, read-only, no copy
-        t64 = reader.read_batch_torch(0)     # int64 tensor (one conversion)
-        t32 = reader.read_batch_torch(0, dtype=torch.int32)   # shares the file's pages
+        i64 = reader.read_batch_numpy(0)     # int64 (one conversion)
+        i32 = reader.read_batch_numpy(0, dtype=np.int32)   # shares the file's pages
     """
 
     def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
@@ -313,39 +274,15 @@ class BatchFileReader:
         return self._view_u32(batch_index)
 
     def read_batch_torch(self, batch_index: int, dtype: Any = None, out: Any = None) -> Any:
-        """Batch ``batch_index`` as a torch tensor ``[batch_size, seq_len]``.
-
-        Args:
-            batch_index: in ``[0, num_batches)``.
-            dtype: ``torch.int64`` (default; a new tensor, one conversion) or ``torch.int32``
-                (shares the mapped file's pages, no copy at all; refused when a token id is
-                2**31 or more, which the reader knows from the header's ``max_token``, or for
-                files without it by scanning the batch once). In-place writes to an ``int32``
-                tensor change this process's private copy of the page (never the file), and
-                later reads of that batch in this process see them: clone before writing.
-            out: a CPU, contiguous ``int64`` or ``int32`` tensor of ``batch_size * seq_len``
-                elements to fill instead; returned.
+        """The seed's torch read, which lives with torch in the adapters: use the reader of
+        ``zerobatch.batch_loader`` (``zerobatch.adapters.torch.BatchFileReader``).
 
         Raises:
-            IndexError, IntegrityError: as :meth:`read_batch`.
-            ConfigError: a bad ``dtype`` or ``out``, ``int32`` and a token id of 2**31 or
-                more, or torch is not installed.
+            ConfigError: always, naming what to install and import.
         """
-        if out is None:
-            kind = _TORCH_KINDS.get(dtype) or _torch_kind(dtype)
-            if kind == 1:
-                return _from_numpy(self._new_i64(batch_index))
-            return _from_numpy(self._view_i32(batch_index))
-        torch = _torch()
-        if not isinstance(out, torch.Tensor):
-            raise ConfigError(f"read_batch_torch: out must be a torch.Tensor, got {type(out).__name__}", field="out")
-        if out.device.type != "cpu" or not out.is_contiguous() or out.requires_grad:
-            raise ConfigError("read_batch_torch: out must be a contiguous CPU tensor that does not require grad",
-                              field="out")
-        if out.dtype not in (torch.int64, torch.int32):
-            raise ConfigError(f"read_batch_torch: out must be int64 or int32, got {out.dtype}", field="out")
-        self._read_into(batch_index, out.numpy())
-        return out
+        raise ConfigError("read_batch_torch needs PyTorch and zerobatch-adapters: pip install "
+                          "'zerobatch-adapters[torch]' and use zerobatch.batch_loader.BatchFileReader",
+                          field="torch")
 
     def read_batches(self, indices: Any, dtype: Any = np.int64, out: np.ndarray | None = None) -> np.ndarray:
         """Gather several batches into one ``[k, batch_size, seq_len]`` array, GIL released.
@@ -362,6 +299,27 @@ class BatchFileReader:
         if out is None:
             out = np.empty((idx.size, *self._shape), _numpy_dtype(dtype))
         return self._slots.gather(idx, out)
+
+    def read_into(self, items: Any, out: Any) -> Any:
+        """The batch read sources call: the batches ``items`` into ``out`` (a writable
+        C-contiguous ``int64`` / ``int32`` / ``uint32`` buffer of ``len(items) * batch_size *
+        seq_len`` elements), converting on the way, each batch checked against its checksum
+        the first time; GIL released.
+
+        Raises:
+            OutOfRangeError, IntegrityError, ConfigError: as :meth:`read_batches`.
+        """
+        return self._slots.gather(np.ascontiguousarray(items, dtype=np.int64).reshape(-1), out)
+
+    def read_async(self, pool: Any, items: Any, out: Any) -> Any:
+        """:meth:`read_into` queued on ``pool`` as one compiled task (checks and conversion
+        run without the GIL from start to finish); returns its ticket (``wait()`` returns
+        ``out``). Indices and ``out`` are checked now.
+
+        Raises:
+            OutOfRangeError, ConfigError: now; IntegrityError: from ``wait()``.
+        """
+        return self._slots.gather_async(pool, np.ascontiguousarray(items, dtype=np.int64).reshape(-1), out)
 
     def advise(self, start: int, stop: int, advice: str = "willneed") -> None:
         """Hint the kernel about batches ``[start, stop)``: ``"willneed"`` reads them ahead

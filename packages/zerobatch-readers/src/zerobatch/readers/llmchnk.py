@@ -17,6 +17,7 @@ from zerobatch.core.digest import block_digest
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.formats import llmchnk as C
 from zerobatch.formats.errors import ConfigError, CorruptError, IntegrityError, ReadError, StateError
+from zerobatch.readers.base import BatchReader
 
 __all__ = ["LLMChunkReader", "VerifyReport"]
 
@@ -34,7 +35,7 @@ class VerifyReport:
         return not self.bad_records
 
 
-class LLMChunkReader:
+class LLMChunkReader(BatchReader):
     """Zero-copy, validated access to the records of an LLMCHNK file.
 
     On open the header, the offset table (from the data start to the data end, never
@@ -227,6 +228,22 @@ class LLMChunkReader:
         if lengths.size and int(lengths.min()) < width:
             return out, np.arange(width)[None, :] < lengths[:, None]
         return out, None
+
+    def read_into(self, items: Any, out: np.ndarray, *, mask: np.ndarray | None = None, pad_id: int = 0
+                  ) -> np.ndarray:
+        """The batch read sources call: records ``items`` into the rows of ``out`` (int64 or
+        int32 ``[k, width]``: each record's first ``width`` tokens, then ``pad_id``), ``mask``
+        (bool or uint8, optional) set on record tokens, in one compiled call (GIL released);
+        each record checked against its checksum the first time.
+
+        Returns:
+            The records' lengths (``int64``, before cutting).
+
+        Raises:
+            OutOfRangeError, IntegrityError, ConfigError: as :meth:`gather`.
+        """
+        self._ready()
+        return self._records.gather(np.ascontiguousarray(items, dtype=np.int64).reshape(-1), out, mask, pad_id)
 
     def verify(self, progress: Callable[[int, int], None] | None = None, *, chunk: int = 4096) -> VerifyReport:
         """Check every record against its checksum (the structure was checked on open)."""

@@ -47,6 +47,7 @@ from zerobatch.formats.errors import (ConfigError, CorruptError, LimitExceededEr
 from zerobatch.readers._tokstream_metadata import MetadataObjects, WindowMetadata, decoder
 from zerobatch.readers._tokstream_shard import ChunkChecks, Shard
 from zerobatch.readers.backends import Backend, open_backend
+from zerobatch.readers.base import BatchReader
 
 __all__ = ["TokenStreamReader", "VerifyReport", "WindowMetadata"]
 
@@ -81,7 +82,7 @@ class VerifyReport:
 
 
 
-class TokenStreamReader:
+class TokenStreamReader(BatchReader):
     """A TOKSTREAM dataset opened for reading: windows and documents, in global positions.
 
     Args:
@@ -287,6 +288,14 @@ class TokenStreamReader:
             return out
         return self._read(starts, starts + length, lambda fds: gather.gather(starts, length, out, pool, fds=fds),
                           piecewise)
+
+    def read_into(self, items: Any, out: np.ndarray) -> np.ndarray:
+        """The batch read sources call: the windows starting at the global positions ``items``
+        into the rows of ``out`` (``int64`` or ``int32``; the window length is ``out``'s row
+        length); as :meth:`windows`."""
+        if not isinstance(out, np.ndarray) or out.ndim != 2:
+            raise ConfigError("out must be a 2-D int64 or int32 array: one row per window", field="out")
+        return self.windows(items, out.shape[1], out=out)
 
     def _ranges_piecewise(self, starts: list[int], stops: list[int], flat: np.ndarray) -> None:
         """A read over more shards than descriptors: each range, one shard piece at a time."""

@@ -29,7 +29,7 @@ with :meth:`IndexSampler.plan` and record each delivered step with
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 

@@ -21,6 +21,7 @@ that becomes a :class:`~zerobatch.formats.errors.WriteError`.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import secrets
 import shutil
@@ -33,28 +34,17 @@ import numpy as np
 
 from zerobatch.core import xxh3_64
 from zerobatch.core import zrstore
-from zerobatch.core.io import AtomicFile, cleanup_orphans, fsync_dir, io_call, open_regular_file, pwrite_all
+from zerobatch.core.io import (AtomicFile, cleanup_orphans, fsync_dir, grow_file, io_call, open_regular_file,
+                               pwrite_all, pwritev_all)
 from zerobatch.formats import zrecord as Z
-from zerobatch.formats.errors import ConfigError, CorruptError, IntegrityError, NotFoundError, OutOfRangeError, StateError, WriteError
+from zerobatch.formats.errors import (ConfigError, CorruptError, IntegrityError, NotFoundError, OutOfRangeError,
+                                      StateError, WriteError)
+from zerobatch.writers._zrecord_chunks import (Chunk, NewChunks, OldChunks, copy_live, create_chunk,
+                                               write_tables)
 
 __all__ = ["ZRecordWriter"]
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
-class _Chunk:
-    """A chunk being filled by one thread."""
-
-    __slots__ = ("id", "fd", "pos", "count", "size", "dirty", "path")
-
-    def __init__(self, cid: int, fd: int, pos: int, count: int, size: int, path: str) -> None:
-        self.id = cid
-        self.fd = fd
-        self.pos = pos
-        self.count = count
-        self.size = size
-        self.dirty = False
-        self.path = path
 
 
 class ZRecordWriter:
@@ -218,9 +208,9 @@ class ZRecordWriter:
         for f in meta.fields:
             cleanup_orphans(os.path.join(self.path, Z.offset_name(f.name)))
             cleanup_orphans(os.path.join(self.path, Z.check_name(f.name)))
-        self._chunks: dict[int, _Chunk] = {}
-        self._free: list[_Chunk] = []
-        self._full: list[_Chunk] = []
+        self._chunks: dict[int, Chunk] = {}
+        self._free: list[Chunk] = []
+        self._full: list[Chunk] = []
         self._new_chunk_files = False
         for cid, pos, count in meta.unfull:
             cpath_ = os.path.join(self.path, Z.chunk_name(cid))
@@ -233,7 +223,7 @@ class ZRecordWriter:
                 os.close(cfd)
                 raise CorruptError(f"chunk {cid}: {size} bytes, shorter than its write position {pos}",
                                    path=cpath_, field="write_pos")
-            ch = _Chunk(cid, cfd, pos, count, size, cpath_)
+            ch = Chunk(cid, cfd, pos, count, size, cpath_)
             self._chunks[cid] = ch
             self._free.append(ch)
         self._local = threading.local()
@@ -301,7 +291,7 @@ class ZRecordWriter:
         raise ConfigError(f"record: a mapping of field names, or a tuple of {len(self.fields)} values",
                           path=self.path, field="record")
 
-    def _thread_chunk(self) -> _Chunk:
+    def _thread_chunk(self) -> Chunk:
         ch = getattr(self._local, "chunk", None)
         if ch is not None and ch.count < self.chunk_size:
             return ch
@@ -310,15 +300,14 @@ class ZRecordWriter:
                 ch = self._free.pop()
             else:
                 cid = self._num_chunks
-                cpath = os.path.join(self.path, Z.chunk_name(cid))
                 try:
-                    fd = io_call("open", os.open, cpath, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+                    ch = create_chunk(self.path, cid)
                 except OSError as exc:
-                    raise WriteError(f"chunk {cid}: cannot create: {exc.strerror}", errno=exc.errno, path=cpath,
-                                     field="chunk", operation="open") from exc
+                    raise WriteError(f"chunk {cid}: cannot create: {exc.strerror}", errno=exc.errno,
+                                     path=os.path.join(self.path, Z.chunk_name(cid)), field="chunk",
+                                     operation="open") from exc
                 self._num_chunks += 1
                 self._new_chunk_files = True
-                ch = _Chunk(cid, fd, 0, 0, 0, cpath)
                 self._chunks[cid] = ch
         self._local.chunk = ch
         return ch
@@ -339,20 +328,8 @@ class ZRecordWriter:
             bufs.extend(p)
             pos += n
         try:
-            if pos > ch.size:
-                grow = -(-(pos - ch.size) // self.chunk_grow_bytes) * self.chunk_grow_bytes
-                io_call("ftruncate", os.ftruncate, ch.fd, ch.size + grow)
-                ch.size += grow
-            if bufs:
-                want = pos - ch.pos
-                done = io_call("pwritev", os.pwritev, ch.fd, bufs, ch.pos)
-                if done != want:
-                    flat = b"".join(bytes(b) for b in bufs)
-                    while done < want:
-                        n = io_call("pwrite", os.pwrite, ch.fd, flat[done:], ch.pos + done)
-                        if n <= 0:
-                            raise OSError(28, "no space left on device")
-                        done += n
+            ch.size = grow_file(ch.fd, ch.size, pos, self.chunk_grow_bytes)
+            pwritev_all(ch.fd, bufs, ch.pos)
         except OSError as exc:
             raise WriteError(f"chunk {ch.id}: write failed: {exc.strerror}", errno=exc.errno, path=ch.path,
                              field="chunk", operation="pwrite") from exc
@@ -384,9 +361,8 @@ class ZRecordWriter:
         name = self.fields[k].name
         try:
             if end > self._table_entries[k]:
-                grow = -(-(end - self._table_entries[k]) // Z.OFFSET_GROW_ENTRIES) * Z.OFFSET_GROW_ENTRIES
-                total = self._table_entries[k] + grow
-                io_call("ftruncate", os.ftruncate, self._tables[k], total * Z.ENTRY_SIZE)
+                total = grow_file(self._tables[k], self._table_entries[k] * Z.ENTRY_SIZE, end * Z.ENTRY_SIZE,
+                                  Z.OFFSET_GROW_ENTRIES * Z.ENTRY_SIZE) // Z.ENTRY_SIZE
                 io_call("ftruncate", os.ftruncate, self._checks[k], total * Z.CHECK_SIZE)
                 self._table_entries[k] = total
             pwrite_all(self._tables[k], entries.tobytes(), first * Z.ENTRY_SIZE)
@@ -643,137 +619,44 @@ class ZRecordWriter:
             if report is not None:
                 report(f"{self.path}: utilization {before['records']:.3f} (live records / chunk_size x "
                        f"{int(before['chunks'])} chunks), {before['bytes']:.3f} of the bytes written are live")
+            names = [f.name for f in self.fields]
             cols = [self._table_column(k) for k in range(len(self.fields))]
-            order = self._offset_order(cols)
-            old_first, old_num = self.meta.first_chunk, self._num_chunks
-            old_chunks = list(range(old_first, old_num))
-            new_first = old_num
-            tmp_names: list[tuple[str, str]] = []
-            new_cols = [np.zeros(max(self._length, 1), Z.ENTRY_DTYPE) for _ in self.fields]
-            readers: dict[int, int] = {}
-            writer = _Chunk(new_first, -1, 0, 0, 0, "")
-            next_id = new_first
-            written = 0
-            made: list[_Chunk] = []
-
-            def new_chunk() -> _Chunk:
-                nonlocal next_id
-                cpath = os.path.join(self.path, Z.chunk_name(next_id))
-                fd = io_call("open", os.open, cpath, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
-                ch = _Chunk(next_id, fd, 0, 0, 0, cpath)
-                next_id += 1
-                made.append(ch)
-                return ch
-
+            old_chunks = tuple(range(self.meta.first_chunk, self._num_chunks))
+            new_first = self._num_chunks
+            old = OldChunks(self.path)
+            new = NewChunks(self.path, new_first, self.chunk_size, self.chunk_grow_bytes)
+            tables: list[tuple[str, str]] = []
+            epoch = self._epoch + 1
             try:
-                writer = new_chunk() if self._length else writer
-                pending: list[bytes] = []     # bytes for `writer` from flushed_at on
-                flushed_at = 0
-
-                def flush() -> None:
-                    nonlocal pending, flushed_at
-                    if writer.pos > writer.size:
-                        grow = -(-(writer.pos - writer.size) // self.chunk_grow_bytes) * self.chunk_grow_bytes
-                        io_call("ftruncate", os.ftruncate, writer.fd, writer.size + grow)
-                        writer.size += grow
-                    if pending:
-                        pwrite_all(writer.fd, b"".join(pending), flushed_at)
-                    pending, flushed_at = [], writer.pos
-
-                for index in order:
-                    if writer.count >= self.chunk_size:
-                        flush()
-                        writer = new_chunk()
-                        flushed_at = 0
-                    pos = writer.pos
-                    for k, col in enumerate(cols):
-                        c, off, ln = int(col[index]["chunk"]), int(col[index]["offset"]), int(col[index]["length"])
-                        if ln == 0:
-                            continue
-                        if c not in readers:
-                            readers[c] = os.open(os.path.join(self.path, Z.chunk_name(c)), os.O_RDONLY | _O_CLOEXEC)
-                        raw = os.pread(readers[c], ln, off)
-                        if len(raw) != ln:
-                            raise CorruptError(f"chunk {c}: record {index} of {self.fields[k].name} is truncated",
-                                               path=self.path, field="chunk")
-                        span = Z.record_span(ln - Z.RECORD_HEADER_SIZE)
-                        new_cols[k][index] = (writer.id, pos, ln)
-                        pending += [raw, bytes(span - ln)]
-                        pos += span
-                    written += pos - writer.pos
-                    writer.pos = pos
-                    writer.count += 1
-                    if writer.pos - flushed_at >= 1 << 26:   # write in pieces of 64 MiB at most
-                        flush()
-                if made:
-                    flush()
-                for ch in made:
-                    io_call("fdatasync", os.fdatasync, ch.fd)
-                fsync_dir(os.path.join(self.path, Z.CHUNK_DIR))
-                for k, f in enumerate(self.fields):
-                    entries = max(Z.OFFSET_GROW_ENTRIES,
-                                  -(-self._length // Z.OFFSET_GROW_ENTRIES) * Z.OFFSET_GROW_ENTRIES)
-                    col = new_cols[k][: self._length]
-                    for final, unit, data in ((Z.offset_name(f.name), Z.ENTRY_SIZE, col.tobytes()),
-                                              (Z.check_name(f.name), Z.CHECK_SIZE,
-                                               Z.entry_checks(col, 0, k).tobytes())):
-                        tmp = f".{final}.zbtmp.{os.getpid()}.{secrets.token_hex(4)}"
-                        fd = io_call("open", os.open, os.path.join(self.path, tmp),
-                                 os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
-                        tmp_names.append((tmp, final))
-                        try:
-                            io_call("ftruncate", os.ftruncate, fd, entries * unit)
-                            pwrite_all(fd, data, 0)
-                            io_call("fsync", os.fsync, fd)
-                        finally:
-                            os.close(fd)
-                epoch = self._epoch + 1
+                new_cols = copy_live(cols, names, self._length, old, new)
+                new.sync()
+                write_tables(self.path, names, new_cols, self._length, tables)
                 os.close(os.open(os.path.join(self.path, Z.epoch_lock_name(epoch)),
                                  os.O_CREAT | os.O_WRONLY | _O_CLOEXEC, 0o644))
                 fsync_dir(self.path)
             except OSError as exc:
-                for ch in made:
-                    os.close(ch.fd)
-                    os.unlink(ch.path)
-                for tmp, _ in tmp_names:
-                    try:
+                new.discard()
+                for tmp, _ in tables:
+                    with contextlib.suppress(OSError):
                         os.unlink(os.path.join(self.path, tmp))
-                    except OSError:
-                        pass
                 raise WriteError(f"rebalance failed: {exc.strerror}", errno=exc.errno, path=self.path,
                                  field="rebalance", operation="rebalance") from exc
             finally:
-                for fd in readers.values():
-                    os.close(fd)
-            last = made[-1] if made else None
-            unfull = ((last.id, last.pos, last.count),) if last is not None and last.count < self.chunk_size else ()
-            meta = Z.StoreMeta(self._length, next_id, self.chunk_size, self.fields, unfull, self._generation + 1,
-                               epoch, written, (*self.meta.retired, (self._epoch, tuple(old_chunks))), new_first)
+                old.close()
+            meta = Z.StoreMeta(self._length, new.next_id, self.chunk_size, self.fields, new.unfull,
+                               self._generation + 1, epoch, new.written,
+                               (*self.meta.retired, (self._epoch, old_chunks)), new_first)
             sfd = zrstore.lock(os.path.join(self.path, Z.SWITCH_LOCK_NAME), exclusive=True, blocking=True)
             try:
                 self._apply(zrstore.Journal(Z.JOURNAL_KIND_REBALANCE,
                                             Z.Commit(0, meta.length, meta.num_chunks, meta.generation, epoch),
-                                            meta, np.zeros(0, Z.JOURNAL_UPDATE_DTYPE), tuple(tmp_names)))
+                                            meta, np.zeros(0, Z.JOURNAL_UPDATE_DTYPE), tuple(tables)))
             finally:
                 zrstore.unlock(sfd)
-            for ch in made:
-                os.close(ch.fd)
+            new.close()
             self._close_files()
             self._load()
-            after = self.utilization()
-        return after
-
-    @staticmethod
-    def _offset_order(cols: list[np.ndarray]) -> np.ndarray:
-        """Record indices sorted by (chunk, offset) of their first present field."""
-        n = len(cols[0])
-        chunk = np.full(n, np.iinfo(np.uint64).max, np.uint64)
-        offset = np.zeros(n, np.uint64)
-        for col in reversed(cols):
-            present = col["length"] > 0
-            chunk[present] = col["chunk"][present]
-            offset[present] = col["offset"][present]
-        return np.lexsort((offset, chunk))
+            return self.utilization()
 
     # ----------------------------------------------------------------------------------------
     # Closing

@@ -1,10 +1,12 @@
 """Read-only file mappings: the twin of ``_mapping.pyx``, a subclass of ``mmap.mmap`` (so the
-buffer protocol works on every Python, 3.10 included; an ``mmap`` keeps a duplicate of the
-descriptor: fine for debugging, not for thousands of shards)."""
+buffer protocol works on every Python, 3.10 included). From Python 3.13 it holds no descriptor
+(``trackfd=False``), as the compiled mapping; before, an ``mmap`` keeps a duplicate of the
+descriptor: fine for debugging, not for thousands of shards under a small ``RLIMIT_NOFILE``."""
 
 from __future__ import annotations
 
 import mmap
+import sys
 from typing import Any
 
 import numpy as np
@@ -14,6 +16,8 @@ from zerobatch.formats.errors import ConfigError
 __all__ = ["FileMapping"]
 
 _ADVICE = ("random", "sequential", "willneed", "normal")
+#: A mapping that keeps no duplicate of the descriptor (Python 3.13+).
+_NO_FD = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
 
 class FileMapping(mmap.mmap):
@@ -30,7 +34,7 @@ class FileMapping(mmap.mmap):
             m = super().__new__(cls, -1, 1, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20),
                                 prot=mmap.PROT_READ)
         else:
-            m = super().__new__(cls, fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            m = super().__new__(cls, fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, **_NO_FD)
         m.size, m.path = size, path
         return m
 

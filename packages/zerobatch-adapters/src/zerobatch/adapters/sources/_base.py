@@ -1,0 +1,197 @@
+"""The source interface, the declared output layout of a step, and the helpers every source
+shares (NumPy only)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, Union
+
+import numpy as np
+
+from zerobatch.adapters._buffers import BufferPool
+from zerobatch.core.checks import check_count
+from zerobatch.formats.errors import ConfigError
+from zerobatch.samplers import GlobalRandomOrder, IndexOrder, IndexSampler, Schedule, SequentialOrder
+
+__all__ = ["CHUNK_BYTES", "IGNORE_INDEX", "Array", "Output", "Source", "Value", "build", "open_reader"]
+
+#: Bytes one read-ahead job fills when steps can be read together (amortizes the hand-off
+#: between threads).
+CHUNK_BYTES = 1 << 20
+
+#: Label of tokens that are padding (the ``ignore_index`` of ``torch.nn.functional.cross_entropy``).
+IGNORE_INDEX = -100
+
+
+@dataclasses.dataclass(frozen=True)
+class Array:
+    """A leaf of a step's output: the read's array ``name`` (with a leading step axis when the
+    read is stacked), optionally cut along its last axis (``last=slice(None, -1)``: the inputs
+    of next-token pairs, ``slice(1, None)``: their targets; both views of one buffer)."""
+
+    name: str
+    last: slice | None = None
+
+    def cut(self, value: Any) -> Any:
+        """``value`` (the read's array, NumPy or the framework's) as this leaf hands it out."""
+        return value if self.last is None else value[..., self.last]
+
+
+@dataclasses.dataclass(frozen=True)
+class Value:
+    """A leaf that is not an array of the read (``max_seqlen``, decoded metadata objects, a
+    list of ragged records): handed out as it is."""
+
+    name: str
+
+    def cut(self, value: Any) -> Any:
+        return value
+
+
+#: What a step of a source is: a leaf, or a tuple or dict of outputs.
+Output = Union[Array, Value, tuple, dict]
+
+
+def build(output: Any, leaf: Callable[[Any], Any]) -> Any:
+    """The structure ``output`` declares, with each leaf replaced by ``leaf(leaf)``."""
+    if isinstance(output, (Array, Value)):
+        return leaf(output)
+    if isinstance(output, tuple):
+        return tuple(build(o, leaf) for o in output)
+    return {k: build(o, leaf) for k, o in output.items()}
+
+
+def array_names(output: Any) -> set[str]:
+    """The names of the arrays the output's leaves read."""
+    if isinstance(output, Array):
+        return {output.name}
+    if isinstance(output, Value):
+        return set()
+    parts = output if isinstance(output, tuple) else output.values()
+    return set().union(*(array_names(o) for o in parts)) if parts else set()
+
+
+def check_token_dtype(dtype: Any) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt not in (np.int64, np.int32):
+        raise ConfigError(f"dtype must be int64 or int32, got {dt}", field="dtype")
+    return dt
+
+
+def check_pad_id(value: Any) -> int:
+    """A padding id: an integer that fits the int32 batches as well as the int64 ones."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not -2**31 <= int(value) < 2**31:
+        raise ConfigError(f"pad_id must be an integer in [-2**31, 2**31), got {value!r}", field="pad_id")
+    return int(value)
+
+
+def open_reader(value: Any, cls: type, **kwargs: Any) -> Any:
+    """``value`` if it is already a ``cls`` reader, else ``cls(value, **kwargs)``."""
+    return value if isinstance(value, cls) else cls(value, **kwargs)
+
+
+class Source(ABC):
+    """Items a loader can read: a view of one reader (see :mod:`zerobatch.adapters.sources`).
+
+    Attributes:
+        kind: the source family, recorded in a loader's state.
+        num_items: items in the source.
+        fingerprint: identity of the data (a build id), checked when a state is loaded.
+        rows_per_item: rows of the batch dimension one item fills (a pre-formed LLMBATCH
+            batch fills ``batch_size`` rows, everything else one).
+        stacked: every read returns one dict of arrays with a leading step axis (else a list
+            of per-step dicts).
+        output: what a step is handed out as (:class:`Array` / :class:`Value` leaves in
+            tuples and dicts); the loaders build it from a read with one generic function.
+    """
+
+    kind: str = ""
+    num_items: int = 0
+    fingerprint: str = ""
+    rows_per_item: int = 1
+    stacked: bool = True
+    output: Any = Array("tokens")
+
+    def __init__(self) -> None:
+        self._pools: dict[tuple[Any, ...], BufferPool] = {}
+        self._pools_lock = threading.Lock()
+
+    def default_order(self, shuffle: bool, seed: int) -> IndexOrder:
+        """The order a loader uses unless given one: a Feistel shuffle, or ascending."""
+        return GlobalRandomOrder(self.num_items, seed=seed) if shuffle else SequentialOrder(self.num_items)
+
+    def schedule(self, batch_size: int, *, rank: int, world_size: int, shuffle: bool = True, seed: int = 0,
+                 tail: str = "drop", order: IndexOrder | None = None, epoch: int = 0) -> Schedule:
+        """The schedule a loader reads this source in: an
+        :class:`~zerobatch.samplers.IndexSampler` of ``batch_size`` items per step on this
+        rank over ``order`` (default :meth:`default_order`), with the source's fingerprint and
+        kind checked when a state is loaded. An endless order keeps every step (no tail).
+
+        Raises:
+            ConfigError: an order over another number of items, or an argument out of range.
+        """
+        if order is None:
+            order = self.default_order(shuffle, seed)
+        elif not isinstance(order, IndexOrder) or order.num_items != self.num_items:
+            raise ConfigError(f"order must be an IndexOrder over the source's {self.num_items} items", field="order")
+        if not order.has_epochs:
+            tail = "keep"
+        return IndexSampler(order, batch_size, rank=rank, world_size=world_size, tail=tail, epoch=epoch,
+                            fingerprint=self.fingerprint, label=self.kind)
+
+    def chunk_steps(self, items_per_step: int) -> int:
+        """Steps one read covers (1 for sources that read step by step)."""
+        return 1
+
+    def inline(self, dtype: np.dtype, items_per_step: int) -> bool:
+        """True when a read costs nothing worth a thread (zero-copy views)."""
+        return False
+
+    def prepare(self, items: np.ndarray) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Called in order as reads are planned (read-ahead hints)."""
+
+    #: ``read_async(pool, items, dtype)``: the read queued on a
+    #: :class:`~zerobatch.core.pool.TaskPool` as one compiled task, returning a ticket with
+    #: ``wait()`` (the result) and ``cancel()``; sources without it are read as Python calls.
+    read_async: Any = None
+
+    @abstractmethod
+    def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any] | list[dict[str, Any]]:
+        """Read ``items`` (``int64 (steps, items_per_step)``), on a worker thread: a dict of
+        arrays with a leading step axis (``stacked``), or a list of per-step dicts."""
+
+    def _buffer(self, shape: tuple[int, ...], dtype: np.dtype, count: int = 24) -> np.ndarray:
+        """A reusable output array (never one the training loop still holds)."""
+        key = (shape, dtype.str)
+        with self._pools_lock:
+            pool = self._pools.get(key)
+            if pool is None:
+                if len(self._pools) > 16:
+                    self._pools.clear()
+                pool = self._pools[key] = BufferPool(shape, dtype, max_buffers=count)
+        return pool.acquire()
+
+    def close(self) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Release the files."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["_pools"] = {}
+        d.pop("_pools_lock", None)
+        return d
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__dict__.update(d)
+        self._pools_lock = threading.Lock()
+
+
+def next_token_pair(name: str = "tokens") -> tuple[Array, Array]:
+    """``(x, y)``: the inputs and targets of next-token windows, two views of one buffer."""
+    return Array(name, slice(None, -1)), Array(name, slice(1, None))
+
+
+def check_seq_len(value: Any, name: str = "seq_len") -> int:
+    return check_count(value, name, minimum=1)

@@ -1,0 +1,115 @@
+"""Several sources interleaved in exact proportions, as one loader source."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from zerobatch.adapters.sources._base import Source
+from zerobatch.formats.errors import ConfigError
+from zerobatch.samplers import IndexOrder, MixtureSampler, MixtureSchedule, Schedule
+
+__all__ = ["Mixture"]
+
+
+class Mixture(Source):
+    """Several sources interleaved in exact proportions (:class:`~zerobatch.samplers.MixtureSchedule`).
+
+    Every global batch takes its samples from the sources by the "largest sampling error
+    first" rule, each source in its own order (a fresh shuffle per pass over it), small
+    sources cycled as often as their weight asks. A loader over a mixture is endless: it has
+    no epochs; stop after as many steps as the run needs. Its state holds the count consumed
+    per source, and a run resumed with other weights, or with sources added, continues each
+    source where it stopped.
+
+    Args:
+        sources: ``(source, weight)`` pairs, or ``(name, source, weight)`` triples. The
+            name identifies a source in a saved state (default: its kind and fingerprint).
+            All sources must hand out the same kind of step (for example token windows of
+            the same ``seq_len``), read as stacked arrays.
+        seed: the seed of every source's order.
+        shuffle: shuffle each source (else each is read in ascending order).
+    """
+
+    kind = "mixture"
+
+    def __init__(self, sources: Sequence[tuple[Any, ...]], *, seed: int = 0, shuffle: bool = True) -> None:
+        super().__init__()
+        entries = []
+        for i, entry in enumerate(sources):
+            if not isinstance(entry, tuple) or len(entry) not in (2, 3):
+                raise ConfigError(f"sources: each entry is (source, weight) or (name, source, weight), got {entry!r}",
+                                  field="sources")
+            name, source, weight = entry if len(entry) == 3 else (None, *entry)
+            if not isinstance(source, Source) or isinstance(source, Mixture):
+                raise ConfigError(f"sources: entry {i} is not a zerobatch source", field="sources")
+            if not source.stacked:
+                raise ConfigError(f"sources: {source.kind} source {i} reads step by step (boundaries, metadata "
+                                  "or unpadded fields); a mixture needs stacked reads", field="sources")
+            if name is None:
+                name = f"{source.kind}:{source.fingerprint}" if source.fingerprint else f"source{i}"
+            entries.append((name, source, weight))
+        if not entries:
+            raise ConfigError("sources: a mixture needs at least one source", field="sources")
+        first = entries[0][1]
+        for name, source, _ in entries[1:]:
+            if type(source) is not type(first) or source.rows_per_item != first.rows_per_item:
+                raise ConfigError(f"sources: {name!r} is a {source.kind} source; every source of a mixture must be "
+                                  f"of one kind ({first.kind}) with the same rows per item", field="sources")
+        self.names = [e[0] for e in entries]
+        self.sources = [e[1] for e in entries]
+        self.weights = [e[2] for e in entries]
+        self.seed, self.shuffle = seed, shuffle
+        self.mixture_schedule = MixtureSchedule([(n, s.num_items, w) for n, s, w in entries], seed=seed,
+                                                shuffle=shuffle)
+        self.num_items = sum(s.num_items for s in self.sources)
+        self.fingerprint = ",".join(f"{n}={s.fingerprint}" for n, s in zip(self.names, self.sources, strict=True))
+        self.rows_per_item = first.rows_per_item
+        self.output = first.output         # every source hands out the same kind of step
+
+    def schedule(self, batch_size: int, *, rank: int, world_size: int, shuffle: bool = True, seed: int = 0,
+                 tail: str = "drop", order: IndexOrder | None = None, epoch: int = 0) -> Schedule:
+        """A :class:`~zerobatch.samplers.MixtureSampler` over the mixture's schedule (the
+        loader's ``shuffle``, ``seed`` and ``tail`` do not apply: the mixture has its own
+        seed and no epochs).
+
+        Raises:
+            ConfigError: an ``order`` (each source has its own) or an epoch other than 0.
+        """
+        if order is not None:
+            raise ConfigError("order: a mixture orders each source itself", field="order")
+        if epoch:
+            raise ConfigError("epoch: a mixture has no epochs", field="epoch")
+        return MixtureSampler(copy.deepcopy(self.mixture_schedule), batch_size, rank=rank, world_size=world_size)
+
+    def chunk_steps(self, items_per_step: int) -> int:
+        return 1
+
+    def read(self, items: np.ndarray, dtype: np.dtype, sources: np.ndarray | None = None) -> dict[str, Any]:
+        if sources is None:
+            raise ConfigError("a mixture is read with the source of every item", field="sources")
+        steps, per = items.shape
+        flat_items, flat_tags = items.reshape(-1), sources.reshape(-1)
+        out: dict[str, np.ndarray] = {}
+        rows = self.rows_per_item
+        for k, source in enumerate(self.sources):
+            where = np.flatnonzero(flat_tags == k)
+            if where.size == 0:
+                continue
+            part = source.read(flat_items[where].reshape(1, -1), dtype)
+            if not isinstance(part, dict):
+                raise ConfigError(f"sources: {self.names[k]!r} did not read stacked arrays", field="sources")
+            for key, value in part.items():
+                value = value.reshape(where.size, rows, *value.shape[2:])
+                dest = out.get(key)
+                if dest is None:
+                    dest = out[key] = np.empty((flat_items.size, rows, *value.shape[2:]), value.dtype)
+                dest[where] = value
+        return {k: v.reshape(steps, per * rows, *v.shape[2:]) for k, v in out.items()}
+
+    def close(self) -> None:
+        for s in self.sources:
+            s.close()

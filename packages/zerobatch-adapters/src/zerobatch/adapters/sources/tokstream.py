@@ -1,0 +1,178 @@
+"""TOKSTREAM as loader sources: next-token windows anywhere in the stream (with the
+document-boundary outputs and per-token metadata on request), and whole documents padded to
+a width."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Array, Source, Value, check_pad_id,
+                                              check_seq_len, next_token_pair, open_reader)
+from zerobatch.core import pad_rows
+from zerobatch.core.checks import check_count
+from zerobatch.formats.errors import ConfigError
+
+__all__ = ["TokenDocuments", "TokenWindows"]
+
+
+class TokenWindows(Source):
+    """Windows of a TOKSTREAM dataset: window ``k`` is tokens ``[k * stride, k * stride + L)``.
+
+    Args:
+        reader: the dataset folder or an open :class:`~zerobatch.readers.tokstream.TokenStreamReader`.
+        seq_len: tokens per training sequence.
+        next_token: read ``seq_len + 1`` tokens and hand out ``(x, y)``, two views of one
+            buffer (``x = w[:, :-1]``, ``y = w[:, 1:]``); else ``seq_len`` tokens.
+        stride: tokens between window starts (default: ``seq_len``, so consecutive windows
+            of next-token pairs share one token and every token is a target once).
+        boundaries: also hand out the document-boundary outputs of the inputs:
+            ``position_ids``, ``segment_ids``, ``cu_seqlens`` and ``max_seqlen``.
+        metadata: also hand out ``metadata_ids`` (``int32`` per input token, -1 where none)
+            and ``metadata`` (the distinct objects, decoded on access).
+        position_dtype: ``int64`` or ``int32`` position ids.
+        verify: check chunk checksums on first read.
+
+    With ``boundaries`` or ``metadata`` a step is a dict (``input_ids``, ``labels`` or
+    ``input_ids`` alone, and the extras); otherwise the tokens, or the ``(x, y)`` pair.
+    """
+
+    kind = "tokstream-windows"
+
+    def __init__(self, reader: Any, seq_len: int, *, next_token: bool = True, stride: int | None = None,
+                 boundaries: bool = False, metadata: bool = False, position_dtype: Any = np.int64,
+                 verify: bool = True) -> None:
+        super().__init__()
+        from zerobatch.readers.tokstream import TokenStreamReader
+        self.reader = open_reader(reader, TokenStreamReader, verify=verify)
+        self.seq_len = check_seq_len(seq_len)
+        self.next_token = bool(next_token)
+        self.length = self.seq_len + 1 if self.next_token else self.seq_len
+        self.stride = self.seq_len if stride is None else check_count(stride, "stride", minimum=1)
+        self.boundaries = bool(boundaries)
+        self.metadata = bool(metadata)
+        self.position_dtype = np.dtype(position_dtype)
+        if self.position_dtype not in (np.int64, np.int32):
+            raise ConfigError(f"position_dtype must be int64 or int32, got {self.position_dtype}",
+                              field="position_dtype")
+        self.stacked = not (self.boundaries or self.metadata)
+        self.output = self._output()
+        self.num_items = self.reader.num_windows(self.length, self.stride)
+        self.fingerprint = self.reader.manifest.build_id
+
+    def _output(self) -> Any:
+        tokens = next_token_pair() if self.next_token else Array("tokens")
+        if self.stacked:
+            return tokens
+        out: dict[str, Any] = {}
+        if self.boundaries:
+            out.update(position_ids=Array("position_ids"), segment_ids=Array("segment_ids"),
+                       cu_seqlens=Array("cu_seqlens"), max_seqlen=Value("max_seqlen"))
+        if self.metadata:
+            out.update(metadata_ids=Array("metadata_ids"), metadata=Value("metadata"))
+        if self.next_token:
+            out.update(input_ids=tokens[0], labels=tokens[1])
+        else:
+            out["input_ids"] = tokens
+        return out
+
+    def chunk_steps(self, items_per_step: int) -> int:
+        if not self.stacked:
+            return 1
+        return max(1, CHUNK_BYTES // (items_per_step * self.length * 8))
+
+    def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any] | list[dict[str, Any]]:
+        steps, per = items.shape
+        reader, length = self.reader, self.length
+        starts = reader.window_starts(items.reshape(-1), length, self.stride)
+        if self.stacked:
+            out = self._buffer((steps * per, length), dtype)
+            reader.read_into(starts, out)
+            return {"tokens": out.reshape(steps, per, length)}
+        result = []
+        inputs = self.seq_len
+        for s in range(steps):
+            st = starts[s * per:(s + 1) * per]
+            step: dict[str, Any] = {}
+            if self.boundaries:
+                tokens, pos, seg, cu, longest = reader.windows_with_boundaries(
+                    st, length, dtype=dtype, boundaries_length=inputs, position_dtype=self.position_dtype)
+                step.update(tokens=tokens, position_ids=pos, segment_ids=seg, cu_seqlens=cu,
+                            max_seqlen=int(longest))
+            else:
+                step["tokens"] = reader.windows(st, length, dtype=dtype)
+            if self.metadata:
+                meta = reader.windows_metadata(st, inputs)
+                step.update(metadata_ids=meta.ids, metadata=meta.objects)
+            result.append(step)
+        return result
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+class TokenDocuments(Source):
+    """Whole documents of a TOKSTREAM dataset, one per row, padded or cut to ``width`` tokens.
+
+    Args:
+        reader: the dataset folder or an open reader.
+        width: tokens per row (longer documents are cut).
+        pad_id: the token written into padding.
+        next_token: hand out ``input_ids = t[:, :-1]`` and ``labels = t[:, 1:]`` (padding
+            labelled ``-100``, the ignore index of ``cross_entropy``); else ``input_ids``.
+
+    Each step is a dict with ``input_ids``, ``attention_mask`` (bool) and, for next-token
+    pairs, ``labels``.
+    """
+
+    kind = "tokstream-documents"
+
+    def __init__(self, reader: Any, width: int, *, pad_id: int = 0, next_token: bool = True,
+                 verify: bool = True) -> None:
+        super().__init__()
+        from zerobatch.readers.tokstream import TokenStreamReader
+        self.reader = open_reader(reader, TokenStreamReader, verify=verify)
+        self.width = check_count(width, "width", minimum=2 if next_token else 1)
+        self.pad_id = check_pad_id(pad_id)
+        self.next_token = bool(next_token)
+        self.output = ({"input_ids": Array("tokens", slice(None, -1)), "labels": Array("labels", slice(1, None)),
+                        "attention_mask": Array("mask", slice(None, -1))} if self.next_token else
+                       {"input_ids": Array("tokens"), "attention_mask": Array("mask")})
+        self.num_items = self.reader.num_documents
+        self.fingerprint = self.reader.manifest.build_id
+
+    def chunk_steps(self, items_per_step: int) -> int:
+        return max(1, CHUNK_BYTES // (items_per_step * self.width * 9))
+
+    def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
+        steps, per = items.shape
+        width, reader = self.width, self.reader
+        flat = items.reshape(-1)
+        starts, stops = reader.document_spans(flat)
+        lengths = np.minimum(stops - starts, width)
+        tokens = self._buffer((flat.size, width), dtype)
+        # One compiled gather of width tokens from every document's start (a short document's
+        # row runs on into the next documents), then one compiled pass writing the padding over
+        # the overrun, the mask and the labels. Rows of documents too near the end for a whole
+        # window are copied one by one.
+        fits = starts + width <= reader.num_tokens
+        if fits.all():
+            reader.windows(starts, width, out=tokens)
+        else:
+            rows = np.flatnonzero(fits)
+            if rows.size:
+                tokens[rows] = reader.windows(starts[rows], width, dtype=dtype)
+            for r in np.flatnonzero(~fits).tolist():
+                n = int(lengths[r])
+                tokens[r, :n] = reader.window(int(starts[r]), n, dtype=dtype)
+        mask = self._buffer((flat.size, width), np.dtype(np.bool_))
+        labels = self._buffer((flat.size, width), dtype) if self.next_token else None
+        pad_rows(tokens, lengths, self.pad_id, mask, labels, IGNORE_INDEX)
+        out = {"tokens": tokens.reshape(steps, per, width), "mask": mask.reshape(steps, per, width)}
+        if labels is not None:
+            out["labels"] = labels.reshape(steps, per, width)
+        return out
+
+    def close(self) -> None:
+        self.reader.close()

@@ -1,0 +1,93 @@
+"""TOKSTREAM on the command line: its face for ``inspect`` / ``verify`` / ``head`` / ``stats`` /
+``bench``, and its ``convert`` target."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+from zerobatch.cli.convert import Chunks, Target, build_folder, documents
+from zerobatch.cli.datasets import PIECE, Dataset, Progress, folder_size, human
+from zerobatch.formats.errors import CorruptError
+
+__all__ = ["TokStream", "write"]
+
+
+class TokStream(Dataset):
+    kind = "tokstream"
+
+    def __init__(self, path: str, field: str | None = None) -> None:
+        super().__init__(path)
+        from zerobatch.readers.tokstream import TokenStreamReader
+
+        self.r = TokenStreamReader(path)
+
+    def info(self) -> list[tuple[str, Any]]:
+        m, r = self.r.manifest, self.r
+        size = folder_size(self.path)
+        return [
+            ("format", "TOKSTREAM v1 (sharded token stream)"),
+            ("tokens", r.num_tokens), ("documents", r.num_documents), ("shards", len(m.shards)),
+            ("vocab_size", m.vocab_size), ("dtype", m.token_dtype),
+            ("eod_token", m.eod_token if m.eod_token is not None else "none"),
+            ("metadata", "per-token metadata ids + blobs" if m.metadata else "none"),
+            ("checksums", "XXH3-64 per 16 MiB chunk of every file, index files in full"),
+            ("build_id", m.build_id), ("size", f"{size} ({human(size)})"),
+        ]
+
+    def verify(self, progress: Progress | None) -> tuple[list[str], str]:
+        report = self.r.verify(progress)
+        faults = [f"{p}: {msg}" for p, msg in report.problems]
+        return faults, (f"{report.shards} shards, {report.files} files, {human(report.bytes_checked)} checked "
+                        "(checksums, indexes, vocabulary)")
+
+    def sample_name(self) -> str:
+        return "document"
+
+    def samples(self, n: int) -> list[np.ndarray]:
+        return [self.r.document(i) for i in range(min(n, self.r.num_documents))]
+
+    def lengths(self) -> np.ndarray:
+        starts, stops = self.r.document_spans(np.arange(self.r.num_documents))
+        return (stops - starts).astype(np.int64)
+
+    def token_pieces(self) -> Iterator[np.ndarray]:
+        for s in range(0, self.r.num_tokens, PIECE):
+            yield self.r.window(s, min(PIECE, self.r.num_tokens - s))
+
+    def batch_reader(self, batch_size: int, seq_len: int, rng: np.random.Generator
+                     ) -> tuple[Callable[[], Any], int, int]:
+        out = np.empty((batch_size, seq_len), np.int64)
+        n = self.r.num_tokens - seq_len + 1
+        if n < 1:
+            raise CorruptError(f"bench: the dataset holds fewer than {seq_len} tokens", path=self.path, field="seq_len")
+
+        def read() -> Any:
+            return self.r.windows(rng.integers(0, n, batch_size), seq_len, out=out)
+        return read, max(1, self.r.num_tokens // (batch_size * seq_len)), batch_size * seq_len
+
+    def close(self) -> None:
+        self.r.close()
+
+
+def write(dst: str, chunks: Chunks, target: Target) -> str:
+    """``convert --to tokstream``: the documents, in shards of about ``--shard-tokens`` tokens
+    (built under a temporary name and renamed into place)."""
+    from zerobatch.writers.tokstream import TokenStreamWriter
+
+    def build(folder: str) -> str:
+        eod = target.eod if target.eod is not None and target.eod < target.vocab else None
+        w = TokenStreamWriter(folder, vocab_size=max(target.vocab, 1), eod_token=eod,
+                              shard_tokens=target.options.shard_tokens)
+        try:
+            n = 0
+            for doc in documents(chunks):
+                w.add_document(doc)
+                n += 1
+        except BaseException:
+            w.abort()
+            raise
+        m = w.close()
+        return f"{n:,} documents in {len(m.shards)} shards"
+    return f"{build_folder(dst, build)}, {target.num_tokens:,} tokens"
