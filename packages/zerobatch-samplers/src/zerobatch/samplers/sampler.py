@@ -37,7 +37,7 @@ from zerobatch.core.checks import check_count, check_out
 from zerobatch.formats.errors import ConfigError, OutOfRangeError, StateError
 from zerobatch.samplers._dist import resolve_rank
 from zerobatch.samplers.orders import IndexOrder
-from zerobatch.samplers.schedule import Planned, Schedule
+from zerobatch.samplers.schedule import Planned, Schedule, batch_sizes
 from zerobatch.samplers.state import OrderState
 
 __all__ = ["TAILS", "IndexSampler"]
@@ -89,17 +89,7 @@ class IndexSampler(Schedule):
             raise ConfigError(f"order must be an IndexOrder, got {type(order).__name__}", field="order")
         self.order = order
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        if (batch_size is None) == (global_batch_size is None):
-            raise ConfigError("pass exactly one of batch_size and global_batch_size", field="batch_size")
-        if batch_size is not None:
-            self.batch_size = check_count(batch_size, "batch_size", minimum=1, maximum=2**40)
-            self.global_batch_size = self.batch_size * self.world_size
-        else:
-            g = check_count(global_batch_size, "global_batch_size", minimum=1, maximum=2**48)
-            if g % self.world_size:
-                raise ConfigError(f"global_batch_size {g} cannot be split over {self.world_size} ranks",
-                                  field="global_batch_size")
-            self.global_batch_size, self.batch_size = g, g // self.world_size
+        self.batch_size, self.global_batch_size = batch_sizes(batch_size, global_batch_size, self.world_size)
         if tail not in TAILS:
             raise ConfigError(f"tail must be one of {TAILS}, got {tail!r}", field="tail")
         if not order.has_epochs and tail != "keep":

@@ -42,7 +42,25 @@ from zerobatch.samplers._dist import resolve_rank
 from zerobatch.samplers.mixture import MixtureSchedule
 from zerobatch.samplers.state import STATE_VERSION
 
-__all__ = ["MixtureSampler", "Planned", "Schedule"]
+__all__ = ["MixtureSampler", "Planned", "Schedule", "batch_sizes"]
+
+
+def batch_sizes(batch_size: int | None, global_batch_size: int | None, world_size: int) -> tuple[int, int]:
+    """``(per rank, global)`` batch sizes from exactly one of them.
+
+    Raises:
+        ConfigError: both or neither given, one out of range, or a global batch that does not
+            split evenly over ``world_size`` ranks.
+    """
+    if (batch_size is None) == (global_batch_size is None):
+        raise ConfigError("pass exactly one of batch_size and global_batch_size", field="batch_size")
+    if batch_size is not None:
+        b = check_count(batch_size, "batch_size", minimum=1, maximum=2**40)
+        return b, b * world_size
+    g = check_count(global_batch_size, "global_batch_size", minimum=1, maximum=2**48)
+    if g % world_size:
+        raise ConfigError(f"global_batch_size {g} cannot be split over {world_size} ranks", field="global_batch_size")
+    return g // world_size, g
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,17 +193,7 @@ class MixtureSampler(Schedule):
             raise ConfigError(f"schedule must be a MixtureSchedule, got {type(schedule).__name__}", field="schedule")
         self.schedule = schedule
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        if (batch_size is None) == (global_batch_size is None):
-            raise ConfigError("pass exactly one of batch_size and global_batch_size", field="batch_size")
-        if batch_size is not None:
-            self.batch_size = check_count(batch_size, "batch_size", minimum=1, maximum=2**40)
-            self.global_batch_size = self.batch_size * self.world_size
-        else:
-            g = check_count(global_batch_size, "global_batch_size", minimum=1, maximum=2**48)
-            if g % self.world_size:
-                raise ConfigError(f"global_batch_size {g} cannot be split over {self.world_size} ranks",
-                                  field="global_batch_size")
-            self.global_batch_size, self.batch_size = g, g // self.world_size
+        self.batch_size, self.global_batch_size = batch_sizes(batch_size, global_batch_size, self.world_size)
         self.epoch = 0
         self._state = schedule.state_dict()     # the schedule after the last delivered step
         self._steps = 0                         # steps delivered

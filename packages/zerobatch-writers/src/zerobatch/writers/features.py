@@ -117,7 +117,57 @@ def write_feature_matrix(folder: str | os.PathLike[str], sources: Mapping[str, A
     folder = os.path.abspath(os.fspath(folder))
     os.makedirs(folder, exist_ok=True)
 
-    # pass one: counts and exact streaming statistics
+    features, counts, mean, std = _statistics(items, chunk_rows, columns, progress)
+    np_dtype, itemsize = F.DTYPES[dtype]
+    row_bytes = features * itemsize
+    build_id = secrets.token_hex(8)
+    data_name, sums_name = F.data_file_names(build_id)
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    total_rows = int(starts[-1])
+    data_bytes = total_rows * row_bytes
+
+    data = AtomicFile(os.path.join(folder, data_name))
+    try:
+        data.truncate(data_bytes)
+        for k, (key, source) in enumerate(items):
+            rows = _chunks(source, key, chunk_rows, columns)
+            _write_rows(data, key, rows, int(starts[k]), counts[k], features, row_bytes, np_dtype,
+                        (mean, std) if normalize else None, progress)
+        sums = _block_sums(data, data_bytes, block_bytes)
+        sums_file = AtomicFile(os.path.join(folder, sums_name))
+        try:
+            sums_file.write(sums)
+            data.commit()
+            sums_file.commit()
+        except BaseException:
+            sums_file.abort()
+            raise
+    except BaseException:
+        data.abort()
+        raise
+    meta = F.FeatureMeta(
+        dtype=dtype, num_rows=total_rows, num_features=features, build_id=build_id, block_bytes=block_bytes,
+        sums_xxh3=f"{xxh3_64(sums):016x}",
+        keys=tuple(F.KeyRange(key, int(starts[k]), int(starts[k + 1])) for k, (key, _) in enumerate(items)),
+        mean=tuple(float(v) for v in mean) if normalize else None,
+        std=tuple(float(v) for v in std) if normalize else None,
+        columns=tuple(columns) if columns is not None else None)
+    with AtomicFile(os.path.join(folder, F.METADATA)) as f:
+        f.write(json.dumps(meta.to_json(xxh3_64), allow_nan=False).encode())
+    for entry in os.listdir(folder):         # the previous builds' data (mapped readers keep their pages)
+        if _STALE.match(entry) and entry not in (data_name, sums_name):
+            try:
+                os.unlink(os.path.join(folder, entry))
+            except OSError:
+                pass
+    return meta
+
+
+def _statistics(items: list[tuple[str, Any]], chunk_rows: int, columns: Sequence[str] | None,
+                progress: Callable[[str, str, int], None] | None
+                ) -> tuple[int, list[int], np.ndarray, np.ndarray]:
+    """Pass one: ``(features, rows per source, mean, std)`` over every source, exact
+    streaming (Chan et al.) population statistics; a constant feature gets ``std = 1``."""
     features: int | None = None
     n_total = 0
     mean = m2 = None
@@ -148,65 +198,39 @@ def write_feature_matrix(folder: str | os.PathLike[str], sources: Mapping[str, A
         raise ConfigError(f"columns: {len(columns)} names for {features} features", field="columns")
     mean, m2 = np.asarray(mean), np.asarray(m2)      # set with the first chunk
     std = np.sqrt(m2 / n_total) if n_total else np.ones(features)
-    std = np.where(std > 0, std, 1.0)
-    np_dtype, itemsize = F.DTYPES[dtype]
-    row_bytes = features * itemsize
-    build_id = secrets.token_hex(8)
-    data_name, sums_name = F.data_file_names(build_id)
-    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    total_rows = int(starts[-1])
-    data_bytes = total_rows * row_bytes
+    return features, counts, mean, np.where(std > 0, std, 1.0)
 
-    # pass two: each source, normalized, at its own offset
-    data = AtomicFile(os.path.join(folder, data_name))
-    try:
-        data.truncate(data_bytes)
-        for k, (key, source) in enumerate(items):
-            row = int(starts[k])
-            done = 0
-            for chunk in _chunks(source, key, chunk_rows, columns):
-                x = _checked(chunk, key, done, features)
-                if done + x.shape[0] > counts[k]:
-                    raise ConfigError(f"{key}: the source yielded more rows in the second pass", field="sources")
-                if normalize:
-                    x = (x - mean) / std
-                data.pwrite(np.ascontiguousarray(x, dtype=np_dtype).tobytes(), (row + done) * row_bytes)
-                done += x.shape[0]
-                if progress is not None:
-                    progress("write", key, done)
-            if done != counts[k]:
-                raise ConfigError(f"{key}: the source yielded {done} rows in the second pass, {counts[k]} in the first",
-                                  field="sources")
-        sums = bytearray()
-        buf = bytearray(block_bytes)
-        for at in range(0, data_bytes, block_bytes):
-            view = memoryview(buf)[:min(block_bytes, data_bytes - at)]
-            data.pread_into(view, at)
-            sums += xxh3_64(view).to_bytes(8, "little")
-        sums_file = AtomicFile(os.path.join(folder, sums_name))
-        try:
-            sums_file.write(bytes(sums))
-            data.commit()
-            sums_file.commit()
-        except BaseException:
-            sums_file.abort()
-            raise
-    except BaseException:
-        data.abort()
-        raise
-    meta = F.FeatureMeta(
-        dtype=dtype, num_rows=total_rows, num_features=features, build_id=build_id, block_bytes=block_bytes,
-        sums_xxh3=f"{xxh3_64(bytes(sums)):016x}",
-        keys=tuple(F.KeyRange(key, int(starts[k]), int(starts[k + 1])) for k, (key, _) in enumerate(items)),
-        mean=tuple(float(v) for v in mean) if normalize else None,
-        std=tuple(float(v) for v in std) if normalize else None,
-        columns=tuple(columns) if columns is not None else None)
-    with AtomicFile(os.path.join(folder, F.METADATA)) as f:
-        f.write(json.dumps(meta.to_json(xxh3_64), allow_nan=False).encode())
-    for entry in os.listdir(folder):         # the previous builds' data (mapped readers keep their pages)
-        if _STALE.match(entry) and entry not in (data_name, sums_name):
-            try:
-                os.unlink(os.path.join(folder, entry))
-            except OSError:
-                pass
-    return meta
+
+def _write_rows(data: AtomicFile, key: str, chunks: Iterator[Any], row: int, count: int, features: int,
+                row_bytes: int, np_dtype: Any, stats: tuple[np.ndarray, np.ndarray] | None,
+                progress: Callable[[str, str, int], None] | None) -> None:
+    """Pass two for one source: its ``count`` rows (normalized with ``stats``) at row ``row``.
+
+    Raises:
+        ConfigError: the source yields other rows than in pass one.
+    """
+    done = 0
+    for chunk in chunks:
+        x = _checked(chunk, key, done, features)
+        if done + x.shape[0] > count:
+            raise ConfigError(f"{key}: the source yielded more rows in the second pass", field="sources")
+        if stats is not None:
+            x = (x - stats[0]) / stats[1]
+        data.pwrite(np.ascontiguousarray(x, dtype=np_dtype).tobytes(), (row + done) * row_bytes)
+        done += x.shape[0]
+        if progress is not None:
+            progress("write", key, done)
+    if done != count:
+        raise ConfigError(f"{key}: the source yielded {done} rows in the second pass, {count} in the first",
+                          field="sources")
+
+
+def _block_sums(data: AtomicFile, data_bytes: int, block_bytes: int) -> bytes:
+    """The XXH3-64 of each ``block_bytes`` block of what ``data`` holds, little-endian."""
+    sums = bytearray()
+    buf = bytearray(block_bytes)
+    for at in range(0, data_bytes, block_bytes):
+        view = memoryview(buf)[:min(block_bytes, data_bytes - at)]
+        data.pread_into(view, at)
+        sums += xxh3_64(view).to_bytes(8, "little")
+    return bytes(sums)

@@ -264,7 +264,9 @@ class ZRecordWriter:
             payload = memoryview(np.ascontiguousarray(arr)).cast("B")
         logical = len(payload)
         if spec.codec == 1:
-            payload = zlib.compress(payload, self.level, wbits=-15)
+            # a raw deflate stream (zlib.compress takes wbits from Python 3.11 only)
+            z = zlib.compressobj(self.level, zlib.DEFLATED, -15)
+            payload = z.compress(payload) + z.flush()
         stored = len(payload)
         if Z.RECORD_HEADER_SIZE + stored >= 1 << 32:
             raise ConfigError(f"{spec.name}: a record of {stored} bytes does not fit a 4 GiB entry",
