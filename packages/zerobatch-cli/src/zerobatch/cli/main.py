@@ -339,7 +339,18 @@ def build_parser() -> argparse.ArgumentParser:
                 f"({titles}).")
     p.add_argument("--version", action="version", version=f"zerobatch {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    _add_convert(sub)
+    _add_inspect(sub)
+    _add_verify(sub)
+    _add_head(sub)
+    _add_stats(sub)
+    _add_bench(sub)
+    _add_formats(sub)
+    _add_quickstart(sub)
+    return p
 
+
+def _add_convert(sub: Any) -> None:
     s = sub.add_parser("convert", help="convert text or token files into a zerobatch format",
                        description="Convert SRC into DST. Text sources (--from text, jsonl, parquet, hf) are "
                        "tokenized with --tokenizer on --workers processes, the end-of-document id appended; an "
@@ -379,17 +390,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_convert)
 
+
+def _add_inspect(sub: Any) -> None:
     s = sub.add_parser("inspect", help="print a dataset's header or manifest, counts and sizes")
     s.add_argument("path")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("--field", help="zrecord: the token field")
     s.set_defaults(func=cmd_inspect)
 
+
+def _add_verify(sub: Any) -> None:
     s = sub.add_parser("verify", help="check a whole dataset; exit 1 naming the faulty file and place")
     s.add_argument("path")
     s.add_argument("-q", "--quiet", action="store_true", help="print faults only")
     s.set_defaults(func=cmd_verify)
 
+
+def _add_head(sub: Any) -> None:
     s = sub.add_parser("head", help="print the first samples (decoded with --tokenizer)")
     s.add_argument("path")
     s.add_argument("-n", type=int, default=3, help="samples to print (default 3)")
@@ -399,6 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--full", action="store_true", help="print whole samples")
     s.set_defaults(func=cmd_head)
 
+
+def _add_stats(sub: Any) -> None:
     s = sub.add_parser("stats", help="token and document-length distributions (--plot: a PNG)")
     s.add_argument("path")
     s.add_argument("--plot", help="write the distributions as a PNG here")
@@ -408,6 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--field", help="zrecord: the token field")
     s.set_defaults(func=cmd_stats)
 
+
+def _add_bench(sub: Any) -> None:
     s = sub.add_parser("bench", help="time random batch reads of PATH (no PATH: write a sample .batch file and "
                        "stream epochs from it)")
     s.add_argument("path", nargs="?")
@@ -425,10 +446,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--keep", "--path", dest="keep", metavar="FILE", help="sample: keep the sample file here")
     s.set_defaults(func=cmd_bench)
 
+
+def _add_formats(sub: Any) -> None:
     s = sub.add_parser("formats", help="list the formats this installation reads and writes")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_formats)
 
+
+def _add_quickstart(sub: Any) -> None:
     s = sub.add_parser("quickstart", help="train a tokenizer, convert a bundled public-domain text and train a tiny "
                        "causal LM through the zerobatch loader (CPU, a few minutes)")
     s.add_argument("--steps", type=_positive, default=300, help="training steps (default 300)")
@@ -439,7 +464,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--text", help="train on this text file instead of the bundled one")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_quickstart)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
