@@ -236,10 +236,12 @@ class TokenStreamReader(BatchReader):
         checked first, their files held open for the kernel (``fds``: the descriptor table of
         a descriptor backend, else ``None``); ``piecewise()`` instead when they touch more
         files than may be open at once."""
-        self._check_tokens(starts, stops=stops)
         backend = self._tokens
         if backend.kernel_access == "address":
+            if self._checks.pending:
+                self._check_tokens(starts, stops=stops)
             return gather(None)
+        self._check_tokens(starts, stops=stops)
         with backend.pinned(self._shards_of(starts, stops) if starts.size else ()) as table:
             if table is not None:
                 return gather(table)
