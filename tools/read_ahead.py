@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 import numpy as np
+from benchmark import evict  # tools/benchmark.py, beside this script: drop files from the page cache
 
 BS, SEQ = 32, 512
 THREADS = (0, 1, 2)
@@ -110,18 +111,6 @@ def compute(step_ms: float) -> Any:
         for _ in range(n):
             a @ a
     return step
-
-
-def evict(root: str) -> None:
-    """Drop the data files from the page cache (reads then go to the disk)."""
-    for d, _, files in os.walk(root):
-        for f in files:
-            fd = os.open(os.path.join(d, f), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def loop(p: dict[str, str], kind: str, threads: int, step: Any, steps: int, cold_cache: bool = False
