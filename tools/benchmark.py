@@ -150,10 +150,12 @@ def _stub_torchvision() -> None:
         pass
     import importlib.machinery
     for name in ("torchvision", "torchvision.datasets", "torchvision.transforms",
-                 "torchvision.transforms.functional"):
+                 "torchvision.transforms.functional", "torchvision.io"):
         mod = types.ModuleType(name)
         mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
         sys.modules[name] = mod
+    # Hugging Face datasets' torch formatter checks every value against torchvision.io.VideoReader
+    sys.modules["torchvision.io"].VideoReader = type("VideoReader", (), {})  # type: ignore[attr-defined]
     sys.modules["torchvision.datasets"].VisionDataset = object  # type: ignore[attr-defined]
     sys.modules["torchvision.datasets"].CIFAR10 = object  # type: ignore[attr-defined]
     sys.modules["torchvision.transforms.functional"].to_tensor = None  # type: ignore[attr-defined]
