@@ -38,6 +38,7 @@ from zerobatch.core._status cimport ZB_E_CHECKSUM, ZB_E_RANGE, ZB_OK
 import numpy as np
 
 from zerobatch.core._status import raise_for_status
+from zerobatch.core.checks import check_bitmap
 
 from zerobatch.formats.errors import ConfigError, IntegrityError, OutOfRangeError
 
@@ -274,16 +275,6 @@ def pad_rows(tokens, lengths, int64_t pad_id=0, mask=None, labels=None, int64_t 
     return tokens
 
 
-cdef object _bitmap(object given, int64_t nbytes, str name):
-    """The caller's bitmap (checked), or a fresh one."""
-    if given is None:
-        return np.zeros(nbytes, dtype=np.uint8)
-    if not isinstance(given, np.ndarray) or given.dtype != np.uint8 or given.size < nbytes \
-            or not given.flags.c_contiguous or not given.flags.writeable:
-        raise ConfigError(f"{name} must be a writable uint8 array of {nbytes} bytes", field=name)
-    return given
-
-
 cdef class LLMBatchSlots:
     """Compiled access to the batch slots of one mapped LLMBATCH file.
 
@@ -338,8 +329,8 @@ cdef class LLMBatchSlots:
         self.has_checksums = header.has_checksums
         self.verify = verify and header.has_checksums
         nbytes = max((header.num_batches + 7) // 8, 1)
-        self._verified = _bitmap(verified, nbytes, "verified")
-        self._int32_ok = _bitmap(int32_ok, nbytes, "int32_ok")
+        self._verified = check_bitmap(verified, nbytes, "verified")
+        self._int32_ok = check_bitmap(int32_ok, nbytes, "int32_ok")
         self.int32_safe = header.max_token is not None and header.max_token < 2**31
         cdef uint64_t trailer_offset = header.trailer_offset
         self._g.base = &data[0]

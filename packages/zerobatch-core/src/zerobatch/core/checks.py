@@ -14,7 +14,7 @@ import numpy as np
 
 from zerobatch.formats.errors import ConfigError, OutOfRangeError
 
-__all__ = ["as_positions", "check_count", "check_out", "check_position", "check_rank", "check_seed", "positions_and_out"]
+__all__ = ["as_positions", "check_bitmap", "check_count", "check_out", "check_position", "check_rank", "check_seed", "positions_and_out"]
 
 
 def check_count(value: Any, name: str, *, minimum: int = 0, maximum: int = 2**63 - 1) -> int:
@@ -121,3 +121,18 @@ def check_position(i: Any, n: int, name: str = "position") -> int:
     if v < 0 or v >= n:
         raise OutOfRangeError(f"{name} {v} is out of range [0, {n})")
     return v
+
+
+def check_bitmap(given: Any, nbytes: int, name: str) -> np.ndarray:
+    """A caller's byte-per-item bitmap (a writable C-contiguous ``uint8`` array of at least
+    ``nbytes``), or a fresh zeroed one when ``given`` is None.
+
+    Raises:
+        ConfigError: an unfit array.
+    """
+    if given is None:
+        return np.zeros(nbytes, dtype=np.uint8)
+    if not isinstance(given, np.ndarray) or given.dtype != np.uint8 or given.size < nbytes \
+            or not given.flags.c_contiguous or not given.flags.writeable:
+        raise ConfigError(f"{name} must be a writable uint8 array of {nbytes} bytes", field=name)
+    return given

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 from zerobatch.core._twins.hash import _r64, xxh3_64
+from zerobatch.core.checks import check_bitmap
 from zerobatch.formats import llmbatch as L
 from zerobatch.formats.errors import ConfigError, IntegrityError, OutOfRangeError
 
@@ -114,15 +115,6 @@ class _Ticket:
         return bool(self.call.cancel())
 
 
-def _bitmap(given: Any, nbytes: int, name: str) -> np.ndarray:
-    if given is None:
-        return np.zeros(nbytes, dtype=np.uint8)
-    if not isinstance(given, np.ndarray) or given.dtype != np.uint8 or given.size < nbytes \
-            or not given.flags.c_contiguous or not given.flags.writeable:
-        raise ConfigError(f"{name} must be a writable uint8 array of {nbytes} bytes", field=name)
-    return given
-
-
 class _Bits:
     """A caller's bitmap, read and set bit by bit (as the kernel's zb_bit_get / zb_bit_set)."""
 
@@ -160,8 +152,8 @@ class LLMBatchSlots:
         self.int32_safe = header.max_token is not None and header.max_token < 2**31
         self._trailer = header.trailer_offset
         nbytes = max((self.num_batches + 7) // 8, 1)
-        self._verified = _Bits(_bitmap(verified, nbytes, "verified"))
-        self._int32_ok = _Bits(_bitmap(int32_ok, nbytes, "int32_ok"))
+        self._verified = _Bits(check_bitmap(verified, nbytes, "verified"))
+        self._int32_ok = _Bits(check_bitmap(int32_ok, nbytes, "int32_ok"))
         shape = (header.num_batches, header.batch_size, header.seq_len)
         strides = (header.padded_batch_bytes, header.seq_len * 4, 4)
         if header.num_batches:
