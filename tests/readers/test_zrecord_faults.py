@@ -45,6 +45,10 @@ def read_all(folder) -> tuple:
                 tuple(None if v is None else v.tobytes() for v in b["c"]))
 
 
+def store_key(folder) -> int:
+    return Z.parse_meta((folder / "meta.json").read_bytes()).key
+
+
 def set_entry(folder, field, index, chunk=None, offset=None, length=None, check=True):
     """Rewrite an entry as a crafted store would: with a valid check unless ``check=False``."""
     path = folder / f"{field}.offset"
@@ -59,7 +63,7 @@ def set_entry(folder, field, index, chunk=None, offset=None, length=None, check=
     if check:
         k = [f.name for f in FIELDS].index(field) if field in [f.name for f in FIELDS] else 0
         checks = np.fromfile(folder / f"{field}.check", "<u4")
-        checks[index] = Z.entry_checks(t[index:index + 1], index, k)[0]
+        checks[index] = Z.entry_checks(t[index:index + 1], index, k, store_key(folder))[0]
         checks.tofile(folder / f"{field}.check")
 
 
@@ -108,7 +112,7 @@ def test_a_chunk_id_that_does_not_exist(tmp_path):
 
 def _write_record(folder, field_no, chunk, offset, logical, payload, codec):
     tail = Z.RECORD_HEADER.pack(0, logical, codec, Z.RECORD_MAGIC, field_no)[8:]
-    digest = xxh3_64(tail + payload)
+    digest = xxh3_64(tail + payload) ^ store_key(folder)
     with open(folder / "chunk" / f"{chunk}.zr", "r+b") as f:
         f.seek(offset)
         f.write(digest.to_bytes(8, "little") + tail + payload)
@@ -234,11 +238,16 @@ def test_a_meta_json_that_lies(tmp_path):
     good = (folder / "meta.json").read_text()
     import json
 
-    def lie(change) -> None:
+    def lie(change, checksum=True) -> None:
         doc = json.loads(good)
         change(doc)
+        if checksum:   # a crafted meta.json, re-checksummed; else one that was damaged
+            doc["checksum"] = Z.meta_checksum(doc)
         (folder / "meta.json").write_text(json.dumps(doc))
 
+    lie(lambda d: d.update(length=41), checksum=False)
+    with pytest.raises(CorruptError, match="checksum mismatch"):
+        ZRecordStore(folder)
     lie(lambda d: d.update(length=41))
     with pytest.raises(CorruptError, match="disagree"):
         ZRecordStore(folder)

@@ -9,6 +9,8 @@ import threading
 import numpy as np
 import pytest
 
+from zerobatch.core._status import STATUS
+
 from zerobatch.core import _reference
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import ConfigError, StateError
@@ -157,7 +159,7 @@ def test_compiled_kernel_matches_its_pure_python_twin(tmp_path):
             entries = np.empty((idx.size, 3), Z.ENTRY_DTYPE)
             status, length, nch, bad = impl.snapshot_entries(gen.commit_map, gen.epoch, gen.table_addr,
                                                              gen.check_addr, gen.table_entries, [0, 2, 3], idx,
-                                                             entries)
+                                                             entries, s._key32)
             assert status == 0
             got[impl] = (entries, length, nch)
         (e1, l1, n1), (e2, l2, n2) = got[compiled], got[_reference]
@@ -168,8 +170,12 @@ def test_compiled_kernel_matches_its_pure_python_twin(tmp_path):
             col = e1[:, j].copy()
             args = (col, gen.chunk_base, gen.chunk_size, n1, k, spec.codec, spec.fixed_bytes,
                     spec.fixed_bytes or 1 << 30, spec.np_dtype.itemsize, True)
-            a, b = compiled.check_records(*args), _reference.check_records(*args)
+            kw = dict(key=s._key, first=gen.first_chunk)
+            a, b = compiled.check_records(*args, **kw), _reference.check_records(*args, **kw)
             assert a[:3] == b[:3] == (0, 0, 0)
+            # the record checksums are bound to the store: another key fails both alike
+            a, b = compiled.check_records(*args, key=s._key ^ 1), _reference.check_records(*args, key=s._key ^ 1)
+            assert a[0] == b[0] == STATUS.ZB_E_CHECKSUM
             np.testing.assert_array_equal(a[3], b[3])
             np.testing.assert_array_equal(a[4], b[4])
 

@@ -33,7 +33,8 @@ static inline uint64_t zr_seq(const uint8_t *commit) {
 }
 
 /* Copy the entries of `nf` fields for `n` indices under the commit file's seqlock, each
- * checked against its CRC-32 (over the entry, its index u64 and field number u32).
+ * checked against its CRC-32 (over the entry, its index u64 and field number u32) XOR
+ * `key32` (the store key folded to 32 bits: a table of another store fails).
  * pre:  tables[k] / checks[k] map table_entries[k] entries / checks of field k (number
  *       field_nos[k]); idx has n values (negative
  *       ones count from the end); out has room for n * nf entries.
@@ -46,7 +47,8 @@ static inline uint64_t zr_seq(const uint8_t *commit) {
 static int zr_snapshot(const uint8_t *commit, uint64_t epoch, const uint8_t *const *tables,
                        const uint8_t *const *checks, const uint32_t *field_nos,
                        const uint64_t *table_entries, int64_t nf, const int64_t *idx, int64_t n,
-                       zr_entry *out, uint64_t *length, uint64_t *num_chunks, int64_t *bad) {
+                       uint32_t key32, zr_entry *out, uint64_t *length, uint64_t *num_chunks,
+                       int64_t *bad) {
     uint64_t s1 = zr_seq(commit);
     if (s1 & 1) return ZB_RETRY;
     uint32_t flags = __atomic_load_n((const uint32_t *)(commit + 12), __ATOMIC_ACQUIRE);
@@ -68,7 +70,7 @@ static int zr_snapshot(const uint8_t *commit, uint64_t epoch, const uint8_t *con
             memcpy(buf + 16, &jj, 8);
             memcpy(buf + 24, &field_nos[k], 4);
             memcpy(&out[i * nf + k], buf, 16);
-            if ((uint32_t)crc32(0L, buf, 28) != zr_ld32(checks[k] + jj * 4u)) {
+            if (((uint32_t)crc32(0L, buf, 28) ^ key32) != zr_ld32(checks[k] + jj * 4u)) {
                 *bad = i * nf + k;
                 status = ZB_E_CHECKSUM;
                 goto check;
@@ -89,6 +91,7 @@ typedef struct {
     const uint64_t *size;
     uint64_t mapped;      /* entries of base / size */
     uint64_t committed;   /* chunks that exist in the committed state */
+    uint64_t first;       /* the first live chunk: those below were retired by a rebalance */
 } zr_chunkmap;
 
 /* A chunk's mapping is published base first, then size (both release); a kernel loads the
@@ -114,6 +117,7 @@ typedef struct {
     uint64_t max_len;          /* largest logical length accepted */
     uint64_t itemsize;         /* a logical length must be a multiple of it */
     uint64_t (*hash)(const uint8_t *, uint64_t);
+    uint64_t key;              /* the store key, XORed into every record's checksum */
     /* outputs of the check */
     uint64_t *payload;         /* chunk offset of the payload, per record */
     int64_t *lens;             /* logical length, -1 for an absent record */
@@ -145,6 +149,30 @@ static int zr_inflate(z_stream *zs, int *zs_ready, const uint8_t *src, uint64_t 
     return ZB_OK;
 }
 
+/* A flate record of logical length 0: its stream must still be a whole deflate stream that
+ * inflates to nothing and ends exactly at the end of the stored bytes. */
+static int zr_inflate_empty(z_stream *zs, int *zs_ready, const uint8_t *src, uint64_t n) {
+    uint8_t scratch[1];
+    if (!*zs_ready) {
+        memset(zs, 0, sizeof(*zs));
+        if (inflateInit2(zs, -15) != Z_OK) return ZB_E_NOMEM;
+        *zs_ready = 1;
+    } else if (inflateReset(zs) != Z_OK) {
+        return ZB_E_IO;
+    }
+    zs->next_in = (Bytef *)src;
+    zs->avail_in = (uInt)n;
+    zs->next_out = scratch;
+    zs->avail_out = 1;
+    int r = inflate(zs, Z_FINISH);
+    if (r != Z_STREAM_END || zs->avail_out != 1 || zs->avail_in != 0) return ZB_E_FIELD;
+    return ZB_OK;
+}
+
+/* The most bytes a raw deflate stream of `stored` bytes can inflate to (deflate's largest
+ * ratio is 1032:1): a record declaring more is damage, refused before any allocation. */
+static inline uint64_t zr_inflate_bound(uint64_t stored) { return stored * 1032u + 1024u; }
+
 static int zr_job_run(zr_job *j) {
     const zr_chunkmap *cm = j->cm;
     z_stream zs;
@@ -168,7 +196,9 @@ static int zr_job_run(zr_job *j) {
             if (dst != NULL && j->fixed_len) memset(dst, 0, j->fixed_len);
             continue;
         }
-        if ((uint64_t)e->chunk >= cm->committed) { status = ZB_E_FIELD; j->bad = i; break; }
+        if ((uint64_t)e->chunk >= cm->committed || (uint64_t)e->chunk < cm->first) {
+            status = ZB_E_FIELD; j->bad = i; break;
+        }
         if ((uint64_t)e->chunk >= cm->mapped) {
             status = ZB_NEED_CHUNK; j->need_chunk = e->chunk; j->bad = i; break;
         }
@@ -184,13 +214,18 @@ static int zr_job_run(zr_job *j) {
         uint64_t stored = (uint64_t)e->length - ZR_HEADER;
         uint32_t logical = zr_ld32(h + 8);
         if (h[13] != ZR_MAGIC) { status = ZB_E_MAGIC; j->bad = i; break; }
-        if (j->verify && j->hash(h + 8, (uint64_t)e->length - 8) != zr_ld64(h)) {
+        if (j->verify && (j->hash(h + 8, (uint64_t)e->length - 8) ^ j->key) != zr_ld64(h)) {
             status = ZB_E_CHECKSUM; j->bad = i; break;
         }
         if (h[12] != j->codec || zr_ld16(h + 14) != j->field_no) { status = ZB_E_FIELD; j->bad = i; break; }
         if (j->codec == 0 && logical != stored) { status = ZB_E_FIELD; j->bad = i; break; }
         if (j->fixed_len && logical != j->fixed_len) { status = ZB_E_FIELD; j->bad = i; break; }
         if (logical > j->max_len) { status = ZB_E_LIMIT; j->bad = i; break; }
+        if (j->codec == 1 && logical > zr_inflate_bound(stored)) { status = ZB_E_FIELD; j->bad = i; break; }
+        if (j->codec == 1 && logical == 0) {
+            status = zr_inflate_empty(&zs, &zs_ready, h + ZR_HEADER, stored);
+            if (status != ZB_OK) { j->bad = i; break; }
+        }
         if (j->itemsize > 1 && logical % j->itemsize) { status = ZB_E_FIELD; j->bad = i; break; }
         j->lens[i] = logical;
         j->payload[i] = e->offset + ZR_HEADER;

@@ -18,6 +18,7 @@ cdef extern from "_zrecord.h" nogil:
         const uint64_t *size
         uint64_t mapped
         uint64_t committed
+        uint64_t first
 
     # One task: check (and copy or inflate) `count` records of one field.
     ctypedef struct zr_job:
@@ -32,6 +33,7 @@ cdef extern from "_zrecord.h" nogil:
         uint64_t max_len
         uint64_t itemsize
         uint64_t (*hash)(const uint8_t *, uint64_t) noexcept nogil
+        uint64_t key
         uint64_t *payload
         int64_t *lens
         uint8_t *out
@@ -42,7 +44,7 @@ cdef extern from "_zrecord.h" nogil:
         uint64_t need_chunk
 
     # The entries of `nf` fields for `n` indices, all of one committed state (the commit
-    # file's seqlock), each checked against its CRC-32.
+    # file's seqlock), each checked against its CRC-32 XOR key32 (the folded store key).
     # pre:  tables[k] / checks[k] hold table_entries[k] entries / checks of field number
     #       field_nos[k]; out has room for n * nf entries.
     # post: ZB_OK (out filled, *length and *num_chunks the state's); ZB_RETRY (a writer was
@@ -52,10 +54,12 @@ cdef extern from "_zrecord.h" nogil:
     int zr_snapshot(const uint8_t *commit, uint64_t epoch, const uint8_t *const *tables,
                     const uint8_t *const *checks, const uint32_t *field_nos,
                     const uint64_t *table_entries, int64_t nf, const int64_t *idx, int64_t n,
-                    zr_entry *out, uint64_t *length, uint64_t *num_chunks, int64_t *bad)
+                    uint32_t key32, zr_entry *out, uint64_t *length, uint64_t *num_chunks, int64_t *bad)
 
-    # Check `j.count` records: the chunk exists and holds the entry, the container's magic,
-    # checksum (verify), codec, field number and lengths; copy or inflate into j.out.
+    # Check `j.count` records: the chunk is live (in [first, committed)) and holds the entry,
+    # the container's magic, checksum XOR j.key (verify), codec, field number and lengths (a
+    # flate record declares at most 1032x its stored bytes, and one of length 0 must hold an
+    # empty stream ending exactly); copy or inflate into j.out.
     # post: ZB_OK (payload offsets and logical lengths set, -1 for an absent record);
     #       ZB_NEED_CHUNK (j.need_chunk not mapped or mapped too short: map it, call again);
     #       ZB_E_FIELD / ZB_E_MAGIC / ZB_E_CHECKSUM / ZB_E_LIMIT / ZB_E_OVERFLOW with

@@ -2,8 +2,8 @@
 # ZRECORD kernels: records of a multi-field store, resolved, checked, copied or inflated.
 #
 # Contract (the C kernels and their contracts are declared in _zrecord.pxd)
-#   snapshot_entries(commit, epoch, tables, checks, table_entries, field_nos, indices, out)
-#     -> (status, length, num_chunks, bad)
+#   snapshot_entries(commit, epoch, tables, checks, table_entries, field_nos, indices, out,
+#                    key32=0) -> (status, length, num_chunks, bad)
 #     commit: a buffer over the store's commit.zr (>= 64 bytes); tables / checks: uint64
 #     addresses of field k's mapped offset table and check file, table_entries: the entries
 #     both cover (all three indexed by field number, owned by the caller, which keeps the
@@ -12,8 +12,9 @@
 #     ZB_STALE / ZB_NEED_TABLE, or the errors ZB_E_INDEX / ZB_E_CHECKSUM (with `bad`), for
 #     the caller to act on or raise through raise_for_status.
 #   check_records(entries, chunk_base, chunk_size, committed, field_no, codec, fixed_len,
-#                 max_len, itemsize, verify, out=None, pool=None, threads=1)
+#                 max_len, itemsize, verify, out=None, pool=None, threads=1, key=0, first=0)
 #     -> (status, bad, need_chunk, payload, lens)
+#     key: the store key XORed into every record checksum; first: the first live chunk.
 #     chunk_base / chunk_size: the caller's uint64 arrays of mapped chunk addresses and sizes
 #     (0: not mapped; published with publish_chunk). Per record the checks of zr_job_run,
 #     then a copy (raw) or inflate (flate) into `out` (fixed_len * n bytes) when given.
@@ -64,7 +65,8 @@ cdef int _task_fn(void *arg) noexcept nogil:
     return zr_job_run(<zr_job *>arg)
 
 
-def snapshot_entries(commit, uint64_t epoch, tables, checks, table_entries, field_nos, indices, out):
+def snapshot_entries(commit, uint64_t epoch, tables, checks, table_entries, field_nos, indices, out,
+                     uint32_t key32=0):
     """See the module comment. Returns ``(status, length, num_chunks, bad)``."""
     cdef const uint8_t[::1] cv = np.frombuffer(commit, dtype=np.uint8)
     if cv.shape[0] < 64:
@@ -100,7 +102,7 @@ def snapshot_entries(commit, uint64_t epoch, tables, checks, table_entries, fiel
             tents[k] = tent[fno[k]] if tabs[k] != NULL and chks[k] != NULL else 0
         with nogil:
             status = zr_snapshot(&cv[0], epoch, tabs, chks, fnos, tents, nf, &idx[0] if n else NULL,
-                                 n if nf else 0, <zr_entry *>&raw[0], &length, &nchunks, &bad)
+                                 n if nf else 0, key32, <zr_entry *>&raw[0], &length, &nchunks, &bad)
     finally:
         PyMem_Free(tabs)
         PyMem_Free(chks)
@@ -111,13 +113,13 @@ def snapshot_entries(commit, uint64_t epoch, tables, checks, table_entries, fiel
 
 def check_records(entries, chunk_base, chunk_size, uint64_t committed, uint32_t field_no, uint32_t codec,
                   uint64_t fixed_len, uint64_t max_len, uint64_t itemsize, bint verify, out=None,
-                  TaskPool pool=None, int64_t threads=1):
+                  TaskPool pool=None, int64_t threads=1, uint64_t key=0, uint64_t first=0):
     """See the module comment. Returns ``(status, bad, need_chunk, payload, lens)``."""
     n = len(entries)
     payload = np.zeros(n, np.uint64)
     lens = np.zeros(n, np.int64)
     status, bad, need = _run(entries, chunk_base, chunk_size, committed, field_no, codec, fixed_len, max_len,
-                             itemsize, verify, out, None, payload, lens, False, pool, threads)
+                             itemsize, verify, out, None, payload, lens, False, pool, threads, key, first)
     return status, bad, need, payload, lens
 
 
@@ -125,13 +127,13 @@ def inflate_records(entries, chunk_base, chunk_size, payload, lens, out, out_off
                     int64_t threads=1):
     """See the module comment. Returns ``(status, bad)``."""
     status, bad, _ = _run(entries, chunk_base, chunk_size, len(chunk_base), 0, 1, 0, 0, 1, False, out,
-                          out_offsets, payload, lens, True, pool, threads)
+                          out_offsets, payload, lens, True, pool, threads, 0, 0)
     return status, bad
 
 
 cdef tuple _run(entries, chunk_base, chunk_size, uint64_t committed, uint32_t field_no, uint32_t codec,
                 uint64_t fixed_len, uint64_t max_len, uint64_t itemsize, bint verify, out, out_offsets,
-                payload, lens, bint fill_only, TaskPool pool, int64_t threads):
+                payload, lens, bint fill_only, TaskPool pool, int64_t threads, uint64_t key, uint64_t first_chunk):
     cdef const uint8_t[::1] ent_raw = np.ascontiguousarray(entries).view(np.uint8).reshape(-1)
     cdef int64_t n = ent_raw.shape[0] // 16
     cdef const uint64_t[::1] bases = chunk_base
@@ -170,6 +172,7 @@ cdef tuple _run(entries, chunk_base, chunk_size, uint64_t committed, uint32_t fi
     cm.size = &sizes[0] if sizes.shape[0] else NULL
     cm.mapped = bases.shape[0]
     cm.committed = committed
+    cm.first = first_chunk
     parts = 1
     if pool is not None and threads > 1:
         parts = min(threads, max(1, <int64_t>(total // MIN_BYTES_PER_PART)), n)
@@ -195,6 +198,7 @@ cdef tuple _run(entries, chunk_base, chunk_size, uint64_t committed, uint32_t fi
             jobs[p].max_len = max_len
             jobs[p].itemsize = itemsize
             jobs[p].hash = zb_xxh3_64
+            jobs[p].key = key
             jobs[p].payload = &pay[first]
             jobs[p].lens = &ln[first]
             jobs[p].fill_only = fill_only

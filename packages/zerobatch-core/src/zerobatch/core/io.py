@@ -173,8 +173,10 @@ def grow_file(fd: int, size: int, needed: int, step: int) -> int:
 # Reading
 
 
-def open_regular_file(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
-    """Open ``path`` read-only and make sure it is a regular file.
+def open_regular_file(path: str | os.PathLike[str], *, write: bool = False,
+                      create: bool = False) -> tuple[int, os.stat_result]:
+    """Open ``path`` (read-only, or read-write with ``write``; ``create`` makes it if missing)
+    and make sure it is a regular file.
 
     ``O_NONBLOCK`` keeps ``open()`` from waiting for a writer on a FIFO; the flag is cleared
     once the file is known to be regular.
@@ -188,13 +190,15 @@ def open_regular_file(path: str | os.PathLike[str]) -> tuple[int, os.stat_result
         FormatError: the path is a directory, FIFO, device or socket rather than a file.
     """
     p = os.fspath(path)
+    flags = (os.O_RDWR if write else os.O_RDONLY) | (os.O_CREAT if create else 0)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(p, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644)
     except FileNotFoundError as exc:
         raise NotFoundError("file: no such file (or a dangling symlink)", path=p, field="file") from exc
     except OSError as exc:
-        if exc.errno == _errno.ENXIO:
-            raise FormatError("file: not a regular file (a socket or device)", path=p, field="file") from exc
+        if exc.errno in (_errno.ENXIO, _errno.EISDIR):
+            kind = "a directory" if exc.errno == _errno.EISDIR else "a socket or device"
+            raise FormatError(f"file: not a regular file ({kind})", path=p, field="file") from exc
         raise ReadError(f"file: cannot open: {exc.strerror}", errno=exc.errno, path=p, field="file") from exc
     try:
         st = os.fstat(fd)

@@ -31,9 +31,10 @@ from typing import Any
 import numpy as np
 
 from zerobatch.core import xxh3_64
-from zerobatch.core.io import AtomicFile, io_call, open_regular_file
+from zerobatch.core.io import AtomicFile, io_call, open_regular_file, pread_exact
 from zerobatch.formats import zrecord as Z
-from zerobatch.formats.errors import CorruptError, NotFoundError, ReadError, StateError, WriteError
+from zerobatch.formats.errors import (CorruptError, NotFoundError, ReadError, StateError, TruncatedError, WriteError,
+                                     ZerobatchError)
 
 __all__ = [
     "Journal",
@@ -43,6 +44,8 @@ __all__ = [
     "pack_journal",
     "parse_journal",
     "read_commit",
+    "read_journal",
+    "read_meta",
     "recover",
     "replay",
     "write_commit",
@@ -56,20 +59,19 @@ WAIT_SECONDS = 10.0
 def lock(path: str, *, exclusive: bool, blocking: bool, create: bool = False) -> int | None:
     """Open ``path`` and ``flock`` it. Returns the descriptor, or None if the lock is taken.
 
+    The lock file must be a regular file: a FIFO, socket, device or folder in its place is
+    refused at once (opened non-blocking, so a FIFO never hangs the opener).
+
     Raises:
         NotFoundError: the lock file does not exist (and ``create`` is false).
+        FormatError: it is not a regular file.
         ReadError: it cannot be opened.
     """
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-    if create:
-        flags |= os.O_CREAT
+    name = os.path.basename(path)
     try:
-        fd = os.open(path, flags, 0o644)
-    except FileNotFoundError as exc:
-        raise NotFoundError("lock file: missing", path=path, field=os.path.basename(path)) from exc
-    except OSError as exc:
-        raise ReadError(f"lock file: cannot open: {exc.strerror}", errno=exc.errno, path=path,
-                        field=os.path.basename(path)) from exc
+        fd, _ = open_regular_file(path, create=create)
+    except ZerobatchError as exc:
+        raise type(exc)(f"lock file: {exc.message}", path=path, field=name) from exc
     op = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if blocking else fcntl.LOCK_NB)
     try:
         fcntl.flock(fd, op)
@@ -79,7 +81,7 @@ def lock(path: str, *, exclusive: bool, blocking: bool, create: bool = False) ->
     except OSError as exc:
         os.close(fd)
         raise ReadError(f"lock file: flock failed: {exc.strerror}", errno=exc.errno, path=path,
-                        field=os.path.basename(path)) from exc
+                        field=name) from exc
     return fd
 
 
@@ -92,7 +94,7 @@ def writer_alive(folder: str) -> bool:
     return False
 
 
-def read_commit_waiting(buf: Any, folder: str, *, path: Any = None) -> Z.Commit:
+def read_commit_waiting(buf: Any, folder: str, *, path: Any = None, key: int = 0) -> Z.Commit:
     """:func:`read_commit`, waiting while ``seq`` is odd only if a writer or a journal can
     explain it: applies a dead writer's journal, and refuses an odd ``seq`` nothing explains.
 
@@ -102,13 +104,13 @@ def read_commit_waiting(buf: Any, folder: str, *, path: Any = None) -> Z.Commit:
     """
     deadline = time.monotonic() + WAIT_SECONDS
     while True:
-        c = read_commit(buf, path=path, wait=0.05)
+        c = read_commit(buf, path=path, wait=0.05, key=key)
         if c is not None:
             return c
         if recover(folder):
             continue
         if not writer_alive(folder):
-            c = read_commit(buf, path=path)
+            c = read_commit(buf, path=path, key=key)
             if c is not None:
                 return c
             raise CorruptError("commit.zr: seq is odd, yet no writer runs and no journal is left",
@@ -122,27 +124,35 @@ def unlock(fd: int | None) -> None:
         os.close(fd)
 
 
-def read_commit(buf: Any, *, path: Any = None, wait: float = 0.0) -> Z.Commit | None:
-    """The committed values of a mapped ``commit.zr``, read under its seqlock.
+def read_commit(buf: Any, *, path: Any = None, wait: float = 0.0, key: int = 0) -> Z.Commit | None:
+    """The committed values of a mapped ``commit.zr``, read under its seqlock; ``key``: the
+    store key its checksum is XORed with.
 
     Returns None when ``seq`` stays odd for ``wait`` seconds (a writer died while applying a
     journal: the caller recovers).
+
+    Raises:
+        TruncatedError: fewer bytes than the commit values.
     """
     view = memoryview(buf) if not hasattr(buf, "_m") else memoryview(buf._m)  # the twin FileMapping
+    if len(view) < Z.COMMIT_STRUCT.size:
+        raise TruncatedError(f"commit.zr: {len(view)} bytes, fewer than {Z.COMMIT_STRUCT.size}", path=path,
+                             field="commit.zr")
     deadline = time.monotonic() + wait
     while True:
         s1 = struct.unpack_from("<Q", view, 16)[0]
         raw = bytes(view[:Z.COMMIT_STRUCT.size])
         s2 = struct.unpack_from("<Q", view, 16)[0]
         if s1 == s2 and not s1 & 1:
-            return Z.unpack_commit(raw, xxh3_64, path=path)
+            return Z.unpack_commit(raw, xxh3_64, path=path, key=key)
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.001)
 
 
-def write_commit(fd: int, c: Z.Commit, *, path: Any, updates: list[tuple[int, bytes, int]] = ()) -> int:
-    """Publish ``c`` in ``commit.zr`` (open read-write) under the seqlock; returns the new seq.
+def write_commit(fd: int, c: Z.Commit, *, path: Any, key: int, updates: list[tuple[int, bytes, int]] = ()) -> int:
+    """Publish ``c`` in ``commit.zr`` (open read-write) under the seqlock, checksummed with the
+    store ``key``; returns the new seq.
 
     ``updates`` are ``(fd, bytes, offset)`` writes (entries and their checks) made while
     ``seq`` is odd.
@@ -154,7 +164,7 @@ def write_commit(fd: int, c: Z.Commit, *, path: Any, updates: list[tuple[int, by
         io_call("pwrite", os.pwrite, fd, struct.pack("<Q", odd), 16)
         for tfd, data, offset in updates:
             io_call("pwrite", os.pwrite, tfd, data, offset)
-        packed = Z.pack_commit(dataclasses.replace(c, seq=odd), xxh3_64)
+        packed = Z.pack_commit(dataclasses.replace(c, seq=odd), xxh3_64, key)
         io_call("pwrite", os.pwrite, fd, packed[:16], 0)
         io_call("pwrite", os.pwrite, fd, packed[24:Z.COMMIT_STRUCT.size], 24)
         io_call("pwrite", os.pwrite, fd, struct.pack("<Q", odd + 1), 16)
@@ -214,6 +224,38 @@ def parse_journal(raw: bytes, *, path: Any = None) -> Journal:
     return Journal(kind, Z.Commit(0, length, nch, gen, epoch), meta, updates, renames)
 
 
+def read_journal(jpath: str) -> Journal:
+    """Read and parse ``journal.zr``, allocating no more than its header says it holds and
+    refusing a sparse file (a journal is written whole, so one with holes is damage)."""
+    rfd, st = open_regular_file(jpath)
+    try:
+        head = os.pread(rfd, Z.JOURNAL_HEADER.size, 0)
+        if len(head) == Z.JOURNAL_HEADER.size:
+            nupd, nextra = Z.JOURNAL_HEADER.unpack_from(head)[7:9]
+            want = Z.JOURNAL_HEADER.size + nextra + nupd * Z.JOURNAL_UPDATE_DTYPE.itemsize
+            if nextra > 4 * Z.MAX_META_BYTES or want != st.st_size:
+                raise CorruptError(f"journal.zr: its header describes {want} bytes, the file holds {st.st_size}",
+                                   path=jpath, field="size")
+            if st.st_blocks * 512 + 65536 < st.st_size:
+                raise CorruptError("journal.zr: a sparse file (a journal is written whole)", path=jpath,
+                                   field="size")
+        # A journal is renamed into place whole: a damaged one is damage, never a torn write.
+        raw = pread_exact(rfd, st.st_size, 0, path=jpath, field="journal.zr") if len(head) == Z.JOURNAL_HEADER.size else head
+    finally:
+        os.close(rfd)
+    return parse_journal(raw, path=jpath)
+
+
+def read_meta(mpath: str) -> Z.StoreMeta:
+    """Read and parse ``meta.json`` (a regular file, at most ``MAX_META_BYTES``)."""
+    fd, st = open_regular_file(mpath)
+    try:
+        raw = os.pread(fd, min(st.st_size, Z.MAX_META_BYTES + 1), 0)
+    finally:
+        os.close(fd)
+    return Z.parse_meta(raw, path=mpath)
+
+
 def replay(folder: str, j: Journal) -> None:
     """Apply a journal (idempotent). The caller holds ``writer.lock`` (and, for a rebalance,
     ``switch.lock``) exclusive."""
@@ -222,7 +264,7 @@ def replay(folder: str, j: Journal) -> None:
         if os.path.exists(s):
             os.rename(s, os.path.join(folder, dst))
     cpath = os.path.join(folder, Z.COMMIT_NAME)
-    cfd = os.open(cpath, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    cfd = open_regular_file(cpath, write=True)[0]
     tfds: dict[tuple[int, int], int] = {}
     try:
         updates = []
@@ -233,13 +275,14 @@ def replay(folder: str, j: Journal) -> None:
                                    field="updates")
             if (f, 0) not in tfds:
                 for kind, name in ((0, Z.offset_name(j.meta.fields[f].name)), (1, Z.check_name(j.meta.fields[f].name))):
-                    tfds[(f, kind)] = os.open(os.path.join(folder, name), os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+                    tfds[(f, kind)] = open_regular_file(os.path.join(folder, name), write=True)[0]
             entry = np.zeros(1, Z.ENTRY_DTYPE)
             entry["chunk"], entry["offset"], entry["length"] = u["chunk"], u["offset"], u["length"]
             index = int(u["index"])
             updates.append((tfds[(f, 0)], entry.tobytes(), index * Z.ENTRY_SIZE))
-            updates.append((tfds[(f, 1)], Z.entry_checks(entry, index, f).tobytes(), index * Z.CHECK_SIZE))
-        write_commit(cfd, j.commit, path=cpath, updates=updates)
+            updates.append((tfds[(f, 1)], Z.entry_checks(entry, index, f, j.meta.key).tobytes(),
+                            index * Z.CHECK_SIZE))
+        write_commit(cfd, j.commit, path=cpath, key=j.meta.key, updates=updates)
         for fd in [*tfds.values(), cfd]:
             io_call("fsync", os.fsync, fd)
     finally:
@@ -285,13 +328,12 @@ def recover(folder: str, *, writer_fd: int | None = None) -> bool:
     try:
         if not os.path.exists(jpath):
             return False
-        rfd, st = open_regular_file(jpath)
-        try:
-            raw = os.pread(rfd, st.st_size, 0)
-        finally:
-            os.close(rfd)
-        # A journal is renamed into place whole: a damaged one is damage, never a torn write.
-        j = parse_journal(raw, path=jpath)
+        j = read_journal(jpath)
+        mpath = os.path.join(folder, Z.META_NAME)
+        current = read_meta(mpath)
+        if current.store_id != j.meta.store_id or current.fields != j.meta.fields:
+            raise CorruptError("journal.zr: the journal of another store (its store_id or fields differ from "
+                               "meta.json's)", path=jpath, field="store_id")
         if not os.access(folder, os.W_OK):
             raise ReadError("journal.zr: a writer died mid-commit and this process cannot write the store "
                             "to finish it", errno=_errno.EACCES, path=jpath, field="journal.zr")

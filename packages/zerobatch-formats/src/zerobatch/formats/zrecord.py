@@ -6,7 +6,8 @@ strict ``meta.json`` parser. Pure Python; the readers and writers build on it.
 
 A store is a folder::
 
-    meta.json            length, chunks (count, records per chunk, the unfull ones), fields
+    meta.json            length, chunks (count, records per chunk, the unfull ones), fields, the
+                     store's identity and a checksum of all of it
     commit.zr            the committed length / chunk count / generation / epoch, seqlocked
     <field>.offset       one 16-byte entry per record: chunk_id u32, offset u64, length u32
     <field>.check        one CRC-32 per entry (over the entry, its index and field number)
@@ -17,11 +18,20 @@ A store is a folder::
     journal.zr           only between a commit point and the end of applying it
 
 All integers are little-endian.
+
+Every file carries the store's identity (version 2): ``store_id``, a random nonzero u64 drawn
+when the store is created, is XORed into each record's xxh3, each entry's CRC-32 (folded to 32
+bits) and the commit file's xxh3, and ``meta.json`` states it under its own checksum. A chunk,
+a table or a commit file copied from another store of the same layout fails its check.
+Version 1 stores (zerobatch 0.1: no identity, no ``meta.json`` checksum) are read with a key of
+0; writers refuse them (a writer acts on ``meta.json`` and must be able to trust it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import re
 import struct
 from collections.abc import Sequence
@@ -77,7 +87,9 @@ __all__ = [
 ]
 
 FORMAT_NAME = "zerobatch-zrecord"
-VERSION = 1
+VERSION = 2
+#: Versions readers accept (1: no store identity, no meta.json checksum; read only).
+READ_VERSIONS = (1, 2)
 META_NAME = "meta.json"
 COMMIT_NAME = "commit.zr"
 JOURNAL_NAME = "journal.zr"
@@ -146,17 +158,24 @@ def check_name(field: str) -> str:
 CHECK_SIZE = 4
 
 
-def entry_checks(entries: Any, first_index: int, field_no: int) -> np.ndarray:
+def key32(key: int) -> int:
+    """The store key folded to the 32 bits XORed into every entry check."""
+    return (key ^ (key >> 32)) & 0xFFFFFFFF
+
+
+def entry_checks(entries: Any, first_index: int, field_no: int, key: int = 0) -> np.ndarray:
     """The CRC-32 checks (``<u4``) of consecutive entries starting at ``first_index``:
-    CRC-32 (zlib's) of the 16 entry bytes, the index as u64 and the field number as u32.
-    A CRC detects every single-bit flip of what it covers, by construction."""
+    CRC-32 (zlib's) of the 16 entry bytes, the index as u64 and the field number as u32,
+    XOR :func:`key32` of the store key. A CRC detects every single-bit flip of what it
+    covers, by construction; the key makes a table of another store fail."""
     import zlib
 
     raw = np.ascontiguousarray(entries, dtype=ENTRY_DTYPE).view(np.uint8).reshape(-1, ENTRY_SIZE)
     out = np.empty(len(raw), "<u4")
     tail = struct.Struct("<QI")
+    k32 = key32(key)
     for i in range(len(raw)):
-        out[i] = zlib.crc32(tail.pack(first_index + i, field_no), zlib.crc32(raw[i]))
+        out[i] = zlib.crc32(tail.pack(first_index + i, field_no), zlib.crc32(raw[i])) ^ k32
     return out
 
 
@@ -252,6 +271,14 @@ class StoreMeta:
     written_bytes: int = 0
     retired: tuple[tuple[int, tuple[int, ...]], ...] = ()
     first_chunk: int = 0
+    #: The store's identity (0 only in a version 1 store); see the module docstring.
+    store_id: int = 0
+    version: int = VERSION
+
+    @property
+    def key(self) -> int:
+        """What every checksum of the store is XORed with."""
+        return self.store_id
 
     def field(self, name: str) -> FieldSpec:
         for f in self.fields:
@@ -260,9 +287,14 @@ class StoreMeta:
         raise KeyError(name)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        """The document ``meta.json`` holds, with its checksum (version 2)."""
+        if self.version != VERSION or not 0 < self.store_id < 1 << 64:
+            raise ConfigError(f"meta.json: only version {VERSION} stores with a store_id are written",
+                              field="version")
+        doc = {
             "format": FORMAT_NAME,
             "version": VERSION,
+            "store_id": f"{self.store_id:016x}",
             "length": self.length,
             "generation": self.generation,
             "epoch": self.epoch,
@@ -272,6 +304,16 @@ class StoreMeta:
             "fields": [f.to_json() for f in self.fields],
             "retired": [{"epoch": e, "chunks": list(c)} for e, c in self.retired],
         }
+        doc["checksum"] = meta_checksum(doc)
+        return doc
+
+
+def meta_checksum(doc: dict[str, Any]) -> str:
+    """BLAKE2b-64 (hex) of ``doc`` without its ``checksum`` key, serialized canonically (sorted
+    keys, no spaces): what ``meta.json``'s ``checksum`` must be."""
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    raw = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+    return hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
 def _int(value: Any, field: str, lo: int, hi: int, path: Any) -> int:
@@ -309,11 +351,24 @@ def parse_meta(raw: bytes | str, *, path: Any = None) -> StoreMeta:
     if doc.get("format") != FORMAT_NAME:
         raise UnsupportedVersionError(f"meta.json: format {doc.get('format')!r} is not {FORMAT_NAME!r}",
                                       path=path, field="format")
-    if doc.get("version") != VERSION:
-        raise UnsupportedVersionError(f"meta.json: version {doc.get('version')!r} is not {VERSION}",
+    version = doc.get("version")
+    if version not in READ_VERSIONS or isinstance(version, bool):
+        raise UnsupportedVersionError(f"meta.json: version {version!r} is not one of {READ_VERSIONS}",
                                       path=path, field="version")
-    _obj(doc, "meta.json", {"format", "version", "length", "generation", "epoch", "chunks", "fields", "retired"},
-         path)
+    keys = {"format", "version", "length", "generation", "epoch", "chunks", "fields", "retired"}
+    store_id = 0
+    if version >= 2:
+        _obj(doc, "meta.json", keys | {"store_id", "checksum"}, path)
+        if doc["checksum"] != meta_checksum(doc):
+            raise CorruptError("meta.json: checksum mismatch (the file was damaged or edited)", path=path,
+                               field="checksum")
+        sid = doc["store_id"]
+        if not isinstance(sid, str) or not re.fullmatch(r"[0-9a-f]{16}", sid) or int(sid, 16) == 0:
+            raise CorruptError(f"meta.json: store_id must be 16 lowercase hex digits, not zero, got {sid!r}",
+                               path=path, field="store_id")
+        store_id = int(sid, 16)
+    else:
+        _obj(doc, "meta.json", keys, path)
     chunks = _obj(doc["chunks"], "chunks", {"num", "size", "unfull", "written_bytes", "first"}, path)
     num_chunks = _int(chunks["num"], "chunks.num", 0, _MAX_CHUNKS, path)
     first_chunk = _int(chunks["first"], "chunks.first", 0, num_chunks, path)
@@ -360,6 +415,19 @@ def parse_meta(raw: bytes | str, *, path: Any = None) -> StoreMeta:
             raise CorruptError("meta.json: retired.chunks must be a list", path=path, field="retired")
         retired.append((_int(r["epoch"], "retired.epoch", 0, 1 << 62, path),
                         tuple(_int(c, "retired.chunks", 0, _MAX_CHUNKS, path) for c in ids)))
+    epoch = _int(doc["epoch"], "epoch", 0, 1 << 62, path)
+    # What a writer deletes must be what a rebalance retired: chunks below the first live one,
+    # each once, of epochs before the current one (whose lock readers of it hold).
+    seen: set[int] = set()
+    for e, ids in retired:
+        if e >= epoch:
+            raise CorruptError(f"meta.json: retired.epoch {e} is not older than the store's epoch {epoch}",
+                               path=path, field="retired.epoch")
+        for c in ids:
+            if c >= first_chunk or c in seen:
+                raise CorruptError(f"meta.json: retired chunk {c} is live (the first live chunk is {first_chunk}) "
+                                   "or listed twice", path=path, field="retired.chunks")
+            seen.add(c)
     return StoreMeta(
         length=_int(doc["length"], "length", 0, _MAX_LENGTH, path),
         num_chunks=num_chunks,
@@ -367,10 +435,12 @@ def parse_meta(raw: bytes | str, *, path: Any = None) -> StoreMeta:
         fields=tuple(fields),
         unfull=tuple(unfull),
         generation=_int(doc["generation"], "generation", 0, 1 << 62, path),
-        epoch=_int(doc["epoch"], "epoch", 0, 1 << 62, path),
+        epoch=epoch,
         written_bytes=_int(chunks["written_bytes"], "chunks.written_bytes", 0, 1 << 62, path),
         retired=tuple(retired),
         first_chunk=first_chunk,
+        store_id=store_id,
+        version=version,
     )
 
 
@@ -386,27 +456,34 @@ class Commit:
     flags: int = 0
 
 
-def pack_commit(c: Commit, xxh3: Any) -> bytes:
+#: The commit file's own version: 1 in both store versions (the store key changes its checksum).
+COMMIT_VERSION = 1
+
+
+def pack_commit(c: Commit, xxh3: Any, key: int = 0) -> bytes:
     body = struct.pack("<QQQQ", c.length, c.num_chunks, c.generation, c.epoch)
-    head = COMMIT_STRUCT.pack(COMMIT_MAGIC, VERSION, c.flags, c.seq, c.length, c.num_chunks, c.generation,
-                              c.epoch, xxh3(body))
+    head = COMMIT_STRUCT.pack(COMMIT_MAGIC, COMMIT_VERSION, c.flags, c.seq, c.length, c.num_chunks, c.generation,
+                              c.epoch, xxh3(body) ^ key)
     return head + bytes(COMMIT_SIZE - len(head))
 
 
-def unpack_commit(raw: bytes | memoryview, xxh3: Any, *, path: Any = None) -> Commit:
-    """Parse the commit file's first 64 bytes (the caller retries while ``seq`` is odd)."""
+def unpack_commit(raw: bytes | memoryview, xxh3: Any, *, path: Any = None, key: int = 0) -> Commit:
+    """Parse the commit file's first 64 bytes (the caller retries while ``seq`` is odd);
+    ``key``: the store key from ``meta.json``."""
     if len(raw) < COMMIT_STRUCT.size:
         raise CorruptError(f"commit.zr: {len(raw)} bytes, fewer than {COMMIT_STRUCT.size}", path=path,
                            field="commit.zr")
     magic, version, flags, seq, length, num_chunks, generation, epoch, digest = COMMIT_STRUCT.unpack_from(raw)
     if magic != COMMIT_MAGIC:
         raise CorruptError("commit.zr: bad magic", path=path, field="magic")
-    if version != VERSION:
-        raise UnsupportedVersionError(f"commit.zr: version {version} is not {VERSION}", path=path, field="version")
+    if version != COMMIT_VERSION:
+        raise UnsupportedVersionError(f"commit.zr: version {version} is not {COMMIT_VERSION}", path=path,
+                                      field="version")
     if flags:
         raise CorruptError(f"commit.zr: unknown flags {flags:#x}", path=path, field="flags")
-    if xxh3(bytes(raw[24:56])) != digest:
-        raise CorruptError("commit.zr: checksum mismatch", path=path, field="checksum")
+    if xxh3(bytes(raw[24:56])) ^ key != digest:
+        raise CorruptError("commit.zr: checksum mismatch (damaged, or the commit file of another store)",
+                           path=path, field="checksum")
     if length > _MAX_LENGTH or num_chunks > _MAX_CHUNKS:
         raise CorruptError("commit.zr: length or num_chunks out of range", path=path, field="length")
     return Commit(seq, length, num_chunks, generation, epoch, flags)
@@ -431,7 +508,7 @@ def check_fields(fields: Sequence[FieldSpec | dict[str, Any]]) -> tuple[FieldSpe
     return tuple(out)
 
 
-__all__ += ["Commit", "check_fields", "dtype_name"]
+__all__ += ["COMMIT_VERSION", "Commit", "READ_VERSIONS", "check_fields", "dtype_name", "key32", "meta_checksum"]
 
 
 #: This format in the registry (:mod:`zerobatch.formats.registry`).

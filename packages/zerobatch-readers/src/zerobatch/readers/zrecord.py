@@ -95,12 +95,13 @@ class _Generation:
     whatever a kernel running on another thread read stays mapped.
     """
 
-    __slots__ = ("commit_map", "epoch", "epoch_fd", "table_addr", "check_addr", "table_entries", "tables",
-                 "chunk_base", "chunk_size", "chunk_maps", "chunk_sizes", "maps", "_kept", "__weakref__")
+    __slots__ = ("commit_map", "epoch", "first_chunk", "epoch_fd", "table_addr", "check_addr", "table_entries",
+                 "tables", "chunk_base", "chunk_size", "chunk_maps", "chunk_sizes", "maps", "_kept", "__weakref__")
 
-    def __init__(self, commit_map: Any, epoch: int, num_fields: int) -> None:
+    def __init__(self, commit_map: Any, epoch: int, first_chunk: int, num_fields: int) -> None:
         self.commit_map = commit_map
         self.epoch = epoch
+        self.first_chunk = first_chunk   # chunks below it were retired by a rebalance
         self.epoch_fd: int | None = None
         self.table_addr = np.zeros(num_fields, np.uint64)
         self.check_addr = np.zeros(num_fields, np.uint64)
@@ -275,6 +276,8 @@ class ZRecordStore:
         self._lock = threading.RLock()     # held to map or reopen, never while reading
         self._gen: _Generation | None = None
         self._closed = False
+        self._store_id: int | None = None   # set by the first open; a reopen must find the same store
+        self._pending = False
         self._open()
 
     # ----------------------------------------------------------------------------------------
@@ -284,16 +287,20 @@ class ZRecordStore:
         mpath = os.path.join(self.path, Z.META_NAME)
         if not os.path.isdir(self.path):
             raise NotFoundError("path: no such folder", path=self.path, field="path")
-        if not os.path.exists(mpath):
+        if not os.path.lexists(mpath):
             raise NotFoundError("meta.json: not a ZRECORD store (no meta.json)", path=self.path, field="meta.json")
         cpath = os.path.join(self.path, Z.COMMIT_NAME)
         for _ in range(3):
-            if os.path.exists(os.path.join(self.path, Z.JOURNAL_NAME)):
+            if os.path.lexists(os.path.join(self.path, Z.JOURNAL_NAME)):
                 self._maybe_recover()
             sfd = zrstore.lock(os.path.join(self.path, Z.SWITCH_LOCK_NAME), exclusive=False, blocking=True)
             try:
                 if self._rebalance_journal():
                     continue
+                key = zrstore.read_meta(mpath).key   # the store key (it never changes)
+                if self._store_id is not None and key != self._store_id:
+                    raise CorruptError(f"store_id: the store is now {key:016x}, this reader opened "
+                                       f"{self._store_id:016x} (replaced since)", path=mpath, field="store_id")
                 cfd, st = open_regular_file(cpath)
                 try:
                     if st.st_size < Z.COMMIT_SIZE:
@@ -302,14 +309,16 @@ class ZRecordStore:
                     commit_map = FileMapping(cfd, Z.COMMIT_SIZE, cpath)
                 finally:
                     os.close(cfd)
-                commit = zrstore.read_commit(commit_map, path=cpath)
+                commit = zrstore.read_commit(commit_map, path=cpath, key=key)
                 if commit is None:
                     zrstore.unlock(sfd)
                     sfd = None
-                    zrstore.read_commit_waiting(commit_map, self.path, path=cpath)
+                    zrstore.read_commit_waiting(commit_map, self.path, path=cpath, key=key)
                     continue
                 meta = self._read_meta(mpath, commit)
-                gen = _Generation(commit_map, commit.epoch, len(meta.fields))
+                if meta.key != key:
+                    raise CorruptError("meta.json: the store was replaced while opening", path=mpath, field="store_id")
+                gen = _Generation(commit_map, commit.epoch, meta.first_chunk, len(meta.fields))
                 for k, f in enumerate(meta.fields):
                     self._map_table(gen, k, f, commit.length)
                 gen.epoch_fd = zrstore.lock(os.path.join(self.path, Z.epoch_lock_name(commit.epoch)),
@@ -318,16 +327,26 @@ class ZRecordStore:
                 zrstore.unlock(sfd)
             self.meta = meta
             self.fields = meta.fields
+            self._key = key
+            self._key32 = Z.key32(key)
+            self._store_id = key
             self._field_no = {f.name: k for k, f in enumerate(meta.fields)}
             self._commit_map = commit_map
             self._gen = gen  # the previous one goes with its last user
             return
         raise StateError("switch.lock: the store kept changing under the reader", path=self.path, field="switch.lock")
 
+    @property
+    def fingerprint(self) -> str:
+        """The store's identity (``store_id`` in hex): constant while records are appended,
+        modified or rebalanced, different for any other store. Empty for a version 1 store,
+        which has none."""
+        return f"{self._store_id:016x}" if self._store_id else ""
+
     def _rebalance_journal(self) -> bool:
         """Under switch.lock (shared): a journal now is a rebalance whose writer died."""
         jpath = os.path.join(self.path, Z.JOURNAL_NAME)
-        if not os.path.exists(jpath):
+        if not os.path.lexists(jpath):
             return False
         try:
             fd, st = open_regular_file(jpath)
@@ -347,11 +366,7 @@ class ZRecordStore:
 
     def _read_meta(self, mpath: str, commit: Z.Commit) -> Z.StoreMeta:
         for attempt in range(100):
-            fd, st = open_regular_file(mpath)
-            try:
-                meta = Z.parse_meta(os.pread(fd, min(st.st_size, Z.MAX_META_BYTES + 1), 0), path=mpath)
-            finally:
-                os.close(fd)
+            meta = zrstore.read_meta(mpath)
             if meta.generation == commit.generation:
                 if (meta.length, meta.num_chunks, meta.epoch) != (commit.length, commit.num_chunks, commit.epoch):
                     raise CorruptError(
@@ -412,10 +427,12 @@ class ZRecordStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StateError("the store is closed", path=self.path, field="store")
+        if self._pending:
+            self._ensure()
 
     def __len__(self) -> int:
         self._check_open()
-        return zrstore.read_commit_waiting(self._commit_map, self.path, path=self.path).length
+        return zrstore.read_commit_waiting(self._commit_map, self.path, path=self.path, key=self._key).length
 
     def keys(self) -> list[str]:
         return [f.name for f in self.fields]
@@ -446,7 +463,8 @@ class ZRecordStore:
             if gen is None:
                 raise StateError("the store is closed", path=self.path, field="store")
             status, length, nchunks, bad = snapshot_entries(gen.commit_map, gen.epoch, gen.table_addr,
-                                                            gen.check_addr, gen.table_entries, fnos, idx, entries)
+                                                            gen.check_addr, gen.table_entries, fnos, idx, entries,
+                                                            self._key32)
             if status == STATUS.ZB_OK:
                 return gen, entries, length, nchunks
             if status == STATUS.ZB_E_CHECKSUM:
@@ -460,7 +478,7 @@ class ZRecordStore:
             if status == STATUS.ZB_NEED_TABLE:
                 k = fnos[bad]
                 with self._lock:
-                    c = zrstore.read_commit_waiting(gen.commit_map, self.path, path=self.path)
+                    c = zrstore.read_commit_waiting(gen.commit_map, self.path, path=self.path, key=self._key)
                     self._map_table(gen, k, self.fields[k], c.length)
             elif status == STATUS.ZB_STALE:
                 with self._lock:
@@ -470,7 +488,7 @@ class ZRecordStore:
                 if deadline is None:
                     deadline = time.monotonic() + 0.05
                 elif time.monotonic() > deadline:
-                    zrstore.read_commit_waiting(gen.commit_map, self.path, path=self.path)
+                    zrstore.read_commit_waiting(gen.commit_map, self.path, path=self.path, key=self._key)
                     deadline = None
                 time.sleep(0)
             else:
@@ -516,7 +534,7 @@ class ZRecordStore:
             maps_before = gen.maps
             status, bad, need, payload, lens = check_records(
                 col, gen.chunk_base, gen.chunk_size, nchunks, k, spec.codec, spec.fixed_bytes, max_len,
-                spec.np_dtype.itemsize, self.verify, out, self._pool, self.num_threads)
+                spec.np_dtype.itemsize, self.verify, out, self._pool, self.num_threads, self._key, gen.first_chunk)
             if status == STATUS.ZB_NEED_CHUNK:
                 self._map_chunk(gen, need, spec.name, int(idx[bad]), maps_before)
                 continue
@@ -559,10 +577,15 @@ class ZRecordStore:
         return buffer_views(buf, offsets, lens, dt, spec.shape), present
 
     def verify_all(self, *, batch: int = 4096) -> int:
-        """Read and check every record of every field; returns the records checked."""
+        """Read and check every record of every field, checksums included (even when the
+        store was opened with ``verify=False``); returns the records checked."""
         n = len(self)
-        for start in range(0, n, batch):
-            self.gather(np.arange(start, min(n, start + batch), dtype=np.int64)).release()
+        verify, self.verify = self.verify, True
+        try:
+            for start in range(0, n, batch):
+                self.gather(np.arange(start, min(n, start + batch), dtype=np.int64)).release()
+        finally:
+            self.verify = verify
         return n
 
     # ----------------------------------------------------------------------------------------
@@ -590,14 +613,37 @@ class ZRecordStore:
                 pass
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickles as its arguments: a process that unpickles it (a spawned DataLoader worker)
-        opens the store itself, with its own mappings and locks."""
+        """Pickles as its arguments and the store's identity: a process that unpickles it (a
+        spawned DataLoader worker) opens the store itself, on first use (so an error reaches
+        the caller as a typed error, not as a worker dying in unpickling), and refuses a store
+        replaced since."""
         return {"path": self.path, "num_threads": self.num_threads, "verify": self.verify,
-                "max_record_bytes": self.max_record_bytes}
+                "max_record_bytes": self.max_record_bytes, "store_id": self._store_id}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        path = state.pop("path")
-        self.__init__(path, **state)  # type: ignore[misc]
+        self.path = state["path"]
+        self.num_threads, self.verify = state["num_threads"], state["verify"]
+        self.max_record_bytes = state["max_record_bytes"]
+        self._pool = shared_pool(self.num_threads - 1) if self.num_threads > 1 else None
+        self._lock = threading.RLock()
+        self._gen = None
+        self._closed = False
+        self._store_id = state["store_id"]
+        self._pending = True
+
+    def _ensure(self) -> None:
+        """Open an unpickled reader (once, on first use)."""
+        with self._lock:
+            if self._pending:
+                self._open()
+                self._pending = False
+
+    def __getattr__(self, name: str) -> Any:
+        # the parts an unpickled reader opens on first use
+        if name in ("meta", "fields", "_key", "_key32", "_field_no", "_commit_map") and self.__dict__.get("_pending"):
+            self._ensure()
+            return self.__dict__[name]
+        raise AttributeError(name)
 
     def __repr__(self) -> str:
         return f"ZRecordStore({self.path!r}, fields={self.keys()})"

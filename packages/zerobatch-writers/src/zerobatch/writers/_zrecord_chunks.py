@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zerobatch.core.io import fsync_dir, grow_file, io_call, pwrite_all
+from zerobatch.core.io import fsync_dir, grow_file, io_call, open_regular_file, pwrite_all
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import CorruptError
 
@@ -78,7 +78,7 @@ class OldChunks:
         """
         fd = self._fds.get(chunk)
         if fd is None:
-            fd = self._fds[chunk] = os.open(os.path.join(self.folder, Z.chunk_name(chunk)), os.O_RDONLY | _O_CLOEXEC)
+            fd = self._fds[chunk] = open_regular_file(os.path.join(self.folder, Z.chunk_name(chunk)))[0]
         raw = os.pread(fd, length, offset)
         if len(raw) != length:
             raise CorruptError(f"chunk {chunk}: {what} is truncated", path=self.folder, field="chunk")
@@ -179,14 +179,14 @@ def copy_live(cols: Sequence[np.ndarray], names: Sequence[str], length: int, old
 
 
 def write_tables(folder: str, names: Sequence[str], new_cols: Sequence[np.ndarray], length: int,
-                 made: list[tuple[str, str]]) -> None:
+                 made: list[tuple[str, str]], key: int) -> None:
     """Write each field's new offset and check table under a temporary name, durable, and
     list ``(temporary, final)`` in ``made`` as each is created (so a failure can remove them)."""
     entries = max(Z.OFFSET_GROW_ENTRIES, -(-length // Z.OFFSET_GROW_ENTRIES) * Z.OFFSET_GROW_ENTRIES)
     for k, name in enumerate(names):
         col = new_cols[k][:length]
         for final, unit, data in ((Z.offset_name(name), Z.ENTRY_SIZE, col.tobytes()),
-                                  (Z.check_name(name), Z.CHECK_SIZE, Z.entry_checks(col, 0, k).tobytes())):
+                                  (Z.check_name(name), Z.CHECK_SIZE, Z.entry_checks(col, 0, k, key).tobytes())):
             tmp = f".{final}.zbtmp.{os.getpid()}.{secrets.token_hex(4)}"
             fd = io_call("open", os.open, os.path.join(folder, tmp),
                          os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)

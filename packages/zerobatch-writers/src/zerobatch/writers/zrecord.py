@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import os
 import secrets
 import shutil
@@ -35,10 +36,10 @@ import numpy as np
 from zerobatch.core import xxh3_64
 from zerobatch.core import zrstore
 from zerobatch.core.io import (AtomicFile, cleanup_orphans, fsync_dir, grow_file, io_call, open_regular_file,
-                               pwrite_all, pwritev_all)
+                               pread_exact, pwrite_all, pwritev_all)
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import (ConfigError, CorruptError, IntegrityError, NotFoundError, OutOfRangeError,
-                                      StateError, WriteError)
+                                      ReadError, StateError, UnsupportedVersionError, WriteError, ZerobatchError)
 from zerobatch.writers._zrecord_chunks import (Chunk, NewChunks, OldChunks, copy_live, create_chunk,
                                                write_tables)
 
@@ -116,9 +117,10 @@ class ZRecordWriter:
                     af.truncate(Z.OFFSET_GROW_ENTRIES * Z.ENTRY_SIZE)
                 with AtomicFile(os.path.join(tmp, Z.check_name(f.name))) as af:
                     af.truncate(Z.OFFSET_GROW_ENTRIES * Z.CHECK_SIZE)
+            store_id = secrets.randbits(64) or 1
             with AtomicFile(os.path.join(tmp, Z.COMMIT_NAME)) as af:
-                af.write(Z.pack_commit(Z.Commit(0, 0, 0, 0, 0), xxh3_64))
-            zrstore.write_meta(tmp, Z.StoreMeta(0, 0, chunk_size, fields))
+                af.write(Z.pack_commit(Z.Commit(0, 0, 0, 0, 0), xxh3_64, store_id))
+            zrstore.write_meta(tmp, Z.StoreMeta(0, 0, chunk_size, fields, store_id=store_id))
             fsync_dir(os.path.join(tmp, Z.CHUNK_DIR))
             fsync_dir(tmp)
             if os.path.isdir(self.path):
@@ -134,32 +136,59 @@ class ZRecordWriter:
             raise
 
     def _open(self) -> None:
-        if not os.path.isfile(os.path.join(self.path, Z.META_NAME)):
-            raise NotFoundError("meta.json: not a ZRECORD store (no meta.json)", path=self.path, field="meta.json")
+        if not os.path.isdir(self.path):
+            raise NotFoundError("path: no such folder", path=self.path, field="path")
         fd = zrstore.lock(os.path.join(self.path, Z.WRITER_LOCK_NAME), exclusive=True, blocking=False)
         if fd is None:
             raise StateError("writer.lock: another writer has this store open", path=self.path,
                              field="writer.lock")
         self._writer_fd = fd
         try:
-            zrstore.recover(self.path, writer_fd=fd)
-            self._load()
+            try:
+                zrstore.recover(self.path, writer_fd=fd)
+                self._load()
+            except ZerobatchError:
+                raise
+            except OSError as exc:
+                # what the typed opens above do not cover (a folder that vanished, a loop ...)
+                cls = WriteError if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else ReadError
+                where = exc.filename or self.path
+                raise cls(f"cannot open the store: {exc.strerror or exc}", errno=exc.errno, path=where,
+                          field=os.path.basename(os.fspath(where))) from exc
         except BaseException:
+            self._close_files()
             zrstore.unlock(fd)
             self._writer_fd = None
             raise
         self._closed = False
 
-    def _load(self) -> None:
-        mpath = os.path.join(self.path, Z.META_NAME)
-        mfd, st = open_regular_file(mpath)
+    def _open_rw(self, path: str, what: str) -> int:
+        """A store file opened read-write; a read-only one is a WriteError(EACCES) as for every
+        writer, anything but a regular file a typed error."""
         try:
-            meta = Z.parse_meta(os.pread(mfd, min(st.st_size, Z.MAX_META_BYTES + 1), 0), path=mpath)
-        finally:
-            os.close(mfd)
+            return open_regular_file(path, write=True)[0]
+        except ReadError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise WriteError(f"{what}: cannot open for writing: {os.strerror(exc.errno)}", errno=exc.errno,
+                                 path=path, field=what, operation="open") from exc
+            raise
+        except NotFoundError as exc:
+            raise NotFoundError(f"{what}: missing", path=path, field=what) from exc
+
+    def _load(self) -> None:
+        self._commit_fd = -1
+        self._tables, self._checks = [], []
+        self._chunks, self._full, self._free = {}, [], []
+        mpath = os.path.join(self.path, Z.META_NAME)
+        meta = zrstore.read_meta(mpath)
+        if meta.version < Z.VERSION:
+            raise UnsupportedVersionError(
+                f"meta.json: a version {meta.version} store (zerobatch 0.1: no checksum or store identity, so a "
+                f"writer cannot trust it); read it with ZRecordStore and write a new store", path=mpath,
+                field="version")
         cpath = os.path.join(self.path, Z.COMMIT_NAME)
-        self._commit_fd = os.open(cpath, os.O_RDWR | _O_CLOEXEC)
-        commit = zrstore.read_commit(os.pread(self._commit_fd, Z.COMMIT_STRUCT.size, 0), path=cpath)
+        self._commit_fd = self._open_rw(cpath, Z.COMMIT_NAME)
+        commit = zrstore.read_commit(os.pread(self._commit_fd, Z.COMMIT_STRUCT.size, 0), path=cpath, key=meta.key)
         if commit is None:
             raise CorruptError("commit.zr: seq is odd with no journal to finish it", path=cpath, field="seq")
         if (commit.length, commit.num_chunks, commit.generation, commit.epoch) != (
@@ -179,27 +208,28 @@ class ZRecordWriter:
         self._written = meta.written_bytes
         self._overlay: dict[tuple[int, int], tuple[int, int, int]] = {}
         self._changed = False
-        self._tables: list[int] = []
-        self._checks: list[int] = []
         self._table_entries: list[int] = []
         self._table_dirty = [False] * len(meta.fields)
         for f in meta.fields:
-            fds = []
-            for name, unit in ((Z.offset_name(f.name), Z.ENTRY_SIZE), (Z.check_name(f.name), Z.CHECK_SIZE)):
+            held = []
+            for name, unit, fds in ((Z.offset_name(f.name), Z.ENTRY_SIZE, self._tables),
+                                    (Z.check_name(f.name), Z.CHECK_SIZE, self._checks)):
                 tpath = os.path.join(self.path, name)
-                try:
-                    fds.append(os.open(tpath, os.O_RDWR | _O_CLOEXEC))
-                except FileNotFoundError as exc:
-                    raise NotFoundError(f"{name}: missing", path=tpath, field=name) from exc
+                fds.append(self._open_rw(tpath, name))   # owned from here: _close_files closes it
                 size = os.fstat(fds[-1]).st_size
                 if size % unit or size // unit < meta.length:
                     raise CorruptError(f"{name}: {size} bytes cannot hold {meta.length} entries", path=tpath,
                                        field=name)
-            self._tables.append(fds[0])
-            self._checks.append(fds[1])
-            self._table_entries.append(min(os.fstat(fds[0]).st_size // Z.ENTRY_SIZE,
-                                           os.fstat(fds[1]).st_size // Z.CHECK_SIZE))
+                held.append(size // unit)
+            self._table_entries.append(min(held))
+        for k in range(len(meta.fields)):
+            # the first and last committed entries carry the store key: a table of another
+            # store is refused before this writer extends it
+            for index in {0, meta.length - 1} if meta.length else ():
+                self._read_entries(k, index, 1)
         cdir = os.path.join(self.path, Z.CHUNK_DIR)
+        if not os.path.isdir(cdir) or os.path.islink(cdir):
+            raise CorruptError("chunk: the chunk folder is missing or not a folder", path=cdir, field="chunk")
         retired = {c for _, ids in meta.retired for c in ids}
         for name in os.listdir(cdir):
             stem = name[:-3] if name.endswith(".zr") else ""
@@ -208,16 +238,10 @@ class ZRecordWriter:
         for f in meta.fields:
             cleanup_orphans(os.path.join(self.path, Z.offset_name(f.name)))
             cleanup_orphans(os.path.join(self.path, Z.check_name(f.name)))
-        self._chunks: dict[int, Chunk] = {}
-        self._free: list[Chunk] = []
-        self._full: list[Chunk] = []
         self._new_chunk_files = False
         for cid, pos, count in meta.unfull:
             cpath_ = os.path.join(self.path, Z.chunk_name(cid))
-            try:
-                cfd = os.open(cpath_, os.O_RDWR | _O_CLOEXEC)
-            except FileNotFoundError as exc:
-                raise NotFoundError(f"chunk {cid}: missing", path=cpath_, field="chunk") from exc
+            cfd = self._open_rw(cpath_, f"chunk {cid}")
             size = os.fstat(cfd).st_size
             if size < pos:
                 os.close(cfd)
@@ -272,7 +296,7 @@ class ZRecordWriter:
             raise ConfigError(f"{spec.name}: a record of {stored} bytes does not fit a 4 GiB entry",
                               path=self.path, field=spec.name)
         tail = Z.RECORD_HEADER.pack(0, logical, spec.codec, Z.RECORD_MAGIC, k)[8:]
-        digest = xxh3_64(tail + bytes(payload))
+        digest = xxh3_64(tail + bytes(payload)) ^ self.meta.key
         header = digest.to_bytes(8, "little") + tail
         span = Z.record_span(stored)
         return [header, payload, bytes(span - Z.RECORD_HEADER_SIZE - stored)]
@@ -368,7 +392,7 @@ class ZRecordWriter:
                 io_call("ftruncate", os.ftruncate, self._checks[k], total * Z.CHECK_SIZE)
                 self._table_entries[k] = total
             pwrite_all(self._tables[k], entries.tobytes(), first * Z.ENTRY_SIZE)
-            pwrite_all(self._checks[k], Z.entry_checks(entries, first, k).tobytes(), first * Z.CHECK_SIZE)
+            pwrite_all(self._checks[k], Z.entry_checks(entries, first, k, self.meta.key).tobytes(), first * Z.CHECK_SIZE)
         except OSError as exc:
             raise WriteError(f"{name}.offset: write failed: {exc.strerror}", errno=exc.errno, path=self.path,
                              field="offset", operation="pwrite") from exc
@@ -389,7 +413,7 @@ class ZRecordWriter:
         if len(raw) != count * Z.ENTRY_SIZE or len(chk) != count * Z.CHECK_SIZE:
             raise CorruptError(f"{name}.offset: shorter than the store", path=self.path, field="offset")
         entries = np.frombuffer(raw, dtype=Z.ENTRY_DTYPE).copy()
-        bad = np.flatnonzero(Z.entry_checks(entries, first, k) != np.frombuffer(chk, "<u4"))
+        bad = np.flatnonzero(Z.entry_checks(entries, first, k, self.meta.key) != np.frombuffer(chk, "<u4"))
         if bad.size:
             raise IntegrityError(f"{name}.offset: the entry of record {first + int(bad[0])} fails its check",
                                  path=os.path.join(self.path, Z.offset_name(name)), field="offset")
@@ -502,7 +526,7 @@ class ZRecordWriter:
         unfull = tuple(sorted((c.id, c.pos, c.count) for c in self._chunks.values()))
         base = Z.StoreMeta(self._length, self._num_chunks, self.chunk_size, self.fields, unfull,
                            self._generation + 1, self._epoch, self._written, self.meta.retired,
-                           self.meta.first_chunk)
+                           self.meta.first_chunk, self.meta.store_id)
         return base if not changes else _replace(base, **changes)
 
     def commit(self) -> None:
@@ -557,10 +581,16 @@ class ZRecordWriter:
         zrstore.replay(self.path, journal)
 
     def _retire(self) -> None:
-        """Remove chunks a rebalance replaced once no reader of their epoch is left."""
+        """Remove chunks a rebalance replaced once no reader of their epoch is left.
+
+        Only what a checksummed ``meta.json`` lists as retired (chunks below the first live
+        one, of older epochs: :func:`~zerobatch.formats.zrecord.parse_meta` refuses anything
+        else), and only after the committed offset tables are found to point into none of
+        them: a writer never deletes a file that the committed state references.
+        """
         if not self.meta.retired:
             return
-        kept = []
+        kept, free = [], []
         for epoch, ids in self.meta.retired:
             lpath = os.path.join(self.path, Z.epoch_lock_name(epoch))
             try:
@@ -568,21 +598,45 @@ class ZRecordWriter:
             except NotFoundError:
                 fd = -1
             if fd is None:
-                kept.append((epoch, ids))
-                continue
-            for c in ids:
-                try:
-                    io_call("unlink", os.unlink, os.path.join(self.path, Z.chunk_name(c)))
-                except FileNotFoundError:
-                    pass
-            if fd >= 0:
-                try:
+                kept.append((epoch, ids))   # a reader of that epoch is still open
+            else:
+                free.append((lpath, fd, ids))
+        try:
+            self._check_unreferenced({c for _, _, ids in free for c in ids})
+            for lpath, fd, ids in free:
+                for c in ids:
+                    with contextlib.suppress(FileNotFoundError):
+                        io_call("unlink", os.unlink, os.path.join(self.path, Z.chunk_name(c)))
+                if fd >= 0:
                     os.unlink(lpath)
-                finally:
+        finally:
+            for _, fd, _ in free:
+                if fd >= 0:
                     os.close(fd)
         if len(kept) != len(self.meta.retired):
             self.meta = _replace(self.meta, retired=tuple(kept))
             zrstore.write_meta(self.path, self.meta)
+
+    def _check_unreferenced(self, chunks: set[int]) -> None:
+        """Refuse (deleting nothing) if any committed entry, damaged or not, points into
+        ``chunks``."""
+        if not chunks:
+            return
+        doomed = np.fromiter(chunks, np.uint32, len(chunks))
+        step = 1 << 20
+        for k, fd in enumerate(self._tables):
+            for first in range(0, self._committed_length, step):
+                count = min(step, self._committed_length - first)
+                col = np.frombuffer(pread_exact(fd, count * Z.ENTRY_SIZE, first * Z.ENTRY_SIZE, path=self.path,
+                                                field="offset"), Z.ENTRY_DTYPE)
+                live = col["chunk"][col["length"] > 0]
+                hit = np.isin(live, doomed)
+                if hit.any():
+                    c = int(live[np.argmax(hit)])
+                    raise CorruptError(
+                        f"{self.fields[k].name}.offset: a committed record points into chunk {c}, which meta.json "
+                        "lists as retired; nothing was deleted", path=os.path.join(self.path, Z.chunk_name(c)),
+                        field="retired")
 
     # ----------------------------------------------------------------------------------------
     # Rebalance
@@ -632,7 +686,7 @@ class ZRecordWriter:
             try:
                 new_cols = copy_live(cols, names, self._length, old, new)
                 new.sync()
-                write_tables(self.path, names, new_cols, self._length, tables)
+                write_tables(self.path, names, new_cols, self._length, tables, self.meta.key)
                 os.close(os.open(os.path.join(self.path, Z.epoch_lock_name(epoch)),
                                  os.O_CREAT | os.O_WRONLY | _O_CLOEXEC, 0o644))
                 fsync_dir(self.path)
@@ -647,7 +701,7 @@ class ZRecordWriter:
                 old.close()
             meta = Z.StoreMeta(self._length, new.next_id, self.chunk_size, self.fields, new.unfull,
                                self._generation + 1, epoch, new.written,
-                               (*self.meta.retired, (self._epoch, old_chunks)), new_first)
+                               (*self.meta.retired, (self._epoch, old_chunks)), new_first, self.meta.store_id)
             sfd = zrstore.lock(os.path.join(self.path, Z.SWITCH_LOCK_NAME), exclusive=True, blocking=True)
             try:
                 self._apply(zrstore.Journal(Z.JOURNAL_KIND_REBALANCE,
@@ -664,16 +718,16 @@ class ZRecordWriter:
     # Closing
 
     def _close_files(self) -> None:
-        for ch in [*self._chunks.values(), *self._full]:
+        for ch in [*getattr(self, "_chunks", {}).values(), *getattr(self, "_full", ())]:
             os.close(ch.fd)
-        self._chunks.clear()
-        self._full.clear()
-        self._free.clear()
-        for fd in [*self._tables, *self._checks]:
+        self._chunks, self._full, self._free = {}, [], []
+        for fd in [*getattr(self, "_tables", ()), *getattr(self, "_checks", ())]:
             os.close(fd)
         self._tables = []
         self._checks = []
-        os.close(self._commit_fd)
+        if getattr(self, "_commit_fd", -1) >= 0:
+            os.close(self._commit_fd)
+        self._commit_fd = -1
 
     def close(self, *, commit: bool = True) -> None:
         """Commit (unless ``commit=False``: uncommitted changes are dropped) and release the

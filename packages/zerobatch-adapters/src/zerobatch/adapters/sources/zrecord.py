@@ -39,6 +39,7 @@ class RecordFields(Source):
         super().__init__()
         from zerobatch.readers.zrecord import ZRecordStore
         self.store = open_reader(store, ZRecordStore, num_threads=num_threads)
+        self.fingerprint = self.store.fingerprint   # the store's identity, checked by a loaded state
         names = self.store.keys() if fields is None else list(fields)
         specs = {}
         for name in names:

@@ -30,7 +30,7 @@ def _at(address: int, size: int) -> np.ndarray:
 
 
 def snapshot_entries(commit: Any, epoch: int, tables: Any, checks: Any, table_entries: Any, field_nos: Any,
-                     indices: Any, out: Any) -> tuple[int, int, int, int]:
+                     indices: Any, out: Any, key32: int = 0) -> tuple[int, int, int, int]:
     c = np.frombuffer(commit, np.uint8)
     if c.size < 64:
         raise ConfigError("commit: fewer than 64 bytes", field="commit")
@@ -66,7 +66,7 @@ def snapshot_entries(commit: Any, epoch: int, tables: Any, checks: Any, table_en
             for pos, k in enumerate(fno):
                 raw = _at(int(taddr[k]) + jj * 16, 16)
                 out[i, pos] = raw.view(ENTRY_DTYPE)[0]
-                crc = zlib.crc32(raw.tobytes() + struct.pack("<QI", jj, k))
+                crc = zlib.crc32(raw.tobytes() + struct.pack("<QI", jj, k)) ^ key32
                 if crc != int(_at(int(caddr[k]) + jj * 4, 4).view("<u4")[0]):
                     status, bad = STATUS.ZB_E_CHECKSUM, i * len(fno) + pos
                     break
@@ -97,7 +97,7 @@ def _chunk(bases: np.ndarray, sizes: np.ndarray, c: int) -> np.ndarray | None:
 
 def check_records(entries: Any, chunk_base: Any, chunk_size: Any, committed: int, field_no: int, codec: int,
                   fixed_len: int, max_len: int, itemsize: int, verify: bool, out: Any = None, pool: Any = None,
-                  threads: int = 1) -> tuple[int, int, int, np.ndarray, np.ndarray]:
+                  threads: int = 1, key: int = 0, first: int = 0) -> tuple[int, int, int, np.ndarray, np.ndarray]:
     bases, sizes = np.asarray(chunk_base, np.uint64), np.asarray(chunk_size, np.uint64)
     if bases.size != sizes.size:
         raise ConfigError("chunk_base and chunk_size must have one entry per chunk", field="chunk_size")
@@ -114,7 +114,7 @@ def check_records(entries: Any, chunk_base: Any, chunk_size: Any, committed: int
             if flat is not None and fixed_len:
                 flat[i * fixed_len:(i + 1) * fixed_len] = 0
             continue
-        if c >= committed:
+        if c >= committed or c < first:
             return STATUS.ZB_E_FIELD, i, 0, payload, lens
         base = _chunk(bases, sizes, c)
         if base is None:
@@ -129,7 +129,7 @@ def check_records(entries: Any, chunk_base: Any, chunk_size: Any, committed: int
         digest, logical, rcodec, magic, fno = struct.unpack_from("<QIBBH", h)
         if magic != 0x5A:
             return STATUS.ZB_E_MAGIC, i, 0, payload, lens
-        if verify and xxh3_64(h[8:]) != digest:
+        if verify and xxh3_64(h[8:]) ^ key != digest:
             return STATUS.ZB_E_CHECKSUM, i, 0, payload, lens
         if rcodec != codec or fno != field_no or (codec == 0 and logical != ln - 16) \
                 or (fixed_len and logical != fixed_len):
@@ -137,6 +137,8 @@ def check_records(entries: Any, chunk_base: Any, chunk_size: Any, committed: int
         if logical > max_len:
             return STATUS.ZB_E_LIMIT, i, 0, payload, lens
         if itemsize > 1 and logical % itemsize:
+            return STATUS.ZB_E_FIELD, i, 0, payload, lens
+        if codec == 1 and (logical > (ln - 16) * 1032 + 1024 or (logical == 0 and _inflate(h[16:], 0) is None)):
             return STATUS.ZB_E_FIELD, i, 0, payload, lens
         lens[i] = logical
         payload[i] = off + 16
