@@ -331,7 +331,9 @@ cdef class LLMBatchSlots:
         nbytes = max((header.num_batches + 7) // 8, 1)
         self._verified = check_bitmap(verified, nbytes, "verified")
         self._int32_ok = check_bitmap(int32_ok, nbytes, "int32_ok")
-        self.int32_safe = header.max_token is not None and header.max_token < 2**31
+        # the header's max_token is never trusted for a narrowing (a crafted header could claim
+        # a small one): each batch viewed as int32 is scanned once, as every int32 copy is
+        self.int32_safe = False
         cdef uint64_t trailer_offset = header.trailer_offset
         self._g.base = &data[0]
         self._g.padded = self.padded_batch_bytes
@@ -418,8 +420,7 @@ cdef class LLMBatchSlots:
     cpdef uint64_t check_int32(self, object i) except? 0xFFFFFFFFFFFFFFFF:
         """:meth:`check`, then make sure every token of batch ``i`` fits in ``int32``.
 
-        Uses the header's ``max_token`` when the file records it, else scans the batch once
-        (remembered per batch).
+        Scans the batch once (remembered per batch; the header's ``max_token`` is not trusted).
 
         Raises:
             ConfigError: a token of the batch is 2**31 or more.

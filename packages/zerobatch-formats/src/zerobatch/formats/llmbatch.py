@@ -19,6 +19,7 @@ spec ignores) and a checksum trailer after the last batch (which such a reader n
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any
 
 from zerobatch.formats.registry import Format
@@ -47,6 +48,7 @@ __all__ = [
     "MAX_SEQ_LEN",
     "TOKEN_ITEMSIZE",
     "VERSION",
+    "build_id",
 ]
 
 #: First 8 bytes of every LLMBATCH file.
@@ -186,6 +188,21 @@ class LLMBatchHeader:
         out["tokens_per_batch"] = self.tokens_per_batch
         out["num_tokens"] = self.num_tokens
         return out
+
+
+def build_id(seed_fields: bytes, max_token: int, trailer: Any) -> bytes:
+    """The 16-byte ``build_id`` of a file with checksums: BLAKE2b-128 (personalized
+    ``zerobatch-llmb``) of the seed's 40 header bytes (magic, version, ``batch_size``,
+    ``seq_len``, ``num_batches``, ``dtype``, ``seed``, ``total_records``), ``max_token`` as
+    u32 and the checksum trailer. It binds the geometry and ``max_token`` to the batch
+    checksums: a header edited (and re-hashed) to serve the batches in another shape, or to
+    claim a smaller ``max_token``, no longer matches its build id, and readers refuse it."""
+    h = hashlib.blake2b(digest_size=16, person=b"zerobatch-llmb")
+    h.update(bytes(seed_fields[:40]))
+    h.update(int(max_token).to_bytes(4, "little"))
+    h.update(memoryview(trailer).cast("B") if not hasattr(trailer, "astype") else
+             trailer.astype("<u8", copy=False).tobytes())
+    return h.digest()
 
 
 #: This format in the registry (:mod:`zerobatch.formats.registry`).

@@ -155,6 +155,16 @@ class BatchFileReader(BatchReader):
                     f"trailer_hash: the checksum trailer does not match its hash (stored "
                     f"0x{header.trailer_hash:016x}, computed 0x{got:016x})",
                     path=self.path, field="trailer_hash")
+            # the build id binds the geometry and max_token to the batch checksums: a header
+            # edited and re-hashed (seq_len, batch_size, max_token ...) is refused here
+            trailer = memoryview(mm)[header.trailer_offset:header.trailer_offset + header.trailer_size]
+            bound = L.build_id(head[:40], header.max_token or 0, trailer)
+            trailer.release()
+            if bound != header.build_id:
+                raise IntegrityError(
+                    "build_id: the header's geometry (batch_size, seq_len, num_batches, seed, total_records) or "
+                    "max_token is not the one its batch checksums were written with (an edited header)",
+                    path=self.path, field="build_id")
         self.fingerprint = (header.build_id.hex() if header.build_id is not None
                             else f"legacy:{size}:{xxh3_64(head):016x}")
         if self._expected_fingerprint is not None and self.fingerprint != self._expected_fingerprint:

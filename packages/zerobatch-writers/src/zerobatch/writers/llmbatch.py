@@ -24,7 +24,6 @@ build id and a header checksum. A reader written from the seed's spec ignores al
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -94,14 +93,6 @@ def _shuffle_permutation(n: int, seed: int, shuffle: bool) -> np.ndarray:
     return np.random.default_rng(seed).permutation(n).astype(np.int64, copy=False)
 
 
-def _build_id(header_fields: bytes, max_token: int, trailer: np.ndarray) -> bytes:
-    h = hashlib.blake2b(digest_size=16, person=b"zerobatch-llmb")
-    h.update(header_fields)
-    h.update(max_token.to_bytes(4, "little"))
-    h.update(trailer.astype("<u8", copy=False).tobytes())
-    return h.digest()
-
-
 def _finish(f: AtomicFile, *, batch_size: int, seq_len: int, num_batches: int, seed: int,
             total_records: int, max_token: int, checksums: np.ndarray, padded: int) -> None:
     """Write the trailer and the header (last, so a torn file never looks complete)."""
@@ -114,7 +105,7 @@ def _finish(f: AtomicFile, *, batch_size: int, seq_len: int, num_batches: int, s
     header = pack_llmbatch_header(
         batch_size=batch_size, seq_len=seq_len, num_batches=num_batches, seed=seed,
         total_records=total_records, extension=True, checksums=True, max_token=max_token,
-        trailer_hash=xxh3_64(trailer), build_id=_build_id(plain[:40], max_token, trailer))
+        trailer_hash=xxh3_64(trailer), build_id=L.build_id(plain[:40], max_token, trailer))
     f.pwrite(header, 0)
     if f.size != trailer_offset + trailer.nbytes:
         f.truncate(trailer_offset + trailer.nbytes)

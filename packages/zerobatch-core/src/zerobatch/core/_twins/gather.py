@@ -149,7 +149,7 @@ class LLMBatchSlots:
         self.padded_batch_bytes = header.padded_batch_bytes
         self.has_checksums = header.has_checksums
         self.verify = bool(verify and header.has_checksums)
-        self.int32_safe = header.max_token is not None and header.max_token < 2**31
+        self.int32_safe = False   # never trust max_token for a narrowing: scan each batch once
         self._trailer = header.trailer_offset
         nbytes = max((self.num_batches + 7) // 8, 1)
         self._verified = _Bits(check_bitmap(verified, nbytes, "verified"))
