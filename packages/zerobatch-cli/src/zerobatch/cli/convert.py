@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 from zerobatch.cli.sources import TextSource, open_source
-from zerobatch.core.io import fsync_dir
+from zerobatch.core.io import fsync_dir, sweep_orphans
 from zerobatch.formats import registry
 from zerobatch.formats.errors import ConfigError, CorruptError, LimitExceededError, NotFoundError
 
@@ -369,6 +369,8 @@ def build_folder(dst: str, build: Callable[[str], str]) -> str:
     if os.path.exists(dst) and not (os.path.isdir(dst) and not os.listdir(dst)):
         raise ConfigError("destination: already exists and is not an empty folder; remove it first", path=dst,
                           field="destination")
+    # what a killed conversion to the same destination left (a process that no longer runs)
+    sweep_orphans(os.path.dirname(os.path.abspath(dst)), {os.path.basename(os.path.abspath(dst))})
     tmp = f"{os.path.abspath(dst)}.zbtmp.{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:

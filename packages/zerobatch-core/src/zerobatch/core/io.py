@@ -22,6 +22,7 @@ import errno as _errno
 import os
 import secrets
 import signal
+import shutil
 import stat
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -45,6 +46,8 @@ __all__ = [
     "pread_exact",
     "pwrite_all",
     "pwritev_all",
+    "make_folder",
+    "sweep_orphans",
     "temp_prefix",
 ]
 
@@ -107,6 +110,28 @@ def io_call(name: str, func: Callable[..., T], *args: Any) -> T:
     result = func(*args)
     _FAULTS.after()
     return result
+
+
+def make_folder(path: str | os.PathLike[str], *, field: str = "path") -> str:
+    """Create the folder ``path`` (and its parents) unless it exists; returns its absolute path.
+
+    Raises:
+        ConfigError: ``path`` (or a parent) exists and is not a folder (a file, a FIFO, a
+            socket, a link to one, a symlink loop or a dangling link).
+        WriteError: the folder cannot be created (``EACCES`` in a read-only parent ...).
+    """
+    p = os.path.abspath(os.fspath(path))
+    if os.path.islink(p) and not os.path.isdir(p):
+        raise ConfigError("path: a symlink that does not lead to a folder (dangling, or a loop)", path=p,
+                          field=field)
+    try:
+        os.makedirs(p, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise ConfigError("path: exists and is not a folder (or a parent is not one)", path=p, field=field) from exc
+    except OSError as exc:
+        raise WriteError(f"path: cannot create the folder: {exc.strerror}", errno=exc.errno, path=p, field=field,
+                         operation="mkdir") from exc
+    return p
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -251,14 +276,73 @@ def temp_prefix(final_path: str) -> str:
     return os.path.join(folder, f".{name}{_TMP_MARK}")
 
 
-def _pid_alive(pid: int) -> bool:
+def _pid_alive(pid: int, since: float | None = None) -> bool:
+    """Whether process ``pid`` runs and could be the writer of a temporary made at ``since``
+    (a Unix time): a zombie has stopped writing, and a process started after the file was
+    made is another one that reused the pid."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat_fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return True        # no /proc (not Linux): the signal probe is all there is
+    if stat_fields[0] in (b"Z", b"X"):
+        return False       # a zombie or dead process: exited, not yet reaped
+    if since is not None:
+        try:
+            with open("/proc/stat", "rb") as f:
+                btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+            started = btime + int(stat_fields[19]) / os.sysconf("SC_CLK_TCK")
+        except (OSError, StopIteration, ValueError, IndexError):
+            return True
+        if started > since + 2:
+            return False   # started after the temporary was written: the pid was reused
     return True
+
+
+def sweep_orphans(folder: str | os.PathLike[str], stems: set[str] | None = None) -> list[str]:
+    """Remove every temporary (file or folder) in ``folder`` that a writer which no longer
+    runs left behind: names ``[.]<stem>.zbtmp.<pid>[.<anything>]``, restricted to ``stems``
+    when given. Unlike :func:`cleanup_orphans` it finds temporaries whatever final name they
+    were for (a build id the next run never uses, a conversion's folder).
+
+    Returns:
+        The paths removed.
+    """
+    folder = os.fspath(folder)
+    removed = []
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return removed
+    for entry in entries:
+        stem, mark, rest = entry.partition(_TMP_MARK)
+        if not mark:
+            continue
+        pid_text = rest.split(".", 1)[0]
+        if not pid_text.isdigit() or (stems is not None and stem.lstrip(".") not in stems and stem not in stems):
+            continue
+        path = os.path.join(folder, entry)
+        try:
+            since = os.lstat(path).st_mtime
+        except OSError:
+            continue
+        if _pid_alive(int(pid_text), since):
+            continue
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
 
 
 def cleanup_orphans(final_path: str | os.PathLike[str]) -> list[str]:
@@ -282,7 +366,11 @@ def cleanup_orphans(final_path: str | os.PathLike[str]) -> list[str]:
         if not entry.startswith(prefix):
             continue
         pid_text = entry[len(prefix):].split(".", 1)[0]
-        if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+        try:
+            since = os.lstat(os.path.join(folder, entry)).st_mtime
+        except OSError:
+            continue
+        if not pid_text.isdigit() or _pid_alive(int(pid_text), since):
             continue
         try:
             os.unlink(os.path.join(folder, entry))

@@ -5,7 +5,6 @@ access (:class:`MetadataObjects`), and the ids and keys that point at them
 from __future__ import annotations
 
 import io
-import json
 import operator
 import pickle
 from collections.abc import Callable, Sequence
@@ -13,6 +12,7 @@ from typing import Any, NamedTuple, overload
 
 import numpy as np
 
+from zerobatch.formats._json import loads_strict
 from zerobatch.formats.errors import CorruptError, OutOfRangeError
 from zerobatch.readers._tokstream_shard import Shard
 
@@ -28,7 +28,8 @@ def decoder(codec: str, folder: str) -> Callable[[memoryview], Any]:
     def decode(blob: memoryview) -> Any:
         try:
             if codec == "json":
-                return json.loads(bytes(blob))
+                # the spec's codec: strict JSON (no NaN / Infinity, no duplicate keys, UTF-8)
+                return loads_strict(bytes(blob), error=CorruptError, field="metadata", path=folder)
             if codec == "numpy":
                 return np.load(io.BytesIO(blob), allow_pickle=False)
             if codec == "pickle":

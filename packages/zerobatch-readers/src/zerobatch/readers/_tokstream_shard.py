@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,7 +15,8 @@ import numpy as np
 from zerobatch.core import FileMapping, xxh3_64
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.formats import tokstream as T
-from zerobatch.formats.errors import CorruptError, IntegrityError, NotFoundError, TruncatedError
+from zerobatch.formats.errors import (CorruptError, IntegrityError, NotFoundError, ReadError, TruncatedError,
+                                     ZerobatchError)
 from zerobatch.readers.backends import DataFile
 
 if TYPE_CHECKING:
@@ -68,6 +70,11 @@ class Shard:
         except FileNotFoundError:
             raise NotFoundError(f"shard {self.entry.name!r}: the folder is missing", path=self.path,
                                 field="shards") from None
+        except NotADirectoryError:
+            raise CorruptError(f"shard {self.entry.name!r}: not a folder", path=self.path, field="shards") from None
+        except OSError as exc:
+            raise ReadError(f"shard {self.entry.name!r}: the folder cannot be listed: {exc.strerror}", errno=exc.errno,
+                            path=self.path, field="shards") from None
         expected = set(self.entry.files) | {T.SHARD_MANIFEST_NAME}
         missing = sorted(set(self.entry.files) - present)
         if missing:
@@ -291,6 +298,38 @@ class Shard:
             if tok.size:
                 top = max(top, int(tok.max()))
         return top
+
+    def verify_metadata(self, decode: Callable[[memoryview], Any] | None) -> list[str]:
+        """What a read of this shard's metadata would refuse: a token's ``metadata_id`` at or
+        above the shard's metadata count (other than ``NO_METADATA``), and, with ``decode``,
+        blobs that do not decode. Returns the faults found (at most one of each kind)."""
+        if self.metadata_index is None:
+            return []
+        faults = []
+        count, n, step = self.entry.num_metadata, self.entry.num_tokens, 1 << 22
+        for a in range(0, n, step):
+            ids = self.read_records(a, min(step, n - a))["metadata_id"]
+            bad = np.flatnonzero((ids >= count) & (ids != T.NO_METADATA))
+            if bad.size:
+                faults.append(f"metadata_id: token {a + int(bad[0])} names metadata {int(ids[bad[0]])}, the shard "
+                              f"has {count}")
+                break
+        if decode is not None:
+            idx = self.metadata_index
+            size = self.entry.files["metadata.bin"].size
+            for i in range(count):
+                a, b = int(idx[i]), int(idx[i + 1])
+                if not a <= b <= size:
+                    faults.append(f"metadata.index: entry {i} ({a}, {b}) does not fit metadata.bin")
+                    break
+                try:
+                    if b > a:
+                        self.check_metadata_range(a, b)
+                    decode(self.read("metadata.bin", a, b - a))
+                except ZerobatchError as exc:
+                    faults.append(f"metadata {i}: {exc.message}")
+                    break
+        return faults
 
     def verify_indexes(self) -> None:
         self._check_monotonic(self.documents, "documents.index", os.path.join(self.path, "documents.index"))

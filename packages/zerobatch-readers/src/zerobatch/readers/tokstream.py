@@ -621,7 +621,9 @@ class TokenStreamReader(BatchReader):
 
         Every chunk of every shard file is hashed and compared with its digest (and the
         digest lists with the manifest, and ``checksums.bin`` with its own checksum), every
-        index is checked to increase, and every token id to be below the vocabulary.
+        index is checked to increase, every token id to be below the vocabulary, every
+        token's metadata id to be below its shard's metadata count and every metadata blob to
+        decode with the dataset's codec: whatever a read would refuse.
         Checked chunks of ``tokens.bin`` are not checked again by later reads.
 
         Args:
@@ -650,6 +652,11 @@ class TokenStreamReader(BatchReader):
             try:
                 sh.verify_indexes()
             except CorruptError as exc:
+                problems.append((exc.path or sh.path, str(exc)))
+            try:
+                problems.extend((os.path.join(sh.path, "metadata.bin"), msg)
+                                for msg in sh.verify_metadata(self._decode if self.manifest.metadata else None))
+            except ZerobatchError as exc:
                 problems.append((exc.path or sh.path, str(exc)))
             top = sh.max_token()
             if top >= self.vocab_size:

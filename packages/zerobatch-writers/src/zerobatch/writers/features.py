@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from zerobatch.core import xxh3_64
-from zerobatch.core.io import AtomicFile
+from zerobatch.core.io import AtomicFile, make_folder, sweep_orphans
 from zerobatch.formats import features as F
 from zerobatch.formats.errors import ConfigError
 
@@ -114,8 +114,8 @@ def write_feature_matrix(folder: str | os.PathLike[str], sources: Mapping[str, A
         raise ConfigError("sources: give at least one source, under unique non-empty string keys", field="sources")
     if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
         raise ConfigError(f"chunk_rows must be a positive integer, got {chunk_rows!r}", field="chunk_rows")
-    folder = os.path.abspath(os.fspath(folder))
-    os.makedirs(folder, exist_ok=True)
+    folder = make_folder(folder)
+    sweep_orphans(folder)      # what a killed build left (its temporaries carry a build id no run reuses)
 
     features, counts, mean, std = _statistics(items, chunk_rows, columns, progress)
     np_dtype, itemsize = F.DTYPES[dtype]

@@ -23,16 +23,18 @@ import io
 import json
 import os
 import pickle
+import re
 import secrets
+import shutil
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from zerobatch.core import max_u32, xxh3_64
-from zerobatch.core.io import AtomicFile
+from zerobatch.core.io import AtomicFile, make_folder, open_regular_file, pread_exact
 from zerobatch.formats import tokstream as T
-from zerobatch.formats.errors import ConfigError, FormatError, LimitExceededError, NotFoundError
+from zerobatch.formats.errors import ConfigError, FormatError, LimitExceededError, NotFoundError, ReadError
 
 __all__ = ["ShardWriter", "TokenStreamWriter", "assemble", "serialize_metadata"]
 
@@ -146,9 +148,8 @@ class ShardWriter:
             raise ConfigError(f"codec must be one of {T.CODECS}, got {codec!r}", field="codec")
         self.codec = codec if self.metadata else None
         self.name = name
-        self.path = os.path.join(os.path.abspath(os.fspath(folder)), name)
-        os.makedirs(self.path, exist_ok=True)
-        if os.path.exists(os.path.join(self.path, T.SHARD_MANIFEST_NAME)):
+        self.path = make_folder(os.path.join(os.path.abspath(os.fspath(folder)), name))
+        if os.path.lexists(os.path.join(self.path, T.SHARD_MANIFEST_NAME)):
             raise ConfigError(f"name: shard {name!r} already exists in this dataset", path=self.path, field="name")
         self._build = secrets.token_bytes(16)
         self.dtype = np.dtype(T.record_dtype_descr(self.token_dtype, self.metadata))
@@ -323,8 +324,16 @@ def assemble(folder: str | os.PathLike[str], shards: Iterable[str] | None = None
     """
     folder = os.path.abspath(os.fspath(folder))
     if shards is None:
-        names = sorted(e.name for e in os.scandir(folder)
-                       if e.is_dir() and os.path.isfile(os.path.join(e.path, T.SHARD_MANIFEST_NAME)))
+        try:
+            # a sub-folder with anything named shard.json is a finished shard (one whose
+            # shard.json is not a regular file is damage, refused below, never skipped)
+            names = sorted(e.name for e in os.scandir(folder)
+                           if e.is_dir() and os.path.lexists(os.path.join(e.path, T.SHARD_MANIFEST_NAME)))
+        except FileNotFoundError:
+            raise NotFoundError("the dataset folder does not exist", path=folder, field="folder") from None
+        except OSError as exc:
+            raise ReadError(f"the dataset folder cannot be listed: {exc.strerror}", errno=exc.errno, path=folder,
+                            field="folder") from None
     else:
         names = list(shards)
     if not names:
@@ -335,11 +344,17 @@ def assemble(folder: str | os.PathLike[str], shards: Iterable[str] | None = None
     for name in names:
         path = os.path.join(folder, str(name), T.SHARD_MANIFEST_NAME)
         try:
-            with open(path, "rb") as f:
-                raw = f.read(T.MAX_MANIFEST_BYTES + 1)
-        except FileNotFoundError:
+            fd, st = open_regular_file(path)
+        except NotFoundError:
             raise NotFoundError(f"shard {name!r} has no shard.json (unfinished or missing)", path=path,
                                 field="shards") from None
+        try:
+            if st.st_size > T.MAX_MANIFEST_BYTES:
+                raise LimitExceededError(f"shard.json: {st.st_size} bytes, more than {T.MAX_MANIFEST_BYTES}",
+                                         path=path, field="shard.json")
+            raw = pread_exact(fd, st.st_size, 0, path=path, field="shard.json")
+        finally:
+            os.close(fd)
         opts, entry = T.parse_shard_manifest(raw, path=path)
         if entry.name != name:
             raise FormatError(f"shard.name: {entry.name!r} is not the folder's name {name!r}", path=path,
@@ -374,13 +389,29 @@ class TokenStreamWriter:
                  prefix: str = "shard-") -> None:
         if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
             raise ConfigError(f"shard_tokens must be a positive integer, got {shard_tokens!r}", field="shard_tokens")
-        self.folder = os.fspath(folder)
+        self.folder = make_folder(folder)
         self._kw = {"vocab_size": vocab_size, "metadata": metadata, "eod_token": eod_token, "codec": codec}
         self.shard_tokens = shard_tokens
+        if not isinstance(prefix, str) or not T._SHARD_NAME.match(prefix + "00000"):
+            raise ConfigError(f"prefix: {prefix!r} does not make valid shard names", field="prefix")
         self.prefix = prefix
         self.names: list[str] = []
         self._shard: ShardWriter | None = None
+        self._clear_unfinished_run()
         self._open_shard()
+
+    def _clear_unfinished_run(self) -> None:
+        """A rerun after a killed run: with no ``manifest.json`` (nothing was committed), the
+        shards a previous run of this writer left (``<prefix>NNNNN``, finished or not) are
+        removed, so the rerun starts clean. A finished dataset is never touched."""
+        if os.path.lexists(os.path.join(self.folder, T.MANIFEST_NAME)):
+            raise ConfigError("folder: already holds a finished dataset (manifest.json); write into a new folder",
+                              path=self.folder, field="folder")
+        pattern = re.compile(re.escape(self.prefix) + r"\d{5,}")
+        for entry in os.listdir(self.folder):
+            path = os.path.join(self.folder, entry)
+            if pattern.fullmatch(entry) and os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
 
     def _open_shard(self) -> None:
         name = f"{self.prefix}{len(self.names):05d}"

@@ -36,7 +36,7 @@ import numpy as np
 from zerobatch.core import xxh3_64
 from zerobatch.core import zrstore
 from zerobatch.core.io import (AtomicFile, cleanup_orphans, fsync_dir, grow_file, io_call, open_regular_file,
-                               pread_exact, pwrite_all, pwritev_all)
+                               pread_exact, pwrite_all, pwritev_all, sweep_orphans)
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import (ConfigError, CorruptError, IntegrityError, NotFoundError, OutOfRangeError,
                                       ReadError, StateError, UnsupportedVersionError, WriteError, ZerobatchError)
@@ -106,6 +106,7 @@ class ZRecordWriter:
         parent = os.path.dirname(self.path)
         if not os.path.isdir(parent):
             raise ConfigError("path: the parent folder does not exist", path=self.path, field="path")
+        sweep_orphans(parent, {os.path.basename(self.path)})   # a killed create's temporary folder
         tmp = os.path.join(parent, f".{os.path.basename(self.path)}.zbtmp.{os.getpid()}.{secrets.token_hex(4)}")
         try:
             os.mkdir(tmp)
