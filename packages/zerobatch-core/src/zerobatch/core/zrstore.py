@@ -33,7 +33,7 @@ import numpy as np
 from zerobatch.core import xxh3_64
 from zerobatch.core.io import AtomicFile, io_call, open_regular_file, pread_exact
 from zerobatch.formats import zrecord as Z
-from zerobatch.formats.errors import (CorruptError, NotFoundError, ReadError, StateError, TruncatedError, WriteError,
+from zerobatch.formats.errors import (CorruptError, ReadError, StateError, TruncatedError, WriteError,
                                      ZerobatchError)
 
 __all__ = [
