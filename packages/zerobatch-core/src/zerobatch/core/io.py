@@ -47,6 +47,7 @@ __all__ = [
     "pwrite_all",
     "pwritev_all",
     "make_folder",
+    "read_document",
     "sweep_orphans",
     "temp_prefix",
 ]
@@ -240,6 +241,31 @@ def open_regular_file(path: str | os.PathLike[str], *, write: bool = False,
         os.close(fd)
         raise
     return fd, st
+
+
+def read_document(path: str | os.PathLike[str], *, limit: int, field: str) -> bytes:
+    """The whole of a small document (a manifest, ``meta.json``, ``shard.json``): a regular
+    file of at most ``limit`` bytes, never sparse (documents are written whole, so a file
+    with holes is damage, refused before its size is allocated).
+
+    Raises:
+        NotFoundError / ReadError / FormatError: as :func:`open_regular_file`.
+        LimitExceededError: more than ``limit`` bytes.
+        CorruptError: a sparse file.
+    """
+    from zerobatch.formats.errors import CorruptError, LimitExceededError
+
+    p = os.fspath(path)
+    fd, st = open_regular_file(p)
+    try:
+        if st.st_size > limit:
+            raise LimitExceededError(f"{field}: {st.st_size} bytes, more than {limit}", path=p, field=field)
+        if st.st_size > 65536 and st.st_blocks * 512 + 65536 < st.st_size:
+            raise CorruptError(f"{field}: a sparse file of {st.st_size} bytes (documents are written whole)",
+                               path=p, field=field)
+        return pread_exact(fd, st.st_size, 0, path=p, field=field)
+    finally:
+        os.close(fd)
 
 
 def pread_exact(fd: int, size: int, offset: int, *, path: Any = None, field: str = "file") -> bytes:

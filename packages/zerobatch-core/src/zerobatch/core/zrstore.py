@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from zerobatch.core import xxh3_64
-from zerobatch.core.io import AtomicFile, io_call, open_regular_file, pread_exact
+from zerobatch.core.io import AtomicFile, io_call, open_regular_file, pread_exact, read_document
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import (CorruptError, ReadError, StateError, TruncatedError, WriteError,
                                      ZerobatchError)
@@ -248,12 +248,7 @@ def read_journal(jpath: str) -> Journal:
 
 def read_meta(mpath: str) -> Z.StoreMeta:
     """Read and parse ``meta.json`` (a regular file, at most ``MAX_META_BYTES``)."""
-    fd, st = open_regular_file(mpath)
-    try:
-        raw = os.pread(fd, min(st.st_size, Z.MAX_META_BYTES + 1), 0)
-    finally:
-        os.close(fd)
-    return Z.parse_meta(raw, path=mpath)
+    return Z.parse_meta(read_document(mpath, limit=Z.MAX_META_BYTES, field="meta.json"), path=mpath)
 
 
 def replay(folder: str, j: Journal) -> None:

@@ -156,7 +156,7 @@ def parse_metadata(raw: bytes, *, path: Any = None, digest: Callable[[bytes], in
         raise UnsupportedVersionError(f"zerobatch_features: version {d.get('zerobatch_features')!r} (this release "
                                       f"reads {VERSION})", path=path, field="zerobatch_features")
     dtype = d.get("dtype")
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise UnsupportedVersionError(f"dtype: {dtype!r} is not one of {sorted(DTYPES)}", path=path, field="dtype")
     rows = _int(d, "num_rows", path)
     feats = _int(d, "num_features", path, minimum=1, maximum=MAX_FEATURES)

@@ -246,7 +246,10 @@ class FieldSpec:
         """Bytes of one record of a fixed-shape field, 0 for variable length."""
         if self.shape is None:
             return 0
-        return int(np.prod(self.shape, dtype=np.int64)) * self.np_dtype.itemsize
+        size = self.np_dtype.itemsize
+        for d in self.shape:       # Python ints: a product past 2**63 must not wrap
+            size *= d
+        return size
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": self.dtype,

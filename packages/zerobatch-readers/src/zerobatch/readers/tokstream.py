@@ -39,7 +39,7 @@ import numpy as np
 
 from zerobatch.core import WindowGather, xxh3_64
 from zerobatch.core.checks import as_positions, check_count
-from zerobatch.core.io import open_regular_file, pread_exact
+from zerobatch.core.io import read_document
 from zerobatch.core.pool import shared_pool
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import (ConfigError, CorruptError, LimitExceededError, NotFoundError, OutOfRangeError,
@@ -124,16 +124,10 @@ class TokenStreamReader(BatchReader):
         self.num_threads = check_count(num_threads, "num_threads", minimum=1, maximum=256)
         path = os.path.join(self.folder, T.MANIFEST_NAME)
         try:
-            fd, st = open_regular_file(path)
+            raw = read_document(path, limit=T.MAX_MANIFEST_BYTES, field="manifest")
         except FileNotFoundError:
             raise NotFoundError("manifest.json: not found (not a tokstream dataset, or unfinished)", path=path,
                                 field="manifest") from None
-        try:
-            if st.st_size > T.MAX_MANIFEST_BYTES:
-                raise CorruptError(f"manifest: {st.st_size} bytes is too large", path=path, field="manifest")
-            raw = pread_exact(fd, st.st_size, 0, path=path, field="manifest")
-        finally:
-            os.close(fd)
         self.manifest = T.parse_manifest(raw, path=path)
         m = self.manifest
         ids, record = T.build_id_material(m.options(), m.shards)

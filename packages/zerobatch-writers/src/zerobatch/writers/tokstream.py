@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from zerobatch.core import max_u32, xxh3_64
-from zerobatch.core.io import AtomicFile, make_folder, open_regular_file, pread_exact
+from zerobatch.core.io import AtomicFile, make_folder, read_document
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import ConfigError, FormatError, LimitExceededError, NotFoundError, ReadError
 
@@ -344,17 +344,10 @@ def assemble(folder: str | os.PathLike[str], shards: Iterable[str] | None = None
     for name in names:
         path = os.path.join(folder, str(name), T.SHARD_MANIFEST_NAME)
         try:
-            fd, st = open_regular_file(path)
+            raw = read_document(path, limit=T.MAX_MANIFEST_BYTES, field="shard.json")
         except NotFoundError:
             raise NotFoundError(f"shard {name!r} has no shard.json (unfinished or missing)", path=path,
                                 field="shards") from None
-        try:
-            if st.st_size > T.MAX_MANIFEST_BYTES:
-                raise LimitExceededError(f"shard.json: {st.st_size} bytes, more than {T.MAX_MANIFEST_BYTES}",
-                                         path=path, field="shard.json")
-            raw = pread_exact(fd, st.st_size, 0, path=path, field="shard.json")
-        finally:
-            os.close(fd)
         opts, entry = T.parse_shard_manifest(raw, path=path)
         if entry.name != name:
             raise FormatError(f"shard.name: {entry.name!r} is not the folder's name {name!r}", path=path,
