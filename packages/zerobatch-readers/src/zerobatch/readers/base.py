@@ -12,10 +12,11 @@ read that needs no GIL from start to finish (LLMBATCH) queues that instead of a 
 from __future__ import annotations
 
 import functools
+import threading
 from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
-__all__ = ["BatchReader", "Ticket"]
+__all__ = ["BatchReader", "OpensOnFirstUse", "Ticket"]
 
 
 class Ticket(Protocol):
@@ -36,3 +37,45 @@ class BatchReader(ABC):
     def read_async(self, pool: Any, items: Any, out: Any, **options: Any) -> Ticket:
         """:meth:`read_into` queued on ``pool``'s threads; returns its ticket."""
         return pool.call(functools.partial(self.read_into, items, out, **options))
+
+
+class OpensOnFirstUse:
+    """Readers that travel to other processes (spawned DataLoader workers) as their
+    arguments and open there on first use, not while being unpickled: a dataset deleted or
+    replaced since is then a typed error raised by the read that found it, which reaches the
+    training loop, instead of a worker dying inside unpickling.
+
+    A reader defines ``__getstate__`` (its arguments and its dataset's identity),
+    :meth:`_unpickled_attributes` (what may be set at once: the path, options) and
+    :meth:`_reopen` (open, and refuse another dataset than the one pickled). Until the first
+    access to anything else, the reader holds no file.
+    """
+
+    _reopen_lock = threading.RLock()
+
+    def _unpickled_attributes(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def _reopen(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(self._unpickled_attributes(state))
+        self.__dict__["_unpickled"] = state
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for attributes not set yet: those the first open sets
+        if name.startswith("__") or "_unpickled" not in self.__dict__:
+            raise AttributeError(name)
+        with OpensOnFirstUse._reopen_lock:      # other threads wait here for the open to finish
+            state = self.__dict__.get("_unpickled")
+            if state is not None:
+                if self.__dict__.get("_reopening"):
+                    raise AttributeError(name)  # asked for by the open itself, before it set it
+                self.__dict__["_reopening"] = True
+                try:
+                    self._reopen(state)         # on failure the state stays: the next use raises again
+                    self.__dict__.pop("_unpickled", None)
+                finally:
+                    self.__dict__.pop("_reopening", None)
+        return object.__getattribute__(self, name)

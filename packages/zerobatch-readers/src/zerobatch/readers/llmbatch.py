@@ -35,7 +35,7 @@ from zerobatch.core import LLMBatchSlots, parse_llmbatch_header, xxh3_64
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.formats import llmbatch as L
 from zerobatch.formats.errors import ConfigError, IntegrityError, ReadError
-from zerobatch.readers.base import BatchReader
+from zerobatch.readers.base import BatchReader, OpensOnFirstUse
 
 __all__ = ["BatchFileReader", "VerifyReport"]
 
@@ -102,7 +102,7 @@ class VerifyReport:
         return self.num_bad_batches == 0 and self.padding_ok and self.max_token_ok
 
 
-class BatchFileReader(BatchReader):
+class BatchFileReader(OpensOnFirstUse, BatchReader):
     """Zero-copy, validated access to the batches of an LLMBATCH file.
 
     Args:
@@ -397,6 +397,8 @@ class BatchFileReader(BatchReader):
         """Drop this reader's references to the mapping. The pages stay mapped as long as a
         view or tensor handed out still refers to them (unmapping under a live view would
         crash its next access), and are unmapped with the last of them."""
+        if self.__dict__.pop("_unpickled", None) is not None:
+            return      # unpickled, never opened: nothing to release
         if self._mm is None:
             return
         self._mm = None
@@ -413,9 +415,10 @@ class BatchFileReader(BatchReader):
         # Pickle as the path: each process maps the file itself (spawn / forkserver workers).
         return {"path": self.path, "verify": self.verify_batches, "fingerprint": self.fingerprint}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.path = state["path"]
-        self.verify_batches = state["verify"]
+    def _unpickled_attributes(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"path": state["path"], "verify_batches": state["verify"]}
+
+    def _reopen(self, state: dict[str, Any]) -> None:
         self._expected_fingerprint = state["fingerprint"]
         self._open()
 

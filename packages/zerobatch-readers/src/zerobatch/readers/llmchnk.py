@@ -17,7 +17,7 @@ from zerobatch.core.digest import block_digest
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.formats import llmchnk as C
 from zerobatch.formats.errors import ConfigError, CorruptError, IntegrityError, ReadError, StateError
-from zerobatch.readers.base import BatchReader
+from zerobatch.readers.base import BatchReader, OpensOnFirstUse
 
 __all__ = ["LLMChunkReader", "VerifyReport"]
 
@@ -35,7 +35,7 @@ class VerifyReport:
         return not self.bad_records
 
 
-class LLMChunkReader(BatchReader):
+class LLMChunkReader(OpensOnFirstUse, BatchReader):
     """Zero-copy, validated access to the records of an LLMCHNK file.
 
     On open the header, the offset table (from the data start to the data end, never
@@ -263,6 +263,8 @@ class LLMChunkReader(BatchReader):
     def close(self) -> None:
         """Release the mapping (arrays returned by :meth:`read_record` keep their pages until
         they are dropped). Idempotent."""
+        if self.__dict__.pop("_unpickled", None) is not None:
+            return      # unpickled, never opened: nothing to release
         if self.closed:
             return
         self.closed = True
@@ -282,8 +284,10 @@ class LLMChunkReader(BatchReader):
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "verify": self.verify_records, "fingerprint": self.fingerprint}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.path, self.verify_records = state["path"], state["verify"]
+    def _unpickled_attributes(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"path": state["path"], "verify_records": state["verify"]}
+
+    def _reopen(self, state: dict[str, Any]) -> None:
         self._open()
         if self.fingerprint != state["fingerprint"]:
             raise IntegrityError(f"fingerprint: the file changed since this reader was pickled (was "

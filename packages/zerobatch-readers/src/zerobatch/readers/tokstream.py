@@ -47,7 +47,7 @@ from zerobatch.formats.errors import (ConfigError, CorruptError, LimitExceededEr
 from zerobatch.readers._tokstream_metadata import MetadataObjects, WindowMetadata, decoder
 from zerobatch.readers._tokstream_shard import ChunkChecks, Shard
 from zerobatch.readers.backends import Backend, open_backend
-from zerobatch.readers.base import BatchReader
+from zerobatch.readers.base import BatchReader, OpensOnFirstUse
 
 __all__ = ["TokenStreamReader", "VerifyReport", "WindowMetadata"]
 
@@ -82,7 +82,7 @@ class VerifyReport:
 
 
 
-class TokenStreamReader(BatchReader):
+class TokenStreamReader(OpensOnFirstUse, BatchReader):
     """A TOKSTREAM dataset opened for reading: windows and documents, in global positions.
 
     Args:
@@ -672,6 +672,8 @@ class TokenStreamReader(BatchReader):
 
     def close(self) -> None:
         """Release every file (arrays still viewing a mapping keep it alive)."""
+        if self.__dict__.pop("_unpickled", None) is not None:
+            return      # unpickled, never opened: nothing to release
         self._gather = None
         for s in getattr(self, "_shards", []):
             s.close()
@@ -689,7 +691,11 @@ class TokenStreamReader(BatchReader):
         return {"folder": self.folder, "backend": self.backend, "num_threads": self.num_threads,
                 "verify": self.verify_checksums, "build_id": self.manifest.build_id}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def _unpickled_attributes(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"folder": state["folder"], "backend": state["backend"], "num_threads": state["num_threads"],
+                "verify_checksums": state["verify"], "closed": False}
+
+    def _reopen(self, state: dict[str, Any]) -> None:
         self.__init__(state["folder"], backend=state["backend"], num_threads=state["num_threads"],
                       verify=state["verify"])
         if self.manifest.build_id != state["build_id"]:
