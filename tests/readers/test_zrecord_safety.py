@@ -247,3 +247,100 @@ def test_a_store_replaced_under_dataloader_workers_is_a_typed_error(tmp_path, co
     else:
         # a forked worker may serve the store it inherited, whole: never the other one
         assert got == expected
+
+
+def test_a_loader_over_a_store_that_lost_records_mid_epoch_raises_a_typed_error(tmp_path):
+    pytest.importorskip("torch")
+    import dataclasses
+
+    from zerobatch.adapters.torch import Loader, RecordFields
+    from zerobatch.core import xxh3_64
+    from zerobatch.formats.errors import OutOfRangeError
+
+    folder = tmp_path / "s"
+    build(folder, n=400)
+    it = iter(Loader(RecordFields(folder, ["a"]), batch_size=16, seed=1, num_threads=1))
+    next(it)
+    # the store now holds 250 records (a crafted commit and meta.json, both checksummed)
+    meta = Z.parse_meta((folder / "meta.json").read_bytes())
+    c = Z.unpack_commit((folder / "commit.zr").read_bytes(), xxh3_64, key=meta.key)
+    with open(folder / "commit.zr", "r+b") as f:
+        f.write(Z.pack_commit(dataclasses.replace(c, length=250), xxh3_64, meta.key))
+    rewrite_meta(folder, lambda d: d.update(length=250))
+    with pytest.raises(OutOfRangeError, match="fewer than the 400"):
+        list(it)
+
+
+@pytest.mark.parametrize("size", [0, 1, 8, 16, 23, 24, 63])
+def test_a_short_commit_file_is_a_typed_error_for_readers_and_writers(tmp_path, size):
+    folder = tmp_path / "s"
+    build(folder)
+    raw = (folder / "commit.zr").read_bytes()
+    (folder / "commit.zr").write_bytes(raw[:size])
+    from zerobatch.formats.errors import FormatError
+    with pytest.raises(FormatError, match="commit.zr"):
+        ZRecordStore(folder)
+    with pytest.raises(FormatError, match="commit.zr"):
+        ZRecordWriter(folder)
+
+
+def test_a_sparse_giant_journal_is_refused_without_allocating_it(tmp_path):
+    import zerobatch.core.zrstore as zrstore
+
+    folder = tmp_path / "s"
+    build(folder)
+    meta = Z.parse_meta((folder / "meta.json").read_bytes())
+    j = zrstore.Journal(Z.JOURNAL_KIND_COMMIT, Z.Commit(0, 40, 5, 1, 0), meta, np.zeros(0, Z.JOURNAL_UPDATE_DTYPE), ())
+    raw = bytearray(zrstore.pack_journal(j))
+    # the header claims 2**31 updates (64 GiB), and the file is that large, all holes
+    struct_ = Z.JOURNAL_HEADER
+    fields = list(struct_.unpack_from(raw))
+    fields[7] = (64 << 30) // Z.JOURNAL_UPDATE_DTYPE.itemsize
+    raw[:struct_.size] = struct_.pack(*fields)
+    with open(folder / "journal.zr", "wb") as f:
+        f.write(raw)
+        f.truncate(struct_.size + fields[8] + fields[7] * Z.JOURNAL_UPDATE_DTYPE.itemsize)
+    for opener in (ZRecordStore, ZRecordWriter):
+        with pytest.raises(CorruptError, match="sparse"):
+            opener(folder)
+
+
+def _flate_record(folder, index, logical, stream):
+    """Rewrite record ``index`` of field b as a flate container (valid checksum and entry)."""
+    from zerobatch.core import xxh3_64
+
+    key = Z.parse_meta((folder / "meta.json").read_bytes()).key
+    tail = Z.RECORD_HEADER.pack(0, logical, 1, Z.RECORD_MAGIC, 1)[8:]
+    container = (xxh3_64(tail + stream) ^ key).to_bytes(8, "little") + tail + stream
+    t = np.fromfile(folder / "b.offset", Z.ENTRY_DTYPE)
+    at = 1 << 15                               # free space inside chunk 0's sparse growth step
+    with open(folder / "chunk" / "0.zr", "r+b") as f:
+        f.seek(at + 4096 * index)
+        f.write(container)
+    t[index]["chunk"], t[index]["offset"], t[index]["length"] = 0, at + 4096 * index, len(container)
+    t.tofile(folder / "b.offset")
+    checks = np.fromfile(folder / "b.check", "<u4")
+    checks[index] = Z.entry_checks(t[index:index + 1], index, 1, key)[0]
+    checks.tofile(folder / "b.check")
+
+
+def test_flate_records_that_lie_about_their_length(tmp_path):
+    import zlib
+
+    folder = tmp_path / "s"
+    build(folder)
+    # logical length 0 with a non-empty stream: it must be an empty stream ending exactly
+    _flate_record(folder, 2, 0, zlib.compress(b"hidden payload", wbits=-15))
+    # 6 records each declaring 2**30 bytes from 40-byte streams (more than deflate's 1032:1)
+    for i in range(8, 14):
+        _flate_record(folder, i, 1 << 30, zlib.compress(b"x" * 100, wbits=-15))
+    with ZRecordStore(folder) as s:
+        with pytest.raises(CorruptError, match="disagrees"):
+            s.gather([2], ["b"])
+        with pytest.raises(CorruptError, match="disagrees"):
+            s.gather(np.arange(8, 14), ["b"])
+        assert s.gather([3], ["b"])["b"][0] is not None
+    # an empty stream of logical length 0 is a valid empty record
+    _flate_record(folder, 2, 0, zlib.compress(b"", wbits=-15))
+    with ZRecordStore(folder) as s:
+        assert s.gather([2], ["b"])["b"][0].size == 0

@@ -9,7 +9,7 @@ import numpy as np
 
 from zerobatch.adapters.sources._base import Array, Source, Value, open_reader
 from zerobatch.core.checks import check_count
-from zerobatch.formats.errors import ConfigError
+from zerobatch.formats.errors import ConfigError, OutOfRangeError
 
 __all__ = ["RecordFields"]
 
@@ -80,7 +80,13 @@ class RecordFields(Source):
     def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any] | list[dict[str, Any]]:
         steps, per = items.shape
         flat = items.reshape(-1)
-        with self.store.gather(flat, self.fields) as batch:
+        try:
+            batch = self.store.gather(flat, self.fields)
+        except OutOfRangeError as exc:
+            raise OutOfRangeError(f"the store now holds {len(self.store)} records, fewer than the {self.num_items} "
+                                  f"this source was made for (records were deleted since): {exc.message}",
+                                  path=self.store.path, field="num_items") from exc
+        with batch:
             data: dict[str, Any] = {}
             for name in self.fields:
                 value = batch[name]
