@@ -248,10 +248,19 @@ def tokstream_read(folder: Path):
 
 
 def tokstream_assemble(folder: Path):
+    """assemble() on the mutant, then read; the manifest is put back after (assemble trusts
+    shard.json, so a swapped one makes a manifest of the other build: the read must say so)."""
     from zerobatch.writers.tokstream import assemble
 
-    assemble(folder)
-    return tokstream_read(folder)
+    path = folder / "manifest.json"
+    regular = path.is_file() and not path.is_symlink()     # else the mutant itself: mutate() restores it
+    manifest = path.read_bytes() if regular else None
+    try:
+        assemble(folder)
+        return tokstream_read(folder)
+    finally:
+        if manifest is not None:
+            path.write_bytes(manifest)
 
 
 def test_tokstream(tmp_path):
@@ -261,6 +270,35 @@ def test_tokstream(tmp_path):
     pristine = tokstream_read(folder)
     out = Outcomes()
     run_mutants(out, folder, tokstream_read, pristine, writers=[("assemble", tokstream_assemble)], twin=twin)
+    # manifest.json: every count and size at its boundaries, the build id recomputed (so
+    # only the value lies; the shard files and their trailers must give it away)
+    from zerobatch.formats import tokstream as T
+
+    good = (folder / "manifest.json").read_text()
+    places = [("vocab_size",), ("num_tokens",), ("num_documents",)]
+    for k in range(2):
+        places += [("shards", k, "num_tokens"), ("shards", k, "num_documents"), ("shards", k, "num_metadata")]
+        places += [("shards", k, "files", f, "size") for f in ("tokens.bin", "documents.index", "metadata.index",
+                                                                 "metadata.bin", "checksums.bin")]
+    for keys in places:
+        doc = json.loads(good)
+        at = doc
+        for key in keys[:-1]:
+            at = at[key]
+        old = at[keys[-1]]
+        for value in sorted({0, 1, old - 1, old + 1, 2 * old, 2**32 - 1, 2**32, 2**53, 2**63} - {old}):
+            at[keys[-1]] = value
+            try:
+                m = T.parse_manifest(json.dumps(doc).encode(), path=None)
+                ids, record = T.build_id_material(m.options(), m.shards)
+                doc["build_id"] = f"{xxh3_64(ids):016x}{xxh3_64(record):016x}"
+            except Exception:  # noqa: BLE001 - a value the parser refuses: the reader must too
+                pass
+            (folder / "manifest.json").write_text(json.dumps(doc))
+            run_case(out, f"manifest {'.'.join(map(str, keys))} = {value}", lambda: tokstream_read(folder),
+                     pristine)
+    (folder / "manifest.json").write_text(good)
+    assert tokstream_read(folder) == pristine
     report(out, "TOKSTREAM")
 
 
