@@ -131,3 +131,50 @@ def test_sweep_leaves_a_live_writers_temporaries_alone(tmp_path):
         assert mine.exists()
     finally:
         os.waitpid(dead, 0)
+
+
+def test_kill_after_every_io_call_of_a_feature_matrix_build(tmp_path):
+    """SIGKILL after each system call of a rebuild: the folder reads as the old build or the
+    complete new one, never a mix; the next build removes everything the killed one left."""
+    import textwrap
+
+    from zbtest import run_python
+    from zerobatch.readers.features import FeatureMatrix
+    from zerobatch.writers.features import write_feature_matrix
+
+    folder = tmp_path / "f"
+    write_feature_matrix(folder, {"a": np.ones((40, 3)), "b": np.zeros((10, 3))}, normalize=False)
+
+    def content():
+        m = FeatureMatrix(folder, 1)
+        m.verify()
+        return m.windows(np.arange(len(m)))[0].tobytes()
+
+    old = content()
+    code = textwrap.dedent(f"""
+        import numpy as np
+        from zerobatch.writers.features import write_feature_matrix
+        rng = np.random.default_rng(3)
+        write_feature_matrix({str(folder)!r}, {{"a": rng.normal(size=(300, 3)), "c": rng.normal(size=(70, 3))}},
+                             chunk_rows=64, block_bytes=4096)
+    """)
+    r = run_python(code + "\nfrom zerobatch.core.io import _FAULTS\nprint('CALLS', _FAULTS.calls)\n",
+                   env={"ZEROBATCH_FAULT_KILL_AFTER": str(10**9)})
+    assert r.returncode == 0, r.stderr
+    total = int(r.stdout.split("CALLS")[1])
+    new = content()
+    assert new != old
+    outcomes = {"old": 0, "new": 0}
+    for k in range(1, total + 1):
+        write_feature_matrix(folder, {"a": np.ones((40, 3)), "b": np.zeros((10, 3))}, normalize=False)
+        assert content() == old
+        r = run_python(code, env={"ZEROBATCH_FAULT_KILL_AFTER": str(k)})
+        assert r.returncode == -9, (k, r.returncode, r.stderr)
+        now = content()
+        assert now in (old, new), k
+        outcomes["old" if now == old else "new"] += 1
+    assert outcomes["old"] >= 1 and outcomes["new"] >= 1
+    print(f"kill -9 harness (write_feature_matrix): {total} kill points, {outcomes}")
+    write_feature_matrix(folder, {"a": np.ones((40, 3))})
+    assert not [p.name for p in folder.iterdir() if ".zbtmp." in p.name]
+    assert len([p for p in folder.iterdir() if p.name.endswith(".bin")]) == 1
