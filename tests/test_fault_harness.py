@@ -160,6 +160,21 @@ def test_llmchnk(tmp_path):
         return llmchnk_read(p)
 
     run_mutants(out, path, llmchnk_read, pristine, writers=[("write_chunk_file", rewrite)])
+    # every header field at its boundaries (the header has no hash of its own: the structural
+    # checks and the record checksums must catch each value)
+    good = path.read_bytes()
+    for name, off, fmt in (("version", 8, "<I"), ("flags", 12, "<I"), ("num_records", 16, "<Q"),
+                           ("seq_len", 24, "<I"), ("dtype", 28, "<I")):
+        top = (1 << (8 * struct.calcsize(fmt))) - 1
+        old = struct.unpack_from(fmt, good, off)[0]
+        for value in sorted({0, 1, 2, 3, top - 1, top, old - 1, old + 1, old * 2, old // 2} - {old}):
+            if not 0 <= value <= top:
+                continue
+            raw = bytearray(good)
+            struct.pack_into(fmt, raw, off, value)
+            path.write_bytes(raw)
+            run_case(out, f"header {name} = {value}", lambda: llmchnk_read(path), pristine)
+    path.write_bytes(good)
     report(out, "LLMCHNK")
 
 
@@ -326,6 +341,28 @@ def test_features(tmp_path):
     pristine = features_read(folder)
     out = Outcomes()
     run_mutants(out, folder, features_read, pristine, twin=twin)
+    # metadata.json: every count at its boundaries and every key range moved, re-digested
+    from zerobatch.formats import features as F
+
+    meta_path = folder / F.METADATA
+    good = meta_path.read_text()
+    places = [("num_rows",), ("num_features",), ("block_bytes",)]
+    places += [("keys", k, i) for k in range(2) for i in ("start", "stop")]
+    for keys in places:
+        doc = json.loads(good)
+        at = doc
+        for key in keys[:-1]:
+            at = at[key]
+        old = at[keys[-1]]
+        if not isinstance(old, int):
+            continue
+        for value in sorted({0, 1, old - 1, old + 1, 2 * old, 4096, 2**31, 2**32, 2**62, 2**63, -1} - {old}):
+            at[keys[-1]] = value
+            doc["metadata_xxh3"] = f"{xxh3_64(F.canonical(doc)):016x}"
+            meta_path.write_text(json.dumps(doc))
+            run_case(out, f"metadata {'.'.join(map(str, keys))} = {value}", lambda: features_read(folder), pristine)
+    meta_path.write_text(good)
+    assert features_read(folder) == pristine
     report(out, "features")
 
 
