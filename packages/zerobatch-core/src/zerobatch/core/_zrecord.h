@@ -131,8 +131,12 @@ typedef struct {
     uint64_t need_chunk;
 } zr_job;
 
+/* Inflate the raw deflate stream src[0, n) into dst, which must receive exactly m bytes, the
+ * stream ending exactly at src + n. `slack` spare bytes of room after the m (a record of
+ * logical length 0 passes a 1-byte scratch with m = 0, slack = 1) let a stream that holds
+ * more than it declares be told apart from one that ends. */
 static int zr_inflate(z_stream *zs, int *zs_ready, const uint8_t *src, uint64_t n, uint8_t *dst,
-                      uint64_t m) {
+                      uint64_t m, uint32_t slack) {
     if (!*zs_ready) {
         memset(zs, 0, sizeof(*zs));
         if (inflateInit2(zs, -15) != Z_OK) return ZB_E_NOMEM;
@@ -143,29 +147,9 @@ static int zr_inflate(z_stream *zs, int *zs_ready, const uint8_t *src, uint64_t 
     zs->next_in = (Bytef *)src;
     zs->avail_in = (uInt)n;
     zs->next_out = dst;
-    zs->avail_out = (uInt)m;
+    zs->avail_out = (uInt)m + slack;
     int r = inflate(zs, Z_FINISH);
-    if (r != Z_STREAM_END || zs->avail_out != 0 || zs->avail_in != 0) return ZB_E_FIELD;
-    return ZB_OK;
-}
-
-/* A flate record of logical length 0: its stream must still be a whole deflate stream that
- * inflates to nothing and ends exactly at the end of the stored bytes. */
-static int zr_inflate_empty(z_stream *zs, int *zs_ready, const uint8_t *src, uint64_t n) {
-    uint8_t scratch[1];
-    if (!*zs_ready) {
-        memset(zs, 0, sizeof(*zs));
-        if (inflateInit2(zs, -15) != Z_OK) return ZB_E_NOMEM;
-        *zs_ready = 1;
-    } else if (inflateReset(zs) != Z_OK) {
-        return ZB_E_IO;
-    }
-    zs->next_in = (Bytef *)src;
-    zs->avail_in = (uInt)n;
-    zs->next_out = scratch;
-    zs->avail_out = 1;
-    int r = inflate(zs, Z_FINISH);
-    if (r != Z_STREAM_END || zs->avail_out != 1 || zs->avail_in != 0) return ZB_E_FIELD;
+    if (r != Z_STREAM_END || zs->avail_out != slack || zs->avail_in != 0) return ZB_E_FIELD;
     return ZB_OK;
 }
 
@@ -186,7 +170,7 @@ static int zr_job_run(zr_job *j) {
         if (j->fill_only) {
             if (j->lens[i] <= 0 || j->codec == 0) continue;
             const uint8_t *p = __atomic_load_n(&cm->base[e->chunk], __ATOMIC_ACQUIRE) + j->payload[i];
-            status = zr_inflate(&zs, &zs_ready, p, e->length - ZR_HEADER, dst, (uint64_t)j->lens[i]);
+            status = zr_inflate(&zs, &zs_ready, p, e->length - ZR_HEADER, dst, (uint64_t)j->lens[i], 0);
             if (status != ZB_OK) { j->bad = i; break; }
             continue;
         }
@@ -223,7 +207,8 @@ static int zr_job_run(zr_job *j) {
         if (logical > j->max_len) { status = ZB_E_LIMIT; j->bad = i; break; }
         if (j->codec == 1 && logical > zr_inflate_bound(stored)) { status = ZB_E_FIELD; j->bad = i; break; }
         if (j->codec == 1 && logical == 0) {
-            status = zr_inflate_empty(&zs, &zs_ready, h + ZR_HEADER, stored);
+            uint8_t scratch[1];   /* an empty record's stream must inflate to nothing, and end */
+            status = zr_inflate(&zs, &zs_ready, h + ZR_HEADER, stored, scratch, 0, 1);
             if (status != ZB_OK) { j->bad = i; break; }
         }
         if (j->itemsize > 1 && logical % j->itemsize) { status = ZB_E_FIELD; j->bad = i; break; }
@@ -233,7 +218,7 @@ static int zr_job_run(zr_job *j) {
         if (j->codec == 0) {
             memcpy(dst, h + ZR_HEADER, logical);
         } else {
-            status = zr_inflate(&zs, &zs_ready, h + ZR_HEADER, stored, dst, logical);
+            status = zr_inflate(&zs, &zs_ready, h + ZR_HEADER, stored, dst, logical, 0);
             if (status != ZB_OK) { j->bad = i; break; }
         }
     }

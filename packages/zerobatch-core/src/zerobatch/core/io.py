@@ -331,36 +331,23 @@ def _pid_alive(pid: int, since: float | None = None) -> bool:
     return True
 
 
-def sweep_orphans(folder: str | os.PathLike[str], stems: set[str] | None = None) -> list[str]:
-    """Remove every temporary (file or folder) in ``folder`` that a writer which no longer
-    runs left behind: names ``[.]<stem>.zbtmp.<pid>[.<anything>]``, restricted to ``stems``
-    when given. Unlike :func:`cleanup_orphans` it finds temporaries whatever final name they
-    were for (a build id the next run never uses, a conversion's folder).
-
-    Returns:
-        The paths removed.
-    """
-    folder = os.fspath(folder)
-    removed = []
+def _sweep(folder: str, wanted: Callable[[str], bool]) -> list[str]:
+    """Remove the temporaries ``<stem>.zbtmp.<pid>[.<anything>]`` (files or folders) in
+    ``folder`` whose stem is ``wanted`` and whose writer no longer runs; the paths removed."""
+    removed: list[str] = []
     try:
         entries = os.listdir(folder)
     except OSError:
         return removed
     for entry in entries:
         stem, mark, rest = entry.partition(_TMP_MARK)
-        if not mark:
-            continue
         pid_text = rest.split(".", 1)[0]
-        if not pid_text.isdigit() or (stems is not None and stem.lstrip(".") not in stems and stem not in stems):
+        if not mark or not pid_text.isdigit() or not wanted(stem):
             continue
         path = os.path.join(folder, entry)
         try:
-            since = os.lstat(path).st_mtime
-        except OSError:
-            continue
-        if _pid_alive(int(pid_text), since):
-            continue
-        try:
+            if _pid_alive(int(pid_text), os.lstat(path).st_mtime):
+                continue
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)
             else:
@@ -371,39 +358,30 @@ def sweep_orphans(folder: str | os.PathLike[str], stems: set[str] | None = None)
     return removed
 
 
-def cleanup_orphans(final_path: str | os.PathLike[str]) -> list[str]:
-    """Remove temporary files left for ``final_path`` by writers that no longer run.
-
-    Temporary names carry the writer's pid; a file whose pid is alive is left alone (it may
-    be another writer at work).
+def sweep_orphans(folder: str | os.PathLike[str], stems: set[str] | None = None) -> list[str]:
+    """Remove every temporary (file or folder) in ``folder`` that a writer which no longer
+    runs left behind: names ``[.]<stem>.zbtmp.<pid>[.<anything>]``, restricted to ``stems``
+    when given. Unlike :func:`cleanup_orphans` it finds temporaries whatever final name they
+    were for (a build id the next run never uses, a conversion's folder).
 
     Returns:
         The paths removed.
     """
-    final = os.path.abspath(os.fspath(final_path))
-    folder, name = os.path.split(final)
-    prefix = f".{name}{_TMP_MARK}"
-    removed = []
-    try:
-        entries = os.listdir(folder)
-    except OSError:
-        return removed
-    for entry in entries:
-        if not entry.startswith(prefix):
-            continue
-        pid_text = entry[len(prefix):].split(".", 1)[0]
-        try:
-            since = os.lstat(os.path.join(folder, entry)).st_mtime
-        except OSError:
-            continue
-        if not pid_text.isdigit() or _pid_alive(int(pid_text), since):
-            continue
-        try:
-            os.unlink(os.path.join(folder, entry))
-            removed.append(os.path.join(folder, entry))
-        except OSError:
-            pass
-    return removed
+    return _sweep(os.fspath(folder), lambda stem: stems is None or stem.lstrip(".") in stems)
+
+
+def cleanup_orphans(final_path: str | os.PathLike[str]) -> list[str]:
+    """Remove temporary files left for ``final_path`` by writers that no longer run.
+
+    Temporary names carry the writer's pid; a file whose pid is alive (and started before the
+    file was written: not a reused pid, not a zombie) is left alone (it may be another writer
+    at work).
+
+    Returns:
+        The paths removed.
+    """
+    folder, name = os.path.split(os.path.abspath(os.fspath(final_path)))
+    return _sweep(folder, lambda stem: stem == f".{name}")
 
 
 class AtomicFile:
