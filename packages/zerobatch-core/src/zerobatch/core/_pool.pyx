@@ -35,6 +35,17 @@ from libc.stdlib cimport free, malloc
 
 from zerobatch.core._status cimport ZB_E_CANCELLED, ZB_OK
 
+cdef extern from *:
+    """
+    #if PY_VERSION_HEX >= 0x030D0000
+    #define zb_is_finalizing() Py_IsFinalizing()
+    #else
+    #define zb_is_finalizing() _Py_IsFinalizing()
+    #endif
+    """
+    # the interpreter is exiting (module globals may be gone: asked of the C API)
+    int zb_is_finalizing()
+
 import threading
 
 from zerobatch.formats.errors import ConfigError, StateError
@@ -313,6 +324,8 @@ cdef class Call:
         for it to finish (so nothing it uses is released under it), without ``wait`` return
         at once and let it finish alone. The result is dropped either way; never raises."""
         cdef bint dropped = False
+        if wait and zb_is_finalizing():
+            wait = False    # at interpreter exit the workers may be gone: a started call may never finish
         if not self.finished:
             dropped = self.pool.cancel(&self.task, wait)
             if dropped:

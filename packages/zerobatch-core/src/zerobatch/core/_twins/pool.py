@@ -6,6 +6,7 @@ call in their hands); the compiled tasks of the kernels' twins run where they ar
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -126,6 +127,9 @@ class Call:
         self._cancelled = False
         self._done = threading.Event()
 
+    #: Kept on the class: at exit the module's globals (``sys`` too) may already be cleared.
+    _finalizing = staticmethod(sys.is_finalizing)
+
     def _run(self) -> None:
         fn, self._fn = self._fn, None
         try:
@@ -164,7 +168,11 @@ class Call:
             self._state = _DONE
             self._done.set()
         elif wait:
-            self._done.wait()
+            # at interpreter exit the workers may already be gone (daemon threads stop when
+            # they next need the GIL): a started call may then never finish, so stop waiting
+            while not self._done.wait(0.05):
+                if self._finalizing():
+                    break
         self._result = self._error = None
         return dropped
 
