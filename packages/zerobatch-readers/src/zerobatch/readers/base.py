@@ -56,8 +56,9 @@ class OpensOnFirstUse:
     def _unpickled_attributes(self, state: dict[str, Any]) -> dict[str, Any]:
         return {}
 
-    def _reopen(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError
+    #: ``_reopen(state)``: open the dataset the state names, refusing another one (each
+    #: reader defines it).
+    _reopen: Any
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(self._unpickled_attributes(state))
