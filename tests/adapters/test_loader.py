@@ -384,25 +384,6 @@ def test_exit_with_a_live_iterator_is_clean(stream):
     assert r.returncode == 0 and r.stdout.strip() == "ok" and "Fatal" not in r.stderr, r.stderr
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("pure", ["", "1"])
-def test_exit_with_a_read_in_flight_never_hangs(stream, pure):
-    """Interpreter exit while a worker runs a read: the iterator's close at finalization must
-    not wait for a worker the interpreter has already stopped (it hung about 1 run in 15
-    under the pure-Python pool). Ten exits per mode, each with a deadline."""
-    folder, _ = stream
-    code = f"""
-        from zerobatch.adapters.torch import Loader, TokenWindows
-        it = iter(Loader(TokenWindows({folder!r}, 16), batch_size=4, num_threads=2))
-        next(it)
-        print("ok")
-    """
-    for _ in range(10):
-        r = run_python(code, env={"ZEROBATCH_PUREPYTHON": pure}, timeout=30)
-        assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
-        assert "Fatal" not in r.stderr and "Error" not in r.stderr, r.stderr
-
-
 def test_read_errors_reach_the_loop(tmp_path):
     folder, _ = token_stream(tmp_path / "bad", n_tokens=3000)
     with open(os.path.join(folder, "shard-00001", "tokens.bin"), "r+b") as f:
