@@ -72,40 +72,31 @@ KINDS: dict[str, Callable[[str], None]] = {
 
 
 @contextlib.contextmanager
-def mutate(path: Path, kind: str) -> Iterator[None]:
+def _replaced(path: Path, make: Callable[[str], None]) -> Iterator[None]:
+    """``path`` moved aside and ``make(path)`` put in its place for the block, then the
+    original moved back."""
+    p = str(path)
+    aside = p + ".faultkit-orig"
+    os.rename(p, aside)
+    try:
+        make(p)
+        yield
+    finally:
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p)
+        elif os.path.lexists(p):
+            os.unlink(p)
+        os.rename(aside, p)
+
+
+def mutate(path: Path, kind: str) -> contextlib.AbstractContextManager[None]:
     """Replace ``path`` (a file or folder) by ``kind`` for the duration of the block."""
-    p = str(path)
-    aside = p + ".faultkit-orig"
-    os.rename(p, aside)
-    try:
-        KINDS[kind](p)
-        yield
-    finally:
-        if os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p)
-        elif os.path.lexists(p):
-            os.unlink(p)
-        os.rename(aside, p)
+    return _replaced(path, KINDS[kind])
 
 
-@contextlib.contextmanager
-def swapped(path: Path, other: Path) -> Iterator[None]:
+def swapped(path: Path, other: Path) -> contextlib.AbstractContextManager[None]:
     """``path`` replaced by a copy of ``other`` (the same file of another dataset)."""
-    p = str(path)
-    aside = p + ".faultkit-orig"
-    os.rename(p, aside)
-    try:
-        if os.path.isdir(other):
-            shutil.copytree(other, p)
-        else:
-            shutil.copy2(other, p)
-        yield
-    finally:
-        if os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p)
-        elif os.path.lexists(p):
-            os.unlink(p)
-        os.rename(aside, p)
+    return _replaced(path, lambda p: shutil.copytree(other, p) if os.path.isdir(other) else shutil.copy2(other, p))
 
 
 @dataclass

@@ -53,6 +53,13 @@ def run_mutants(out: Outcomes, folder: Path, read, pristine, writers=(), twin: P
                         run_case(out, f"{rel} from another dataset: {name}", lambda w=w: w(folder), pristine)
 
 
+def parent(doc, keys):
+    """The object holding ``keys[-1]`` in a parsed JSON document (keys: a path into it)."""
+    for key in keys[:-1]:
+        doc = doc[key]
+    return doc
+
+
 def verified(report) -> bool:
     """A verify report that found faults counts as a typed outcome: the damage was named."""
     if not report.ok:
@@ -223,9 +230,7 @@ def test_zrecord(tmp_path):
              ("chunks", "written_bytes")]
     for keys in paths:
         doc = json.loads(good)
-        at = doc
-        for k in keys[:-1]:
-            at = at[k]
+        at = parent(doc, keys)
         old = at[keys[-1]]
         for value in sorted({0, 1, old - 1, old + 1, 2**32 - 1, 2**32, 2**48, 2**62, 2**63, -1} - {old}):
             at[keys[-1]] = value
@@ -297,9 +302,7 @@ def test_tokstream(tmp_path):
                                                                  "metadata.bin", "checksums.bin")]
     for keys in places:
         doc = json.loads(good)
-        at = doc
-        for key in keys[:-1]:
-            at = at[key]
+        at = parent(doc, keys)
         old = at[keys[-1]]
         for value in sorted({0, 1, old - 1, old + 1, 2 * old, 2**32 - 1, 2**32, 2**53, 2**63} - {old}):
             at[keys[-1]] = value
@@ -350,9 +353,7 @@ def test_features(tmp_path):
     places += [("keys", k, i) for k in range(2) for i in ("start", "stop")]
     for keys in places:
         doc = json.loads(good)
-        at = doc
-        for key in keys[:-1]:
-            at = at[key]
+        at = parent(doc, keys)
         old = at[keys[-1]]
         if not isinstance(old, int):
             continue

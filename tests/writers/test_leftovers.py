@@ -40,7 +40,8 @@ def test_a_zombie_or_a_reused_pid_is_not_a_live_writer(tmp_path):
         assert not _pid_alive(pid)
         assert _pid_alive(os.getpid())
         # this process started before now: alive; a temporary made before it started: reused pid
-        assert _pid_alive(os.getpid(), since=time.time())
+        now = time.time()
+        assert _pid_alive(os.getpid(), since=now)
         assert not _pid_alive(os.getpid(), since=0.0)
     finally:
         os.waitpid(pid, 0)
