@@ -33,13 +33,18 @@ import numpy as np
 from zerobatch.adapters.sources import Source, build, open_source
 from zerobatch.core.checks import check_count
 from zerobatch.core.pool import shared_pool
-from zerobatch.formats.errors import ConfigError
+from zerobatch.formats.errors import ConfigError, StateError
 from zerobatch.samplers import TAILS, IndexOrder, Schedule, check_seed, resolve_rank
 
-__all__ = ["READ_AHEAD_POOL", "BaseLoader"]
+__all__ = ["READ_AHEAD_POOL", "WORKER_STATE", "BaseLoader"]
 
 #: The name of the read-ahead pool's threads (``zerobatch-loader-0``...).
 READ_AHEAD_POOL = "zerobatch-loader"
+
+#: The ``kind`` of the state a loader saves inside a DataLoader worker process: that worker's
+#: share of the rank's steps (``worker`` of ``num_workers``), the pass's ``start`` and the
+#: steps of the share it ``delivered``.
+WORKER_STATE = "zerobatch-worker"
 
 
 def default_num_threads() -> int:
@@ -104,6 +109,10 @@ class BaseLoader:
         # The pass being iterated, held weakly: the iterator owns it, so an iterator dropped
         # unfinished (or never started) closes its pass and releases the read-ahead threads.
         self._active: weakref.ref[_Pass] | None = None
+        # Inside a DataLoader worker: this worker's share of the pass (a WORKER_STATE without
+        # its kind), and whether it was loaded and not yet resumed.
+        self._share: dict[str, Any] | None = None
+        self._share_loaded = False
 
     def _np_dtype(self, dtype: Any) -> np.dtype:
         dt = np.dtype(dtype)
@@ -186,13 +195,28 @@ class BaseLoader:
         """``(worker, num_workers)`` of a data-loading worker process (torch sets it)."""
         return 0, 1
 
+    def _in_worker(self) -> bool:
+        """Whether this copy of the loader runs inside a DataLoader worker process."""
+        return False
+
     def __iter__(self) -> Iterator[Any]:
         """The batches as NumPy arrays (the torch and JAX loaders yield their own types)."""
         return self._iter()
 
     def _iter(self) -> Iterator[Any]:
         self._close_active()
-        p = _Pass(self, *self._worker_split())
+        worker, num_workers = self._worker_split()
+        skip = 0
+        if self._share_loaded:
+            share = self._share
+            assert share is not None
+            if (share["worker"], share["num_workers"]) != (worker, num_workers):
+                raise StateError(f"the state of DataLoader worker {share['worker']} of {share['num_workers']} was "
+                                 f"loaded into worker {worker} of {num_workers}: a worker resumes only its own share "
+                                 f"(restore the DataLoader's whole state, or load it into the loader and start a new "
+                                 f"DataLoader)")
+            skip = share["delivered"]
+        p = _Pass(self, worker, num_workers, skip=skip, share=self._in_worker())
         self._active = weakref.ref(p)
         return p.batches()
 
@@ -252,7 +276,15 @@ class BaseLoader:
 
         Batches read ahead but not yet delivered are not counted. Every rank holds the same
         state (any rank's may be saved).
+
+        Inside a DataLoader worker process (torchdata's ``StatefulDataLoader`` saves each
+        worker's dataset state) it is that worker's share instead: the pass's start, which
+        steps the worker reads and how many of them it delivered (kind :data:`WORKER_STATE`).
         """
+        if self._in_worker():
+            share = self._share or {"start": self.schedule.state_dict(), "worker": self._worker_split()[0],
+                                    "num_workers": self._worker_split()[1], "delivered": 0}
+            return {"kind": WORKER_STATE, "version": 1, **share, "start": dict(share["start"])}
         return self.schedule.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -262,12 +294,63 @@ class BaseLoader:
         uninterrupted run; with another one it continues from the same position (the resume
         rule of :mod:`zerobatch.samplers.schedule`). States saved by release 0.1 load too.
 
+        ``state`` may also be the whole state of a torchdata ``StatefulDataLoader`` over this
+        loader (any number of workers, ``in_order=True``): the loader then stands where that
+        run's training loop stood, so a new ``StatefulDataLoader`` over it, with any number of
+        workers, continues exactly (torchdata itself restores a state only under the worker
+        count that saved it). Inside a worker process it is that worker's share.
+
         Raises:
             StateError: the state belongs to another dataset, order, seed or tail policy, or
-                another state version, or its position is beyond the epoch.
+                another state version, or its position is beyond the epoch; a worker's share
+                outside a worker; a torchdata state whose workers delivered steps out of order
+                (``in_order=False``), which has no single position.
         """
+        if not isinstance(state, dict):
+            raise StateError(f"a loader state is a dict, got {type(state).__name__}")
+        share = None
+        if state.get("kind") == WORKER_STATE:
+            if not self._in_worker():
+                raise StateError("this is the state of one DataLoader worker's share of the steps; load the "
+                                 "DataLoader's whole state (StatefulDataLoader.state_dict()) instead")
+            share = _check_share(state)
+            state = share["start"]
+        elif "_snapshot" in state or "_num_yielded" in state:
+            state = self._from_torchdata(state)
         self._close_active()
         self.schedule.load_state_dict(state)
+        self._share, self._share_loaded = share, share is not None
+
+    def _from_torchdata(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The position a torchdata ``StatefulDataLoader`` state stands at."""
+        if "_num_yielded" in state:                 # no worker processes: the loader's own state
+            inner = state.get("dataset_state")
+            if not isinstance(inner, dict) or inner.get("kind") == WORKER_STATE:
+                raise StateError("a StatefulDataLoader state without this loader's state (dataset_state)",
+                                 field="dataset_state")
+            return inner
+        try:
+            snap = state["_snapshot"]
+            k = snap["_main_snapshot"]["_num_workers"]
+            shares = [_check_share(snap["_worker_snapshots"][f"worker_{w}"]["dataset_state"]) for w in range(k)]
+            extra = state.get("_steps_since_snapshot", 0)
+        except (KeyError, TypeError) as exc:
+            raise StateError(f"not a StatefulDataLoader state of this loader: {exc!r} is missing",
+                             field="_snapshot") from None
+        if not shares or not isinstance(extra, int) or extra < 0:
+            raise StateError("a StatefulDataLoader state without workers or with a negative step count",
+                             field="_snapshot")
+        for w, share in enumerate(shares):
+            if (share["worker"], share["num_workers"]) != (w, k) or share["start"] != shares[0]["start"]:
+                raise StateError(f"the StatefulDataLoader state's worker {w} holds the share of worker "
+                                 f"{share['worker']} of {share['num_workers']} or another pass",
+                                 field="_worker_snapshots")
+        done = sum(s["delivered"] for s in shares)
+        if any(s["delivered"] != len(range(w, done, k)) for w, s in enumerate(shares)):
+            raise StateError(f"the workers delivered {[s['delivered'] for s in shares]} steps, not the first {done} "
+                             f"of the pass (in_order=False): restore this state into a StatefulDataLoader with "
+                             f"the same {k} workers", field="_worker_snapshots")
+        return self.schedule.advanced(done + extra, shares[0]["start"])
 
     # ---------------------------------------------------------------------------------------
     # pickling: a loader pickles without its read-ahead (spawned workers rebuild it)
@@ -281,12 +364,19 @@ class BaseLoader:
 class _Pass:
     """One pass over the rest of the current epoch (or an endless stream)."""
 
-    def __init__(self, loader: BaseLoader, worker: int = 0, num_workers: int = 1) -> None:
+    def __init__(self, loader: BaseLoader, worker: int = 0, num_workers: int = 1, *, skip: int = 0,
+                 share: bool = False) -> None:
         self.loader = loader
         self.source = loader.source
         self.schedule = loader.schedule
         self.schedule.begin()
-        self.worker, self.num_workers = worker, num_workers
+        self.worker, self.num_workers, self.skip = worker, num_workers, skip
+        # inside a worker process: the share this pass delivers, counted as it goes
+        self.share: dict[str, Any] | None = None
+        if share:
+            self.share = {"start": self.schedule.state_dict(), "worker": worker, "num_workers": num_workers,
+                          "delivered": skip}
+            loader._share, loader._share_loaded = self.share, False
         self.closed = False
         self.dtype = loader.dtype
         b = self.schedule.batch_size
@@ -306,7 +396,7 @@ class _Pass:
         """``(items (steps, k), sources or None, position after each step)`` per read, in
         order: the schedule's pages cut into reads of 1, 2, 4... steps up to the chunk."""
         size = 1
-        for page in self.schedule.plan(self.worker, self.num_workers):
+        for page in self.schedule.plan(self.worker + self.num_workers * self.skip, self.num_workers):
             at = 0
             while at < page.steps:
                 count = min(size, self.chunk, page.steps - at)
@@ -363,6 +453,8 @@ class _Pass:
                     # Counted as delivered now: a state saved while the loop works on this
                     # batch resumes after it.
                     schedule.advance_to(pos)
+                    if self.share is not None:
+                        self.share["delivered"] += 1
                     if out is not None:
                         yield out
                 del outputs, ready
@@ -387,6 +479,19 @@ class _Pass:
         if self.pool is not None:
             pool, self.pool = self.pool, None
             pool.detach()
+
+
+def _check_share(state: Any) -> dict[str, Any]:
+    """The fields of a :data:`WORKER_STATE` (checked)."""
+    if not isinstance(state, dict) or state.get("kind") != WORKER_STATE or state.get("version") != 1:
+        raise StateError(f"not a zerobatch worker state (kind {WORKER_STATE!r}, version 1)", field="kind")
+    share = {key: state.get(key) for key in ("start", "worker", "num_workers", "delivered")}
+    counts = [share[key] for key in ("worker", "num_workers", "delivered")]
+    if not isinstance(share["start"], dict) or not all(type(c) is int and c >= 0 for c in counts) \
+            or share["worker"] >= share["num_workers"]:
+        raise StateError(f"a bad zerobatch worker state: worker {share['worker']!r} of {share['num_workers']!r}, "
+                         f"{share['delivered']!r} delivered", field="worker")
+    return share
 
 
 class _Ready:

@@ -170,6 +170,9 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         return (0, 1) if info is None else (info.id, info.num_workers)
 
+    def _in_worker(self) -> bool:
+        return torch.utils.data.get_worker_info() is not None
+
     def _to_framework(self, value: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(value) if value.flags.writeable else torch.from_numpy(value.copy())
         if self.pin_memory:
