@@ -40,15 +40,19 @@ from typing import Any
 
 import numpy as np
 from zerobatch.cli.sources import TextSource, open_source
-from zerobatch.core.io import fsync_dir, sweep_orphans
+from zerobatch.core.io import fsync_dir, replace_folder, sweep_orphans
 from zerobatch.formats import registry
-from zerobatch.formats.errors import ConfigError, CorruptError, LimitExceededError, NotFoundError
+from zerobatch.formats.errors import (ConfigError, CorruptError, LimitExceededError, NotFoundError, WriteError,
+                                     ZerobatchError)
 
-__all__ = ["ConvertOptions", "Target", "build_folder", "convert", "documents", "find_eod", "load_tokenizer", "records",
-           "targets"]
+__all__ = ["ConvertOptions", "Target", "build_folder", "check_destination", "convert", "documents", "find_eod",
+           "load_tokenizer", "records", "targets"]
 
 #: Special tokens tried, in order, as the end-of-document token when none is named.
 EOD_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>", "[SEP]", "<eod>")
+#: Special tokens tried, in order, as the beginning-of-document token of ``--add-bos``
+#: (Llama 3, Llama 2 / Mistral, DeepSeek, Gemma, BERT).
+BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<bos>", "[CLS]")
 STAGING_SUFFIX = ".zbconvert"
 PLAN_NAME = "plan.json"
 
@@ -64,6 +68,11 @@ class ConvertOptions:
             ``nanogpt``, ``megatron``); default: from the name.
         tokenizer: a ``tokenizer.json`` for text sources.
         eod_token, eod_id: the end-of-document token (text) or id (flat token files).
+        bos_id, add_bos: text: start every document with this id, or (``add_bos``) with the
+            tokenizer's beginning-of-document token (Llama- and DeepSeek-style documents).
+        text_errors: ``replace`` (default: undecodable text becomes U+FFFD, counted in the
+            report) or ``strict`` (refused, naming the file and line).
+        overwrite: replace an existing destination (default: refuse it before any work).
         field: the text field of JSONL, Parquet or HF rows.
         split: ``file``, ``line`` or ``blank``: a document per file, line or blank-line block.
         hf_split: the split of a saved ``DatasetDict``.
@@ -84,6 +93,10 @@ class ConvertOptions:
     tokenizer: str | None = None
     eod_token: str | None = None
     eod_id: int | None = None
+    bos_id: int | None = None
+    add_bos: bool = False
+    text_errors: str = "replace"
+    overwrite: bool = False
     field: str = "text"
     split: str = "file"
     hf_split: str = "train"
@@ -120,17 +133,19 @@ def load_tokenizer(path: str) -> Any:
                            field="tokenizer") from None
 
 
-def find_eod(tok: Any, token: str | None, path: str) -> int:
+def find_eod(tok: Any, token: str | None, path: str, *, candidates: tuple[str, ...] = EOD_CANDIDATES,
+             option: str = "--eod-token", what: str = "end-of-document") -> int:
     """The id of ``token`` (or of the first known end-of-document token the vocabulary has)."""
-    names = (token,) if token else EOD_CANDIDATES
+    names = (token,) if token else candidates
     for name in names:
         i = tok.token_to_id(name)
         if i is not None:
             return int(i)
+    field = option.lstrip("-").replace("-", "_")
     if token:
-        raise ConfigError(f"--eod-token: {token!r} is not in the tokenizer's vocabulary", path=path, field="eod_token")
-    raise ConfigError(f"--eod-token: the tokenizer has none of {', '.join(EOD_CANDIDATES)}; name its "
-                      "end-of-document token", path=path, field="eod_token")
+        raise ConfigError(f"{option}: {token!r} is not in the tokenizer's vocabulary", path=path, field=field)
+    raise ConfigError(f"{option}: the tokenizer has none of {', '.join(candidates)}; name its {what} token",
+                      path=path, field=field)
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,10 +154,10 @@ def find_eod(tok: Any, token: str | None, path: str) -> int:
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(tokenizer_path: str, eod: int, staging: str, parallel: bool) -> None:
+def _init_worker(tokenizer_path: str, eod: int, staging: str, parallel: bool, bos: int | None = None) -> None:
     if not parallel:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _WORKER.update(tok=load_tokenizer(tokenizer_path), eod=eod, staging=staging)
+    _WORKER.update(tok=load_tokenizer(tokenizer_path), eod=eod, staging=staging, bos=bos)
 
 
 def _shard_path(staging: str, k: int) -> str:
@@ -150,19 +165,23 @@ def _shard_path(staging: str, k: int) -> str:
 
 
 def _tokenize_shard(k: int, texts: list[str]) -> tuple[int, int, int]:
-    """Tokenize one group, append the end-of-document id, stage it; returns (k, tokens, docs)."""
+    """Tokenize one group, start each document with the beginning-of-document id (when there
+    is one), end it with the end-of-document id, stage it; returns (k, tokens, docs)."""
     from zerobatch.core.io import AtomicFile
 
-    tok, eod = _WORKER["tok"], _WORKER["eod"]
+    tok, eod, bos = _WORKER["tok"], _WORKER["eod"], _WORKER.get("bos")
+    head = 0 if bos is None else 1
     encs = tok.encode_batch(texts, add_special_tokens=False) if texts else []
-    lengths = np.fromiter((len(e.ids) + 1 for e in encs), np.int64, len(encs))
+    lengths = np.fromiter((len(e.ids) + 1 + head for e in encs), np.int64, len(encs))
     tokens = np.empty(int(lengths.sum()), np.uint32)
     ends = np.cumsum(lengths)
     pos = 0
     for e, end in zip(encs, ends, strict=True):
-        n = int(end) - pos - 1
-        tokens[pos:pos + n] = e.ids
-        tokens[pos + n] = eod
+        if head:
+            tokens[pos] = bos
+        n = int(end) - pos - 1 - head
+        tokens[pos + head:pos + head + n] = e.ids
+        tokens[pos + head + n] = eod
         pos = int(end)
     buf = io.BytesIO()
     top = np.array([int(tokens.max()) if tokens.size else -1], np.int64)
@@ -223,9 +242,9 @@ class _Progress:
 
 
 def tokenize_to_staging(source: TextSource, tokenizer_path: str, eod: int, staging: str, *, workers: int,
-                        quiet: bool, log: Callable[[str], None]) -> list[str]:
+                        quiet: bool, log: Callable[[str], None], bos: int | None = None) -> list[str]:
     """Tokenize ``source`` into ``staging`` (resuming what is there); returns the shard files."""
-    plan = {"version": 1, "source": source.fingerprint(), "eod": eod,
+    plan = {"version": 1, "source": source.fingerprint(), "eod": eod, "bos": bos,
             "tokenizer_sha256": hashlib.sha256(open(tokenizer_path, "rb").read()).hexdigest()}
     plan_path = os.path.join(staging, PLAN_NAME)
     if os.path.isdir(staging):
@@ -250,9 +269,9 @@ def tokenize_to_staging(source: TextSource, tokenizer_path: str, eod: int, stagi
     pool = None
     if workers > 1:
         ctx = mp.get_context("forkserver" if sys.platform != "win32" else "spawn")
-        pool = ctx.Pool(workers, _init_worker, (tokenizer_path, eod, staging, False))
+        pool = ctx.Pool(workers, _init_worker, (tokenizer_path, eod, staging, False, bos))
     else:
-        _init_worker(tokenizer_path, eod, staging, True)
+        _init_worker(tokenizer_path, eod, staging, True, bos)
     pending: deque[tuple[Any, int]] = deque()
     try:
         def drain(limit: int) -> None:
@@ -358,26 +377,49 @@ def documents(chunks: Chunks) -> Iterator[np.ndarray]:
                 yield tokens[a:b]
 
 
-def build_folder(dst: str, build: Callable[[str], str]) -> str:
-    """``build(tmp)`` writes a folder dataset under a temporary name, which is then renamed
-    into place whole (a failed or killed conversion never leaves a partial dataset under the
-    final name); returns ``build``'s summary.
+def check_destination(dst: str, layout: str, overwrite: bool) -> bool:
+    """Whether ``dst`` holds something ``overwrite`` replaces (checked before any work).
 
     Raises:
-        ConfigError: ``dst`` exists and is not an empty folder.
+        ConfigError: ``dst`` exists (a file, or a folder that is not empty) and ``overwrite``
+            is false; or it is a folder where a file is written, or the other way round.
     """
-    if os.path.exists(dst) and not (os.path.isdir(dst) and not os.listdir(dst)):
-        raise ConfigError("destination: already exists and is not an empty folder; remove it first", path=dst,
+    if not os.path.lexists(dst) or (os.path.isdir(dst) and not os.path.islink(dst) and not os.listdir(dst)):
+        return False
+    is_folder = os.path.isdir(dst) and not os.path.islink(dst)
+    if is_folder != (layout == "folder"):
+        raise ConfigError(f"destination: already exists and is a {'folder' if is_folder else 'file'}, but this "
+                          f"format is written as a {layout}; remove it or choose another name", path=dst,
                           field="destination")
+    if not overwrite:
+        raise ConfigError("destination: already exists; pass --overwrite to replace it (the old dataset stays "
+                          "readable until the new one is complete)", path=dst, field="destination")
+    return True
+
+
+def build_folder(dst: str, build: Callable[[str], str], *, overwrite: bool = False) -> str:
+    """``build(tmp)`` writes a folder dataset under a temporary name, which is then renamed
+    into place whole (a failed or killed conversion never leaves a partial dataset under the
+    final name); returns ``build``'s summary. With ``overwrite`` an existing dataset is
+    swapped for the new one in one step (:func:`zerobatch.core.io.replace_folder`): readers
+    see the old dataset or the new one.
+
+    Raises:
+        ConfigError: ``dst`` exists and is not an empty folder (and not ``overwrite``).
+    """
+    replace = check_destination(dst, "folder", overwrite)
     # what a killed conversion to the same destination left (a process that no longer runs)
     sweep_orphans(os.path.dirname(os.path.abspath(dst)), {os.path.basename(os.path.abspath(dst))})
     tmp = f"{os.path.abspath(dst)}.zbtmp.{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         summary = build(tmp)
-        if os.path.isdir(dst):
-            os.rmdir(dst)
-        os.rename(tmp, dst)
+        if replace:
+            replace_folder(tmp, dst)
+        else:
+            if os.path.isdir(dst):
+                os.rmdir(dst)
+            os.rename(tmp, dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -458,40 +500,68 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
     parent = os.path.dirname(os.path.abspath(dst))
     if not os.path.isdir(parent):
         raise NotFoundError("destination: the parent folder does not exist", path=dst, field="destination")
+    # before any work: an existing destination is refused (or, with --overwrite, replaced at the end)
+    check_destination(dst, registry.get(args.to).layout, args.overwrite)
     t0 = time.perf_counter()
     source = open_source(src, args.source_kind, text_field=args.field, split=args.split, hf_split=args.hf_split,
-                         docs_per_shard=args.docs_per_shard, dtype=args.token_dtype, eod=args.eod_id)
+                         docs_per_shard=args.docs_per_shard, dtype=args.token_dtype, eod=args.eod_id,
+                         text_errors=args.text_errors)
     staging = None
     eod: int | None
-    if isinstance(source, TextSource):
-        if not args.tokenizer:
-            raise ConfigError(f"--tokenizer: a {source.kind} source needs a tokenizer.json to tokenize with",
-                              field="tokenizer")
-        tok = load_tokenizer(args.tokenizer)
-        eod = args.eod_id if args.eod_id is not None else find_eod(tok, args.eod_token, args.tokenizer)
-        vocab = tok.get_vocab_size(with_added_tokens=True)
-        del tok
-        staging = os.path.abspath(dst) + STAGING_SUFFIX
-        paths = tokenize_to_staging(source, args.tokenizer, eod, staging, workers=args.workers, quiet=args.quiet,
-                                    log=log)
-        num_tokens, num_docs, top = staged_totals(paths)
-        if args.vocab_size is None:
-            args = args.replace(vocab_size=vocab)
+    try:
+        if isinstance(source, TextSource):
+            if not args.tokenizer:
+                raise ConfigError(f"--tokenizer: a {source.kind} source needs a tokenizer.json to tokenize with",
+                                  field="tokenizer")
+            tok = load_tokenizer(args.tokenizer)
+            eod = args.eod_id if args.eod_id is not None else find_eod(tok, args.eod_token, args.tokenizer)
+            bos = args.bos_id
+            if bos is None and args.add_bos:
+                bos = find_eod(tok, None, args.tokenizer, candidates=BOS_CANDIDATES, option="--add-bos",
+                               what="beginning-of-document (or give --bos-id)")
+            vocab = tok.get_vocab_size(with_added_tokens=True)
+            del tok
+            staging = os.path.abspath(dst) + STAGING_SUFFIX
+            paths = tokenize_to_staging(source, args.tokenizer, eod, staging, workers=args.workers,
+                                        quiet=args.quiet, log=log, bos=bos)
+            num_tokens, num_docs, top = staged_totals(paths)
+            if args.vocab_size is None:
+                args = args.replace(vocab_size=vocab)
 
-        def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-            return staged_chunks(paths)
-    else:   # a TokenSource
-        eod = args.eod_id
-        num_tokens = source.num_tokens
-        # the largest id decides the vocabulary and the stored dtype; with --vocab-size given
-        # the writers check every id against it, so the pass over the data is not needed
-        top = source.scan_max() if args.vocab_size is None else args.vocab_size - 1
-        chunks = source.chunks
-    if num_tokens == 0:
-        raise ConfigError("source: no tokens to convert", path=src, field="source")
-    summary = write_target(args.to, dst, chunks, num_tokens=num_tokens, max_token=top, args=args, eod=eod, log=log)
+            def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                return staged_chunks(paths)
+        else:   # a TokenSource
+            if args.bos_id is not None or args.add_bos:
+                raise ConfigError("--bos-id / --add-bos: token files are converted as they are; a beginning-of-"
+                                  "document token is added only when tokenizing text", field="bos_id")
+            eod = args.eod_id
+            num_tokens = source.num_tokens
+            # the largest id decides the vocabulary and the stored dtype; with --vocab-size given
+            # the writers check every id against it, so the pass over the data is not needed
+            top = source.scan_max() if args.vocab_size is None else args.vocab_size - 1
+            chunks = source.chunks
+        if num_tokens == 0:
+            raise ConfigError("source: no tokens to convert", path=src, field="source")
+        summary = write_target(args.to, dst, chunks, num_tokens=num_tokens, max_token=top, args=args, eod=eod,
+                               log=log)
+    except BaseException as exc:
+        if staging is not None and os.path.isdir(staging):
+            # interrupted, or the disk failed: the staged groups stay and a rerun resumes from
+            # them; any other fault (bad input, bad options) a rerun would meet again
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, WriteError)) or (
+                    isinstance(exc, OSError) and not isinstance(exc, ZerobatchError)):
+                log(f"{staging}: the tokenized groups are kept; run the same command again to resume")
+            else:
+                shutil.rmtree(staging, ignore_errors=True)
+        raise
     if staging is not None:
         shutil.rmtree(staging, ignore_errors=True)
+    if isinstance(source, TextSource):
+        if source.empty:
+            log(f"skipped {source.empty:,} empty or null documents (so document i is not always source row i)")
+        if source.undecodable:
+            log(f"{source.undecodable:,} documents had undecodable text (invalid UTF-8 or lone UTF-16 surrogates), "
+                f"replaced with U+FFFD (--text-errors strict refuses them)")
     dt = time.perf_counter() - t0
     log(f"wrote {dst} ({args.to}): {summary} in {dt:.1f} s ({num_tokens / max(dt, 1e-9) / 1e6:,.2f}M tokens/s)")
     return summary

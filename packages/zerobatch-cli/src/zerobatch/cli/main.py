@@ -368,6 +368,14 @@ def _add_convert(sub: Any) -> None:
                    "first of <|endoftext|>, </s>, <eos>, ... the tokenizer has)")
     s.add_argument("--eod-id", type=int, help="the end-of-document id; for flat token files (npy, nanogpt), "
                    "documents end at it")
+    s.add_argument("--bos-id", type=int, help="text: start every document with this id")
+    s.add_argument("--add-bos", action="store_true", help="text: start every document with the tokenizer's "
+                   "beginning-of-document token (<|begin_of_text|>, <s>, ...; Llama and DeepSeek style)")
+    s.add_argument("--text-errors", default="replace", choices=("replace", "strict"),
+                   help="undecodable text (invalid UTF-8, a lone UTF-16 surrogate in JSON): replace it with "
+                   "U+FFFD and count the documents (default), or stop at it naming the file and line")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing DST (default: refuse it before "
+                   "any work); the old dataset stays readable until the new one is complete")
     s.add_argument("--field", default="text", help="the text field of JSONL, Parquet or HF rows (default text)")
     s.add_argument("--split", default="file", choices=("file", "line", "blank"),
                    help="plain text: a document per file, per line, or per blank-line-separated block")

@@ -9,6 +9,12 @@ ids concatenated, ``lengths`` the tokens of each document.
 
 A damaged or unexpected input raises a :class:`~zerobatch.formats.errors.ZerobatchError`
 naming the file and the field (a JSON line that does not parse names its line number).
+
+Text that cannot be decoded (bytes that are not UTF-8, or a lone UTF-16 surrogate escaped in
+JSON, as JavaScript tools write) follows ``text_errors``: ``"replace"`` (the default: each bad
+sequence becomes U+FFFD and the document is counted in :attr:`TextSource.undecodable`) or
+``"strict"`` (a :class:`~zerobatch.formats.errors.CorruptError` naming the file and line).
+Empty and null documents are skipped and counted in :attr:`TextSource.empty`.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ __all__ = [
 ]
 
 TEXT_KINDS = ("text", "jsonl", "parquet", "hf")
+TEXT_ERRORS = ("replace", "strict")
 TOKEN_KINDS = ("npy", "nanogpt", "megatron")
 
 #: Megatron's MMapIndexedDataset index: magic, version 1, dtype codes.
@@ -90,9 +97,27 @@ def detect_kind(path: str) -> str:
     raise ConfigError("source: cannot tell the kind of this file from its name; give --from", path=p, field="from")
 
 
-def _open_text(path: str) -> io.TextIOBase:
-    raw: Any = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")  # noqa: SIM115
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
+def _open_bytes(path: str) -> io.BufferedIOBase:
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")  # noqa: SIM115
+
+
+def _lines(f: io.BufferedIOBase) -> Iterator[bytes]:
+    """The lines of a binary file with their endings, split on ``\n``, ``\r\n`` and ``\r``
+    (Python's universal newlines)."""
+    for raw in f:
+        if b"\r" in raw:
+            yield from raw.splitlines(keepends=True)
+        else:
+            yield raw
+
+
+def _has_surrogates(text: str) -> bool:
+    """Whether ``text`` holds a lone UTF-16 surrogate (JSON's ``\\ud83d`` without its pair)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 @dataclass
@@ -109,13 +134,21 @@ class TextSource:
     split: str = "file"
     hf_split: str = "train"
     docs_per_shard: int = 1024
+    text_errors: str = "replace"
     files: list[str] = field(default_factory=list)
     unit: str = "B"
     total_work: int = 0
+    #: documents with undecodable text (replaced with U+FFFD), counted by :meth:`shards`
+    undecodable: int = 0
+    #: empty or null documents, skipped, counted by :meth:`shards`
+    empty: int = 0
 
     def __post_init__(self) -> None:
         if self.docs_per_shard < 1:
             raise ConfigError("--docs-per-shard must be at least 1", field="docs_per_shard")
+        if self.text_errors not in TEXT_ERRORS:
+            raise ConfigError(f"--text-errors must be one of {TEXT_ERRORS}, got {self.text_errors!r}",
+                              field="text_errors")
         if self.kind == "text":
             if self.split not in ("file", "line", "blank"):
                 raise ConfigError(f"--split must be file, line or blank, got {self.split!r}", field="split")
@@ -145,7 +178,7 @@ class TextSource:
     def fingerprint(self) -> dict[str, Any]:
         """What identifies the input: file names, sizes and modification times."""
         return {"kind": self.kind, "field": self.text_field, "split": self.split, "hf_split": self.hf_split,
-                "docs_per_shard": self.docs_per_shard,
+                "docs_per_shard": self.docs_per_shard, "text_errors": self.text_errors,
                 "files": [[os.path.abspath(f), os.path.getsize(f), os.stat(f).st_mtime_ns] for f in self.files]}
 
     # ---------------------------------------------------------------------------------
@@ -183,51 +216,69 @@ class TextSource:
             raise CorruptError("_data_files: the dataset lists no data files", path=state, field="_data_files")
         return out
 
-    def _documents(self) -> Iterator[tuple[str, int]]:
-        """``(text, work)`` per document, ``work`` the progress made since the previous one."""
+    def _documents(self) -> Iterator[tuple[str | None, int, bool]]:
+        """``(text, work, undecodable)`` per document, ``work`` the progress made since the
+        previous one; ``text`` is None for progress alone (blank lines), ``""`` for an empty
+        or null document."""
         if self.kind == "text":
             yield from self._text_documents()
         elif self.kind == "jsonl":
             yield from self._jsonl_documents()
         else:
-            yield from self._arrow_documents()
+            for text, work in self._arrow_documents():
+                yield text, work, False
 
-    def _text_documents(self) -> Iterator[tuple[str, int]]:
+    def _decode(self, raw: bytes, path: str, lineno: int | None) -> tuple[str, bool]:
+        """``raw`` as UTF-8, and whether it needed replacements (``text_errors``)."""
+        try:
+            return raw.decode("utf-8"), False
+        except UnicodeDecodeError as exc:
+            if self.text_errors == "strict":
+                where = "the file" if lineno is None else f"line {lineno}"
+                raise CorruptError(f"{where}: byte {exc.start} of it is not UTF-8 ({exc.reason}); "
+                                   f"--text-errors replace substitutes U+FFFD", path=path,
+                                   field="text" if lineno is None else f"line {lineno}") from None
+            return raw.decode("utf-8", "replace"), True
+
+    def _text_documents(self) -> Iterator[tuple[str | None, int, bool]]:
         for path in self.files:
             size = os.path.getsize(path)
-            with _open_text(path) as f:
+            with _open_bytes(path) as f:
                 if self.split == "file":
-                    text = f.read()
-                    if text:
-                        yield text, size
+                    text, bad = self._decode(f.read(), path, None)
+                    yield text, size, bad
                     continue
                 done = 0
                 para: list[str] = []
-                for line in f:
-                    done += len(line.encode("utf-8", "replace"))
+                para_bad = False
+                for lineno, raw in enumerate(_lines(f), 1):
+                    done += len(raw)
+                    line, bad = self._decode(raw, path, lineno)
                     if self.split == "line":
                         s = line.rstrip("\r\n")
                         if s:
-                            yield s, done
+                            yield s, done, bad
                             done = 0
                     elif line.strip():
                         para.append(line)
+                        para_bad |= bad
                     elif para:   # a block: its lines, without the newline that ends it
-                        yield "".join(para).rstrip("\r\n"), done
-                        para, done = [], 0
+                        yield "".join(para).rstrip("\r\n"), done, para_bad
+                        para, done, para_bad = [], 0, False
                 if para:
-                    yield "".join(para).rstrip("\r\n"), done
+                    yield "".join(para).rstrip("\r\n"), done, para_bad
                     done = 0
                 if done:
-                    yield "", done   # progress only: trailing empty lines
+                    yield None, done, False   # progress only: trailing empty lines
 
-    def _jsonl_documents(self) -> Iterator[tuple[str, int]]:
+    def _jsonl_documents(self) -> Iterator[tuple[str | None, int, bool]]:
         for path in self.files:
-            with _open_text(path) as f:
-                for lineno, line in enumerate(f, 1):
-                    work = len(line.encode("utf-8", "replace"))
+            with _open_bytes(path) as f:
+                for lineno, raw in enumerate(f, 1):
+                    work = len(raw)
+                    line, bad = self._decode(raw, path, lineno)
                     if not line.strip():
-                        yield "", work
+                        yield None, work, False
                         continue
                     try:
                         obj = json.loads(line)
@@ -238,10 +289,21 @@ class TextSource:
                         raise CorruptError(f"line {lineno}: no field {self.text_field!r} (choose one with --field)",
                                            path=path, field=self.text_field)
                     text = obj[self.text_field]
+                    if text is None:
+                        text = ""
                     if not isinstance(text, str):
                         raise CorruptError(f"line {lineno}: field {self.text_field!r} is not a string",
                                            path=path, field=self.text_field)
-                    yield text, work
+                    if _has_surrogates(text):
+                        if self.text_errors == "strict":
+                            raise CorruptError(f"line {lineno}: field {self.text_field!r} holds a lone UTF-16 "
+                                               f"surrogate (an escape such as \\ud83d without its pair); "
+                                               f"--text-errors replace substitutes U+FFFD", path=path,
+                                               field=f"line {lineno}")
+                        # pairs recombine, lone halves become U+FFFD
+                        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+                        bad = True
+                    yield text, work, bad
 
     def _arrow_documents(self) -> Iterator[tuple[str, int]]:
         for path in self.files:
@@ -282,11 +344,16 @@ class TextSource:
                     raise CorruptError(f"arrow: {exc}", path=path, field="arrow") from None
 
     def shards(self) -> Iterator[tuple[list[str], int]]:
-        """Groups of ``docs_per_shard`` non-empty documents and the work they stand for."""
+        """Groups of ``docs_per_shard`` non-empty documents and the work they stand for
+        (counting :attr:`undecodable` and :attr:`empty` documents from zero)."""
         texts: list[str] = []
         work = 0
-        for text, w in self._documents():
+        self.undecodable = self.empty = 0
+        for text, w, bad in self._documents():
             work += w
+            self.undecodable += bad
+            if text is not None and not text:
+                self.empty += 1
             if text:
                 texts.append(text)
                 if len(texts) == self.docs_per_shard:
@@ -487,7 +554,8 @@ def open_source(path: str, kind: str | None, **options: Any) -> TextSource | Tok
     kind = kind or detect_kind(path)
     if kind in TEXT_KINDS:
         return TextSource(kind, path, **{k: v for k, v in options.items()
-                                         if k in ("text_field", "split", "hf_split", "docs_per_shard")})
+                                         if k in ("text_field", "split", "hf_split", "docs_per_shard",
+                                                  "text_errors")})
     if kind in TOKEN_KINDS:
         return TokenSource(kind, path, **{k: v for k, v in options.items() if k in ("dtype", "eod")})
     raise ConfigError(f"--from must be one of {TEXT_KINDS + TOKEN_KINDS}, got {kind!r}", field="from")

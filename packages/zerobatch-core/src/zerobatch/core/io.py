@@ -38,6 +38,7 @@ from zerobatch.formats.errors import (
 
 __all__ = [
     "AtomicFile",
+    "replace_folder",
     "cleanup_orphans",
     "fsync_dir",
     "grow_file",
@@ -382,6 +383,51 @@ def cleanup_orphans(final_path: str | os.PathLike[str]) -> list[str]:
     """
     folder, name = os.path.split(os.path.abspath(os.fspath(final_path)))
     return _sweep(folder, lambda stem: stem == f".{name}")
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap the names ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``);
+    False where the system or the file system cannot."""
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (_errno.EINVAL, _errno.ENOSYS, _errno.ENOTSUP, _errno.EOPNOTSUPP):
+        return False
+    raise WriteError(f"replacing {b}: {os.strerror(err)}", errno=err, path=b, operation="renameat2")
+
+
+def replace_folder(new: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """Put the complete folder ``new`` in the place of the folder ``dst`` and delete the old
+    one. On Linux the two are swapped in one step (``RENAME_EXCHANGE``), so a reader that
+    opens ``dst`` finds the old dataset or the new one, never neither; elsewhere the old
+    folder is first renamed aside (a reader opening ``dst`` in that instant finds nothing).
+    A killed process leaves the old folder under ``new``'s temporary name, which
+    :func:`sweep_orphans` removes."""
+    new, dst = os.fspath(new), os.fspath(dst)
+    if _exchange(new, dst):
+        old = new
+    else:
+        old = f"{new}.old"
+        try:
+            io_call("rename", os.rename, dst, old)
+            io_call("rename", os.rename, new, dst)
+        except OSError as exc:
+            raise WriteError(f"replacing {dst}: {exc.strerror}", errno=exc.errno, path=dst,
+                             operation="rename") from None
+    fsync_dir(os.path.dirname(os.path.abspath(dst)))
+    shutil.rmtree(old, ignore_errors=True)
 
 
 class AtomicFile:

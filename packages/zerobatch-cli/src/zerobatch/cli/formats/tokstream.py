@@ -90,4 +90,4 @@ def write(dst: str, chunks: Chunks, target: Target) -> str:
             raise
         m = w.close()
         return f"{n:,} documents in {len(m.shards)} shards"
-    return f"{build_folder(dst, build)}, {target.num_tokens:,} tokens"
+    return f"{build_folder(dst, build, overwrite=target.options.overwrite)}, {target.num_tokens:,} tokens"

@@ -104,4 +104,4 @@ def write(dst: str, chunks: Chunks, target: Target) -> str:
             raise
         w.close()
         return f"{n:,} records (field tokens, {target.dtype}, {args.compress})"
-    return f"{build_folder(dst, build)}, {target.num_tokens:,} tokens"
+    return f"{build_folder(dst, build, overwrite=target.options.overwrite)}, {target.num_tokens:,} tokens"

@@ -1,0 +1,138 @@
+"""Edge cases users met in ``zerobatch convert``: undecodable text (lone UTF-16 surrogates,
+invalid UTF-8) under an explicit policy, empty and null rows counted, destinations checked
+before any work and replaced only with ``--overwrite``, staging removed after a fault a rerun
+would meet again, and documents started with a BOS token."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers")
+
+from zerobatch.cli.convert import convert  # noqa: E402
+from zerobatch.cli.quickstart import bundled_text, train_tokenizer  # noqa: E402
+from zerobatch.formats.errors import ConfigError, CorruptError  # noqa: E402
+from zerobatch.readers.llmchnk import LLMChunkReader  # noqa: E402
+from zerobatch.readers.tokstream import TokenStreamReader  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tok")
+    (d / "t.txt").write_text(bundled_text()[:30_000])
+    path = d / "tokenizer.json"
+    return str(path), train_tokenizer(str(d / "t.txt"), 300, str(path))
+
+
+def run(src, dst, to="tokstream", **kw):
+    lines: list[str] = []
+    kw.setdefault("tokenizer", None)
+    convert(str(src), str(dst), to=to, log=lines.append, quiet=True, workers=1, **kw)
+    return lines
+
+
+def docs(path):
+    with TokenStreamReader(path) as r:
+        return [r.document(i).tolist() for i in range(r.num_documents)]
+
+
+SURROGATE = '{"text": "broken \\ud83d emoji"}\n'
+
+
+def test_lone_surrogates_are_replaced_and_counted_or_refused(tok, tmp_path):
+    path, t = tok
+    src = tmp_path / "a.jsonl"
+    src.write_text(SURROGATE + '{"text": "fine"}\n{"text": "pair \\ud83d\\ude00 kept"}\n')
+    lines = run(src, tmp_path / "out.ts", tokenizer=path)
+    assert any("1 documents had undecodable text" in ln for ln in lines), lines
+    eod = t.token_to_id("<|endoftext|>")
+    got = docs(tmp_path / "out.ts")
+    assert got[0] == t.encode("broken \ufffd emoji", add_special_tokens=False).ids + [eod]
+    assert got[2] == t.encode("pair \U0001F600 kept", add_special_tokens=False).ids + [eod]
+    with pytest.raises(CorruptError, match="line 1.*surrogate") as e:
+        run(src, tmp_path / "strict.ts", tokenizer=path, text_errors="strict")
+    assert e.value.path == str(src)
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("strict.ts")]
+
+
+def test_the_cli_reports_a_lone_surrogate_in_one_line(tok, tmp_path):
+    src = tmp_path / "a.jsonl"
+    src.write_text('{"text": "fine"}\n' + SURROGATE)
+    r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "convert", str(src), str(tmp_path / "o.ts"), "--to",
+                        "tokstream", "--tokenizer", tok[0], "--text-errors", "strict", "-q", "--workers", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "internal error" not in r.stderr, r.stderr
+    assert "a.jsonl" in r.stderr and "line 2" in r.stderr
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("o.ts")]
+
+
+def test_invalid_utf8_follows_the_same_policy(tok, tmp_path):
+    path, _ = tok
+    src = tmp_path / "b.txt"
+    src.write_bytes(b"good line\nbad \xff\xfe line\r\nother\rlast\n")
+    lines = run(src, tmp_path / "b.ts", tokenizer=path, split="line")
+    assert any("1 documents had undecodable text" in ln for ln in lines)
+    assert len(docs(tmp_path / "b.ts")) == 4          # \r ends a line too, as universal newlines do
+    with pytest.raises(CorruptError, match="line 2") as e:
+        run(src, tmp_path / "c.ts", tokenizer=path, split="line", text_errors="strict")
+    assert e.value.field == "line 2"
+
+
+def test_empty_and_null_rows_are_counted(tok, tmp_path):
+    src = tmp_path / "e.jsonl"
+    src.write_text('{"text": "a"}\n{"text": ""}\n\n{"text": null}\n{"text": "b"}\n')
+    lines = run(src, tmp_path / "e.ts", tokenizer=tok[0])
+    assert any("skipped 2 empty or null documents" in ln for ln in lines), lines
+    assert len(docs(tmp_path / "e.ts")) == 2
+
+
+def test_destinations_are_checked_before_any_work(tok, tmp_path):
+    path, _ = tok
+    src = tmp_path / "d.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document {k}"}) + "\n" for k in range(50)))
+    run(src, tmp_path / "d.ts", tokenizer=path)
+    run(src, tmp_path / "d.chunk", to="llmchnk", tokenizer=path)
+    before = docs(tmp_path / "d.ts")
+    for dst, to in (("d.ts", "tokstream"), ("d.chunk", "llmchnk")):
+        with pytest.raises(ConfigError, match="--overwrite"):
+            # a missing tokenizer would fail later: the destination is refused first
+            run(src, tmp_path / dst, to=to, tokenizer=str(tmp_path / "missing.json"))
+        assert not os.path.exists(tmp_path / f"{dst}.zbconvert")
+    with pytest.raises(ConfigError, match="is a folder"):
+        run(src, tmp_path / "d.ts", to="llmchnk", tokenizer=path, overwrite=True)
+    src.write_text("".join(json.dumps({"text": f"other {k}"}) + "\n" for k in range(7)))
+    run(src, tmp_path / "d.ts", tokenizer=path, overwrite=True)
+    run(src, tmp_path / "d.chunk", to="llmchnk", tokenizer=path, overwrite=True)
+    assert len(docs(tmp_path / "d.ts")) == 7 and docs(tmp_path / "d.ts") != before
+    with LLMChunkReader(tmp_path / "d.chunk") as r:
+        assert r.num_records == 7
+    assert sorted(os.listdir(tmp_path)) == ["d.chunk", "d.jsonl", "d.ts"]
+
+
+def test_staging_is_removed_after_a_fault_a_rerun_would_meet(tok, tmp_path):
+    src = tmp_path / "f.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document {k}"}) + "\n" for k in range(300)) + "{broken\n")
+    with pytest.raises(CorruptError, match="line 301"):
+        run(src, tmp_path / "f.ts", tokenizer=tok[0], docs_per_shard=10)
+    assert os.listdir(tmp_path) == ["f.jsonl"]
+
+
+def test_documents_can_start_with_bos(tok, tmp_path):
+    path, t = tok
+    src = tmp_path / "g.jsonl"
+    src.write_text('{"text": "one"}\n{"text": "two words"}\n')
+    run(src, tmp_path / "g.ts", tokenizer=path, bos_id=7)
+    eod = t.token_to_id("<|endoftext|>")
+    assert docs(tmp_path / "g.ts") == [[7, *t.encode(s, add_special_tokens=False).ids, eod]
+                                       for s in ("one", "two words")]
+    with pytest.raises(ConfigError, match="--add-bos"):
+        run(src, tmp_path / "h.ts", tokenizer=path, add_bos=True)   # this tokenizer has no BOS token
+    np.save(tmp_path / "t.npy", np.arange(10, dtype=np.uint16))
+    with pytest.raises(ConfigError, match="bos"):
+        run(tmp_path / "t.npy", tmp_path / "i.ts", bos_id=1)
