@@ -105,14 +105,19 @@ def main() -> None:
     epoch = loader.epoch
     it = iter(loader)
     tokens, t0 = 0, time.perf_counter()
+    empty_passes = 0   # a resumed epoch may end at once; two empty passes in a row never end
     while step < args.steps:
         try:
             x, y = next(it)
         except StopIteration:
+            empty_passes += 1
+            if empty_passes == 2:
+                raise SystemExit(f"rank {rank}: the loader gives this rank no batch in a whole epoch") from None
             epoch += 1
             loader.set_epoch(epoch)
             it = iter(loader)
             continue
+        empty_passes = 0
         logits = model(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         opt.zero_grad(set_to_none=True)

@@ -487,3 +487,26 @@ def test_mixture_refuses_unlike_sources(stream, tmp_path):
     ld = Loader(Mixture([(TokenWindows(folder, SEQ), 1.0)]), batch_size=2)
     with pytest.raises(StateError):
         ld.load_state_dict(Loader(TokenWindows(folder, SEQ), batch_size=2).state_dict())
+
+
+def test_a_mixture_of_items_of_different_shapes_is_refused_when_made(tmp_path):
+    a, _ = token_stream(tmp_path / "a", 600)
+    b, _ = token_stream(tmp_path / "b", 600)
+    with pytest.raises(ConfigError, match=r"'short' \(tokens \[17\]\).*'long' \(tokens \[33\]\)") as e:
+        Mixture([("short", TokenWindows(a, 16), 1.0), ("long", TokenWindows(b, 32), 1.0)])
+    assert e.value.field == "sources"
+    Mixture([("x", TokenWindows(a, 16), 1.0), ("y", TokenWindows(b, 16), 1.0)])
+
+
+def test_a_loader_without_a_whole_step_is_refused(stream):
+    folder, _ = stream
+    src = TokenWindows(folder, SEQ)
+    with pytest.raises(ConfigError, match="no step.*fewer than one global batch") as e:
+        Loader(src, batch_size=src.num_items + 1)
+    assert e.value.field == "batch_size"
+    with pytest.raises(ConfigError, match="no step"):
+        Loader(TokenWindows(folder, 5000), batch_size=1)
+    with pytest.raises(ConfigError, match="per rank x 64 ranks"):
+        Loader(src, batch_size=4, rank=0, world_size=64)
+    # a short step kept: a rank left without items in it is legitimate
+    assert len(Loader(src, batch_size=src.num_items + 1, drop_last=False)) == 1

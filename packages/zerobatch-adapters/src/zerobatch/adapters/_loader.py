@@ -31,12 +31,14 @@ from typing import Any
 import numpy as np
 
 from zerobatch.adapters.sources import Source, build, open_source
+from zerobatch.adapters.sources._base import DEFAULT_PREFETCH, DEFAULT_SEED
 from zerobatch.core.checks import check_count
 from zerobatch.core.pool import shared_pool
 from zerobatch.formats.errors import ConfigError, StateError
 from zerobatch.samplers import TAILS, IndexOrder, Schedule, check_seed, resolve_rank
 
-__all__ = ["READ_AHEAD_POOL", "WORKER_STATE", "BaseLoader"]
+__all__ = ["DEFAULT_PREFETCH", "DEFAULT_SEED", "READ_AHEAD_POOL", "WORKER_STATE", "BaseLoader"]
+
 
 #: The name of the read-ahead pool's threads (``zerobatch-loader-0``...).
 READ_AHEAD_POOL = "zerobatch-loader"
@@ -67,9 +69,9 @@ class BaseLoader:
     documentation); subclasses convert the NumPy arrays (:meth:`_convert`)."""
 
     def __init__(self, source: Any, batch_size: int | None = None, *, global_batch_size: int | None = None,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = True, tail: str | None = None,
+                 shuffle: bool = True, seed: int = DEFAULT_SEED, drop_last: bool = True, tail: str | None = None,
                  order: Any = None, rank: int | None = None, world_size: int | None = None,
-                 epoch: int = 0, prefetch: int = 8, num_threads: int | None = None, dtype: Any = np.int64,
+                 epoch: int = 0, prefetch: int = DEFAULT_PREFETCH, num_threads: int | None = None, dtype: Any = np.int64,
                  world: tuple[int, int] | None = None) -> None:
         self.source: Source = open_source(source)
         if world is not None and rank is None and world_size is None:
@@ -101,6 +103,14 @@ class BaseLoader:
         self.schedule: Schedule = self.source.schedule(batch_size // rows, rank=rank, world_size=world_size,
                                                        shuffle=self.shuffle, seed=seed, tail=tail, order=order,
                                                        epoch=epoch)
+        if self.schedule.steps_per_epoch == 0:
+            # every rank takes the same number of steps, so no rank would get a batch: refused
+            # here rather than an epoch that ends before it starts (and loops that never end)
+            g = self.schedule.global_batch_size
+            raise ConfigError(f"no step: the {self.source.kind} source has {self.source.num_items} items, fewer than "
+                              f"one global batch of {g} ({g // world_size} per rank x {world_size} ranks); use a "
+                              f"smaller batch_size (or seq_len), or drop_last=False to keep a short step",
+                              field="batch_size")
         self.seed = check_seed(seed)
         self.num_threads = check_count(default_num_threads() if num_threads is None else num_threads,
                                        "num_threads", maximum=256)
@@ -307,7 +317,7 @@ class BaseLoader:
                 (``in_order=False``), which has no single position.
         """
         if not isinstance(state, dict):
-            raise StateError(f"a loader state is a dict, got {type(state).__name__}")
+            raise StateError(f"a loader state is a dict, got {type(state).__name__}", field="state")
         share = None
         if state.get("kind") == WORKER_STATE:
             if not self._in_worker():

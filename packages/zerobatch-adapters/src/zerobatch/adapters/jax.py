@@ -31,7 +31,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without jax
     raise ImportError("zerobatch.adapters.jax needs jax: pip install 'zerobatch-adapters[jax]'") from exc
 
 from zerobatch.adapters import sources as _sources
-from zerobatch.adapters._loader import BaseLoader
+from zerobatch.adapters._loader import DEFAULT_PREFETCH, DEFAULT_SEED, BaseLoader
 from zerobatch.adapters.sources import *  # noqa: F403 - every source, re-exported with the loader
 from zerobatch.formats.errors import ConfigError
 
@@ -57,9 +57,9 @@ class Loader(BaseLoader):
     """
 
     def __init__(self, source: Any, batch_size: int | None = None, *, global_batch_size: int | None = None,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = True, tail: str | None = None,
+                 shuffle: bool = True, seed: int = DEFAULT_SEED, drop_last: bool = True, tail: str | None = None,
                  order: Any = None, rank: int | None = None, world_size: int | None = None, epoch: int = 0,
-                 prefetch: int = 8, num_threads: int | None = None, dtype: Any = np.int32, output: str = "jax",
+                 prefetch: int = DEFAULT_PREFETCH, num_threads: int | None = None, dtype: Any = np.int32, output: str = "jax",
                  device: Any = None, sharding: Any = None) -> None:
         if rank is None and world_size is None:
             rank, world_size = jax.process_index(), jax.process_count()

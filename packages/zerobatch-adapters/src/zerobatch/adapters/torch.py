@@ -29,7 +29,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("zerobatch.adapters.torch needs PyTorch: pip install 'zerobatch-adapters[torch]'") from exc
 
 from zerobatch.adapters import sources as _sources
-from zerobatch.adapters._loader import BaseLoader
+from zerobatch.adapters._loader import DEFAULT_PREFETCH, DEFAULT_SEED, BaseLoader
 from zerobatch.adapters.sources import *  # noqa: F403 - every source, re-exported with the loader
 from zerobatch.adapters.sources import LLMBatchSource
 from zerobatch.formats.errors import ConfigError
@@ -111,7 +111,7 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
             batch size; default one file batch). Or give ``global_batch_size``.
         shuffle: shuffle the items (a Feistel permutation per epoch; the seed's block
             shuffle for LLMBATCH files); ``False`` reads in order.
-        seed: integer in ``[0, 2**64)``.
+        seed: integer in ``[0, 2**64)`` (default 42, every loader's).
         drop_last: drop the items of a last step that does not fill every rank (default);
             ``False`` keeps a short last step (a rank left without items yields nothing
             for it). ``tail="pad"`` instead fills it with items from the start of the epoch,
@@ -120,7 +120,7 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
         rank, world_size: this process's place (default: ``torch.distributed`` when it is
             initialized, else ``RANK`` / ``WORLD_SIZE``, else one process).
         epoch: the starting epoch.
-        prefetch: batches read ahead of the training loop.
+        prefetch: batches read ahead of the training loop (default 8, every loader's).
         num_threads: read-ahead threads (default: one fewer than the CPUs, at least 1;
             0 reads on the calling thread).
         dtype: ``torch.int64`` (default) or ``torch.int32`` (zero-copy views where the
@@ -144,9 +144,9 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
     """
 
     def __init__(self, source: Any, batch_size: int | None = None, *, global_batch_size: int | None = None,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = True, tail: str | None = None,
+                 shuffle: bool = True, seed: int = DEFAULT_SEED, drop_last: bool = True, tail: str | None = None,
                  order: Any = None, rank: int | None = None, world_size: int | None = None, epoch: int = 0,
-                 prefetch: int = 8, num_threads: int | None = None, dtype: Any = torch.int64,
+                 prefetch: int = DEFAULT_PREFETCH, num_threads: int | None = None, dtype: Any = torch.int64,
                  pin_memory: bool = False, device: Any = None) -> None:
         if dtype not in _DTYPES:
             raise ConfigError(f"dtype must be torch.int64 or torch.int32, got {dtype!r}", field="dtype")
@@ -291,9 +291,9 @@ class BatchNativeLoader(Loader):
     """
 
     def __init__(self, path: str | os.PathLike[str] | BatchFileReader, block_size: int = 256,
-                 shuffle: bool = True, seed: int = 42, epoch: int = 0, *, rank: int | None = None,
+                 shuffle: bool = True, seed: int = DEFAULT_SEED, epoch: int = 0, *, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = True, dtype: Any = torch.int64,
-                 num_threads: int | None = None, prefetch: int = 64, verify: bool = True,
+                 num_threads: int | None = None, prefetch: int = DEFAULT_PREFETCH, verify: bool = True,
                  pin_memory: bool = False, device: Any = None) -> None:
         if not isinstance(path, _llmbatch.BatchFileReader):
             path = BatchFileReader(path, verify=verify)

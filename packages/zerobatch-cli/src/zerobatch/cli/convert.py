@@ -42,6 +42,7 @@ import numpy as np
 from zerobatch.cli.sources import TextSource, open_source
 from zerobatch.core.io import fsync_dir, replace_folder, sweep_orphans
 from zerobatch.formats import registry
+from zerobatch.formats.tokstream import DEFAULT_SHARD_TOKENS
 from zerobatch.formats.errors import (ConfigError, CorruptError, LimitExceededError, NotFoundError, WriteError,
                                      ZerobatchError)
 
@@ -107,7 +108,7 @@ class ConvertOptions:
     batch_size: int = 32
     seed: int = 42
     shuffle: bool = True
-    shard_tokens: int = 1 << 28
+    shard_tokens: int = DEFAULT_SHARD_TOKENS
     compress: str = "raw"
     vocab_size: int | None = None
     dtype: str = "auto"

@@ -32,6 +32,7 @@ from zerobatch.cli.convert import targets
 from zerobatch.cli.datasets import dist, human, open_dataset, percentiles, pyplot, time_reads
 from zerobatch.formats.errors import NotFoundError, ZerobatchError
 from zerobatch.formats import registry
+from zerobatch.formats.tokstream import DEFAULT_SHARD_TOKENS
 
 __all__ = ["build_parser", "main"]
 
@@ -389,7 +390,8 @@ def _add_convert(sub: Any) -> None:
     s.add_argument("--batch-size", type=_positive, default=32, help="llmbatch: records per batch (default 32)")
     s.add_argument("--seed", type=int, default=42, help="llmbatch: shuffle seed (default 42)")
     s.add_argument("--no-shuffle", action="store_true", help="llmbatch: keep the input order")
-    s.add_argument("--shard-tokens", type=_positive, default=1 << 28, help="tokstream: tokens per shard")
+    s.add_argument("--shard-tokens", type=_positive, default=DEFAULT_SHARD_TOKENS,
+                   help="tokstream: tokens per shard (default 2**28)")
     s.add_argument("--compress", default="raw", choices=("raw", "flate"), help="zrecord: record codec")
     s.add_argument("--vocab-size", type=_positive, help="ids must be below it (default: the tokenizer's, else the "
                    "largest id + 1)")

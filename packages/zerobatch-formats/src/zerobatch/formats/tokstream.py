@@ -87,6 +87,9 @@ MAX_METADATA_PER_SHARD = NO_METADATA - 1
 #: Shards per dataset (the manifest is read whole at open).
 MAX_SHARDS = 1 << 20
 #: Largest manifest accepted (about 300 bytes per shard).
+#: Tokens per shard the writers start a new shard at, by default (``TokenStreamWriter``,
+#: ``zerobatch convert --shard-tokens``): 2**28, 512 MiB-1 GiB of tokens per shard file.
+DEFAULT_SHARD_TOKENS = 1 << 28
 MAX_MANIFEST_BYTES = 1 << 30
 #: File checksums are XXH3-64 over the XXH3-64 digests of consecutive chunks of this size
 #: (``checksums.bin`` keeps the chunk digests, so a reader checks each chunk on first use).

@@ -378,7 +378,7 @@ class TokenStreamWriter:
     """
 
     def __init__(self, folder: str | os.PathLike[str], *, vocab_size: int, metadata: bool = False,
-                 eod_token: int | None = None, codec: str = "json", shard_tokens: int = 1 << 30,
+                 eod_token: int | None = None, codec: str = "json", shard_tokens: int = T.DEFAULT_SHARD_TOKENS,
                  prefix: str = "shard-") -> None:
         if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
             raise ConfigError(f"shard_tokens must be a positive integer, got {shard_tokens!r}", field="shard_tokens")

@@ -26,6 +26,15 @@ CHUNK_BYTES = 1 << 20
 IGNORE_INDEX = -100
 
 
+#: The default seed of every loader and mixture (``Loader``, ``BatchNativeLoader``: the seed
+#: document's 42, the JAX loader, ``Mixture``).
+DEFAULT_SEED = 42
+#: Steps read ahead by default, every loader. Measured on 2 CPUs (an LLMBATCH file of 4,000
+#: batches of 64 x 512, ``BatchNativeLoader``): 8 steps read an epoch in 0.09 s, 64 steps in
+#: 0.14 s (int64).
+DEFAULT_PREFETCH = 8
+
+
 @dataclasses.dataclass(frozen=True)
 class Array:
     """A leaf of a step's output: the read's array ``name`` (with a leading step axis when the

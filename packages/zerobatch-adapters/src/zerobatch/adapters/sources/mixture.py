@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources._base import Source
+from zerobatch.adapters.sources._base import DEFAULT_SEED, Source
 from zerobatch.formats.errors import ConfigError
 from zerobatch.samplers import IndexOrder, MixtureSampler, MixtureSchedule, Schedule
 
@@ -36,7 +36,7 @@ class Mixture(Source):
 
     kind = "mixture"
 
-    def __init__(self, sources: Sequence[tuple[Any, ...]], *, seed: int = 0, shuffle: bool = True) -> None:
+    def __init__(self, sources: Sequence[tuple[Any, ...]], *, seed: int = DEFAULT_SEED, shuffle: bool = True) -> None:
         super().__init__()
         entries = []
         for i, entry in enumerate(sources):
@@ -59,6 +59,7 @@ class Mixture(Source):
             if type(source) is not type(first) or source.rows_per_item != first.rows_per_item:
                 raise ConfigError(f"sources: {name!r} is a {source.kind} source; every source of a mixture must be "
                                   f"of one kind ({first.kind}) with the same rows per item", field="sources")
+        _check_shapes(entries)
         self.names = [e[0] for e in entries]
         self.sources = [e[1] for e in entries]
         self.weights = [e[2] for e in entries]
@@ -113,3 +114,29 @@ class Mixture(Source):
     def close(self) -> None:
         for s in self.sources:
             s.close()
+
+
+def _check_shapes(entries: list[tuple[str, Source, Any]]) -> None:
+    """Every source's items must stack into one batch: read item 0 of each (one small read)
+    and compare the arrays' names, shapes and types.
+
+    Raises:
+        ConfigError: two sources whose items differ, naming both and their shapes.
+    """
+    seen: tuple[str, dict[str, tuple[tuple[int, ...], str]]] | None = None
+    for name, source, _ in entries:
+        if not source.num_items:
+            continue
+        probe = source.read(np.zeros((1, 1), np.int64), np.dtype(np.int64))
+        if not isinstance(probe, dict):
+            continue
+        shapes = {key: (tuple(int(n) for n in a.shape[2:]), a.dtype.str) for key, a in probe.items()
+                  if isinstance(a, np.ndarray)}
+        if seen is None:
+            seen = (name, shapes)
+        elif shapes != seen[1]:
+            def show(d: dict[str, tuple[tuple[int, ...], str]]) -> str:
+                return ", ".join(f"{k} {list(v[0])}" for k, v in sorted(d.items()))
+            raise ConfigError(f"sources: the items of {seen[0]!r} ({show(seen[1])}) and of {name!r} ({show(shapes)}) "
+                              f"have different shapes; every source of a mixture must hand out items of one shape "
+                              f"(for example token windows of one seq_len)", field="sources")
