@@ -135,4 +135,35 @@ def test_documents_can_start_with_bos(tok, tmp_path):
         run(src, tmp_path / "h.ts", tokenizer=path, add_bos=True)   # this tokenizer has no BOS token
     np.save(tmp_path / "t.npy", np.arange(10, dtype=np.uint16))
     with pytest.raises(ConfigError, match="bos"):
-        run(tmp_path / "t.npy", tmp_path / "i.ts", bos_id=1)
+        run(tmp_path / "t.npy", tmp_path / "i.ts", bos_id=1, eod_id=9)
+
+
+def test_a_flat_stream_without_eod_stays_one_stream(tmp_path):
+    stream = np.arange(1000, dtype=np.uint16) % 300
+    stream.tofile(tmp_path / "train.bin")
+    for to, dst in (("tokstream", "t.ts"), ("llmchnk", "t.chunk"), ("zrecord", "t.zr")):
+        with pytest.raises(ConfigError, match="no document boundaries.*nanoGPT's prepare.py appends") as e:
+            run(tmp_path / "train.bin", tmp_path / dst, to=to)
+        assert e.value.field == "eod_id"
+    lines = run(tmp_path / "train.bin", tmp_path / "t.batch", to="llmbatch", seq_len=10, batch_size=4,
+                shuffle=False)
+    assert any("no document boundaries" in ln for ln in lines)
+    run(tmp_path / "train.bin", tmp_path / "e.ts", eod_id=299)
+    got = docs(tmp_path / "e.ts")
+    assert [len(d) for d in got] == [300, 300, 300, 100] and np.concatenate(got).tolist() == stream.tolist()
+
+
+def test_a_folder_source_takes_one_split_and_no_dataset_files(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (np.arange(600, dtype=np.uint16) % 50).tofile(data / "train.bin")
+    (np.arange(100, dtype=np.uint16) % 50).tofile(data / "val.bin")
+    with pytest.raises(ConfigError, match=r"several splits \(train, validation: train.bin, val.bin\)"):
+        run(data, tmp_path / "a.ts", eod_id=49)
+    (data / "val.bin").unlink()
+    run(data, data / "train.ts", eod_id=49)                # a TOKSTREAM (its tokens.bin) inside the folder
+    lines = run(data, tmp_path / "b.ts", eod_id=49)
+    assert not any("files, in this order" in ln for ln in lines)
+    assert sum(map(len, docs(tmp_path / "b.ts"))) == 600
+    with pytest.raises(ConfigError, match="is a TOKSTREAM dataset"):
+        run(data / "train.ts", tmp_path / "c.ts", source_kind="nanogpt", eod_id=49)

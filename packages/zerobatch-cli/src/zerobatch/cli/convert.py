@@ -55,6 +55,9 @@ EOD_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id
 #: (Llama 3, Llama 2 / Mistral, DeepSeek, Gemma, BERT).
 BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<bos>", "[CLS]")
 STAGING_SUFFIX = ".zbconvert"
+#: Targets that cut records from the documents' concatenation, so they take a token stream
+#: whose document boundaries are unknown (every other target stores documents).
+STREAM_TARGETS = ("llmbatch",)
 PLAN_NAME = "plan.json"
 
 
@@ -507,6 +510,10 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
     source = open_source(src, args.source_kind, text_field=args.field, split=args.split, hf_split=args.hf_split,
                          docs_per_shard=args.docs_per_shard, dtype=args.token_dtype, eod=args.eod_id,
                          text_errors=args.text_errors)
+    inputs = [f for f in source.files if not f.endswith(".idx")]
+    if len(inputs) > 1:
+        shown = ", ".join(os.path.basename(f) for f in inputs[:8]) + (", ..." if len(inputs) > 8 else "")
+        log(f"source: {len(inputs)} files, in this order: {shown}")
     staging = None
     eod: int | None
     try:
@@ -532,6 +539,13 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
             def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
                 return staged_chunks(paths)
         else:   # a TokenSource
+            if not source.has_boundaries:
+                if args.to not in STREAM_TARGETS:
+                    raise ConfigError(f"--eod-id: this {source.kind} stream has no document boundaries, and --to "
+                                      f"{args.to} stores documents; give the id that ends each document (nanoGPT's "
+                                      f"prepare.py appends <|endoftext|>, 50256 for GPT-2), or --to llmbatch, which "
+                                      f"cuts records from the stream as one", path=src, field="eod_id")
+                log(f"{src}: no --eod-id, so no document boundaries: records are cut from the tokens as one stream")
             if args.bos_id is not None or args.add_bos:
                 raise ConfigError("--bos-id / --add-bos: token files are converted as they are; a beginning-of-"
                                   "document token is added only when tokenizing text", field="bos_id")

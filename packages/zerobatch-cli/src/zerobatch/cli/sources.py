@@ -19,11 +19,13 @@ Empty and null documents are skipped and counted in :attr:`TextSource.empty`.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import gzip
 import io
 import json
 import os
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -52,12 +54,58 @@ MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int6
 CHUNK_TOKENS = 1 << 22
 
 
+#: Words of a file name that say which split of a dataset it holds.
+SPLIT_WORDS = {"train": "train", "training": "train", "val": "validation", "valid": "validation",
+               "validation": "validation", "dev": "validation", "test": "test", "eval": "validation"}
+
+
+def _dataset_folder(folder: str) -> str | None:
+    """The zerobatch format whose marker files ``folder`` holds (its own files are never a
+    source to convert: a TOKSTREAM's ``tokens.bin`` is not a nanoGPT file)."""
+    from zerobatch.formats import registry
+
+    try:
+        names = set(os.listdir(folder))
+    except OSError:
+        return None
+    if "shard.json" in names:       # a TOKSTREAM shard (of a dataset, or of one being written)
+        return "TOKSTREAM shard"
+    fmt = registry.identify(folder_files=names)
+    return None if fmt is None else fmt.title
+
+
+def _split_of(path: str) -> str | None:
+    words = [w for w in re.split(r"[^a-z]+", os.path.basename(path).lower()) if w]
+    found = {SPLIT_WORDS[w] for w in words if w in SPLIT_WORDS}
+    return found.pop() if len(found) == 1 else None
+
+
 def _files(path: str, patterns: tuple[str, ...]) -> list[str]:
-    """``path`` itself, or the files of folder ``path`` matching ``patterns``, sorted."""
+    """``path`` itself, or the files of folder ``path`` matching ``patterns`` (in it and its
+    subfolders, zerobatch datasets aside), sorted.
+
+    Raises:
+        ConfigError: ``path`` is a zerobatch dataset, or a folder whose files belong to
+            several splits (``train.bin`` and ``val.bin``): name the files to convert.
+    """
     if any(ch in path for ch in "*?["):
         found = sorted(glob.glob(path))
     elif os.path.isdir(path):
-        found = sorted(p for pat in patterns for p in glob.glob(os.path.join(path, "**", pat), recursive=True))
+        title = _dataset_folder(path)
+        if title is not None:
+            raise ConfigError(f"source: this folder is a {title} dataset, not a source to convert", path=path,
+                              field="source")
+        found = []
+        for root, dirs, names in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if _dataset_folder(os.path.join(root, d)) is None)
+            found += [os.path.join(root, n) for n in names if any(fnmatch.fnmatch(n, pat) for pat in patterns)]
+        found.sort()
+        splits = sorted({s for s in map(_split_of, found) if s is not None})
+        if len(splits) > 1:
+            shown = ", ".join(os.path.relpath(p, path) for p in found[:6]) + (", ..." if len(found) > 6 else "")
+            raise ConfigError(f"source: the folder holds files of several splits ({', '.join(splits)}: {shown}); "
+                              f"name the files to convert (a file or a glob such as {os.path.join(path, '*train*')})",
+                              path=path, field="source")
     elif os.path.exists(path):
         found = [path]
     else:
@@ -76,9 +124,15 @@ def detect_kind(path: str) -> str:
         if os.path.exists(os.path.join(p, "state.json")) or os.path.exists(os.path.join(p, "dataset_dict.json")):
             return "hf"
         names = os.listdir(p)
-        for ext, kind in ((".parquet", "parquet"), (".jsonl", "jsonl"), (".jsonl.gz", "jsonl"), (".txt", "text")):
+        for ext, kind in ((".parquet", "parquet"), (".jsonl", "jsonl"), (".jsonl.gz", "jsonl"), (".txt", "text"),
+                          (".npy", "npy")):
             if any(n.lower().endswith(ext) for n in names):
                 return kind
+        if any(n.lower().endswith(".bin") for n in names):
+            if any(n.lower().endswith(".idx") for n in names):
+                raise ConfigError("source: a folder of Megatron files; name one prefix (PATH/name or name.bin)",
+                                  path=p, field="source")
+            return "nanogpt"
         raise ConfigError("source: cannot tell the kind of this folder's files; give --from", path=p, field="from")
     if low.endswith((".jsonl", ".jsonl.gz", ".json", ".ndjson")):
         return "jsonl"
@@ -387,6 +441,8 @@ class TokenSource:
     files: list[str] = field(default_factory=list)
     num_tokens: int = 0
     max_token: int | None = None
+    #: whether every document's end is known (False: a flat stream without ``eod``)
+    has_boundaries: bool = True
     _arrays: list[np.ndarray] = field(default_factory=list)
     _doc_lengths: list[np.ndarray | None] = field(default_factory=list)
 
@@ -413,6 +469,7 @@ class TokenSource:
         else:
             raise ConfigError(f"--from: {self.kind!r} is not a token source", field="from")
         self.num_tokens = sum(int(a.size) for a in self._arrays)
+        self.has_boundaries = self.eod is not None or all(n is not None for n in self._doc_lengths)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"kind": self.kind, "eod": self.eod,
@@ -526,7 +583,9 @@ class TokenSource:
 
     def _split_stream(self, a: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """A flat stream: documents end at each ``eod`` id (kept with its document); without
-        ``eod`` the boundaries are unknown and the stream is cut every ``CHUNK_TOKENS``."""
+        ``eod`` the boundaries are unknown and the stream comes in pieces of ``CHUNK_TOKENS``
+        (one stream: only targets that cut records from the concatenation take it, see
+        :attr:`has_boundaries`)."""
         pending = a[:0]   # the open document's tokens from earlier pieces
         for s in range(0, a.size, CHUNK_TOKENS):
             piece = np.asarray(a[s:s + CHUNK_TOKENS])
