@@ -167,3 +167,21 @@ def test_a_folder_source_takes_one_split_and_no_dataset_files(tmp_path):
     assert sum(map(len, docs(tmp_path / "b.ts"))) == 600
     with pytest.raises(ConfigError, match="is a TOKSTREAM dataset"):
         run(data / "train.ts", tmp_path / "c.ts", source_kind="nanogpt", eod_id=49)
+
+
+def test_row_ids_keep_each_document_s_source_row(tok, tmp_path):
+    from zerobatch.readers.zrecord import ZRecordStore
+
+    src = tmp_path / "r.jsonl"
+    src.write_text('{"text": "a"}\n{"text": ""}\n{"text": null}\n\n{"text": "d"}\n{"text": "e"}\n')
+    run(src, tmp_path / "r.ts", tokenizer=tok[0], row_ids=True, docs_per_shard=2)
+    with TokenStreamReader(tmp_path / "r.ts") as r:
+        def first_object(i):
+            start, _ = r.document_span(i)
+            return r.window_metadata(start, 1).objects[0]
+        assert [first_object(i) for i in range(r.num_documents)] == [{"row": 0}, {"row": 3}, {"row": 4}]
+    run(src, tmp_path / "r.zr", to="zrecord", tokenizer=tok[0], row_ids=True)
+    store = ZRecordStore(tmp_path / "r.zr")
+    assert store["row"][:].tolist() == [0, 3, 4]
+    with pytest.raises(ConfigError, match="--row-ids"):
+        run(src, tmp_path / "r.chunk", to="llmchnk", tokenizer=tok[0], row_ids=True)

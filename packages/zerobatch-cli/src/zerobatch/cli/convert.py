@@ -58,6 +58,8 @@ STAGING_SUFFIX = ".zbconvert"
 #: Targets that cut records from the documents' concatenation, so they take a token stream
 #: whose document boundaries are unknown (every other target stores documents).
 STREAM_TARGETS = ("llmbatch",)
+#: Targets that keep a document's source row (``--row-ids``).
+ROW_TARGETS = ("tokstream", "zrecord")
 PLAN_NAME = "plan.json"
 
 
@@ -77,6 +79,9 @@ class ConvertOptions:
         text_errors: ``replace`` (default: undecodable text becomes U+FFFD, counted in the
             report) or ``strict`` (refused, naming the file and line).
         overwrite: replace an existing destination (default: refuse it before any work).
+        row_ids: text to tokstream or zrecord: keep each document's source row (its place
+            among the source's documents, empty and null ones included) as metadata
+            ``{"row": i}`` (tokstream) or field ``row`` (zrecord).
         field: the text field of JSONL, Parquet or HF rows.
         split: ``file``, ``line`` or ``blank``: a document per file, line or blank-line block.
         hf_split: the split of a saved ``DatasetDict``.
@@ -101,6 +106,7 @@ class ConvertOptions:
     add_bos: bool = False
     text_errors: str = "replace"
     overwrite: bool = False
+    row_ids: bool = False
     field: str = "text"
     split: str = "file"
     hf_split: str = "train"
@@ -168,7 +174,7 @@ def _shard_path(staging: str, k: int) -> str:
     return os.path.join(staging, f"shard-{k:06d}.npz")
 
 
-def _tokenize_shard(k: int, texts: list[str]) -> tuple[int, int, int]:
+def _tokenize_shard(k: int, texts: list[str], rows: list[int] | None = None) -> tuple[int, int, int]:
     """Tokenize one group, start each document with the beginning-of-document id (when there
     is one), end it with the end-of-document id, stage it; returns (k, tokens, docs)."""
     from zerobatch.core.io import AtomicFile
@@ -189,7 +195,8 @@ def _tokenize_shard(k: int, texts: list[str]) -> tuple[int, int, int]:
         pos = int(end)
     buf = io.BytesIO()
     top = np.array([int(tokens.max()) if tokens.size else -1], np.int64)
-    np.savez(buf, tokens=tokens, lengths=lengths, top=top)
+    extra = {} if rows is None else {"rows": np.asarray(rows, np.int64)}
+    np.savez(buf, tokens=tokens, lengths=lengths, top=top, **extra)
     with AtomicFile(_shard_path(_WORKER["staging"], k)) as f:
         f.write(buf.getbuffer())
     return k, int(tokens.size), int(lengths.size)
@@ -209,9 +216,13 @@ def _shard_summary(path: str) -> tuple[int, int, int] | None:
     return int(lengths.sum()), int(lengths.size), int(top[0])
 
 
-def _read_shard(path: str) -> tuple[np.ndarray, np.ndarray] | None:
+def _read_shard(path: str, member: str | None = None) -> tuple[np.ndarray, np.ndarray] | np.ndarray | None:
+    """A staged shard's ``(tokens, lengths)``, or one ``member`` of it; None when it cannot
+    be read."""
     try:
         with np.load(path, allow_pickle=False) as z:
+            if member is not None:
+                return z[member]
             tokens, lengths = z["tokens"], z["lengths"]
     except (OSError, ValueError, KeyError, EOFError):
         return None
@@ -246,9 +257,10 @@ class _Progress:
 
 
 def tokenize_to_staging(source: TextSource, tokenizer_path: str, eod: int, staging: str, *, workers: int,
-                        quiet: bool, log: Callable[[str], None], bos: int | None = None) -> list[str]:
+                        quiet: bool, log: Callable[[str], None], bos: int | None = None,
+                        rows: bool = False) -> list[str]:
     """Tokenize ``source`` into ``staging`` (resuming what is there); returns the shard files."""
-    plan = {"version": 1, "source": source.fingerprint(), "eod": eod, "bos": bos,
+    plan = {"version": 1, "source": source.fingerprint(), "eod": eod, "bos": bos, "rows": rows,
             "tokenizer_sha256": hashlib.sha256(open(tokenizer_path, "rb").read()).hexdigest()}
     plan_path = os.path.join(staging, PLAN_NAME)
     if os.path.isdir(staging):
@@ -284,7 +296,7 @@ def tokenize_to_staging(source: TextSource, tokenizer_path: str, eod: int, stagi
                 _, ntok, _ = res.get() if pool is not None else res
                 progress.update(work, ntok)
 
-        for k, (texts, work) in enumerate(source.shards()):
+        for k, (texts, work, row_ids) in enumerate(source.shards_with_rows()):
             path = _shard_path(staging, k)
             paths.append(path)
             if os.path.basename(path) in done and _shard_summary(path) is not None:
@@ -292,10 +304,10 @@ def tokenize_to_staging(source: TextSource, tokenizer_path: str, eod: int, stagi
                 progress.update(work, 0)
                 continue
             if pool is not None:
-                pending.append((pool.apply_async(_tokenize_shard, (k, texts)), work))
+                pending.append((pool.apply_async(_tokenize_shard, (k, texts, row_ids if rows else None)), work))
                 drain(2 * workers)       # bounded: never more than 2 groups per worker in flight
             else:
-                pending.append((_tokenize_shard(k, texts), work))
+                pending.append((_tokenize_shard(k, texts, row_ids if rows else None), work))
                 drain(0)
         drain(0)
     finally:
@@ -315,6 +327,16 @@ def staged_chunks(paths: list[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
             raise CorruptError("staging: a staged shard cannot be read; delete the staging folder and convert "
                                "again", path=p, field="staging")
         yield got
+
+
+def staged_rows(paths: list[str]) -> Iterator[int]:
+    """The source row of every staged document, in order (``convert --row-ids``)."""
+    for p in paths:
+        rows = _read_shard(p, "rows")
+        if not isinstance(rows, np.ndarray) or rows.ndim != 1:
+            raise CorruptError("staging: a staged shard has no source rows; delete the staging folder and convert "
+                               "again", path=p, field="staging")
+        yield from rows.tolist()
 
 
 def staged_totals(paths: list[str]) -> tuple[int, int, int]:
@@ -349,6 +371,8 @@ class Target:
         eod: the end-of-document id, when there is one.
         options: the conversion's options.
         log: called with each line of the report.
+        rows: with ``--row-ids``, the source row of every document, in order (an iterator
+            made per call); targets that store per-document metadata keep it.
     """
 
     num_tokens: int
@@ -357,6 +381,7 @@ class Target:
     eod: int | None
     options: ConvertOptions
     log: Callable[[str], None]
+    rows: Callable[[], Iterator[int]] | None = None
 
 
 def records(chunks: Chunks, seq_len: int) -> Iterator[np.ndarray]:
@@ -437,7 +462,7 @@ def targets() -> list[str]:
 
 
 def write_target(target: str, dst: str, chunks: Chunks, *, num_tokens: int, max_token: int, args: ConvertOptions,
-                 eod: int | None, log: Callable[[str], None]) -> str:
+                 eod: int | None, log: Callable[[str], None], rows: Callable[[], Iterator[int]] | None = None) -> str:
     """Write ``dst`` in format ``target`` (its registry record's ``convert``); returns a
     one-line summary."""
     if target not in targets():
@@ -469,7 +494,7 @@ def write_target(target: str, dst: str, chunks: Chunks, *, num_tokens: int, max_
         finally:
             bar.close()
     write = registry.get(target).resolve("convert")
-    return write(dst, checked, Target(num_tokens, vocab, dtype, eod, args, log))
+    return write(dst, checked, Target(num_tokens, vocab, dtype, eod, args, log, rows))
 
 
 def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, **options: Any) -> str:
@@ -506,6 +531,9 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
         raise NotFoundError("destination: the parent folder does not exist", path=dst, field="destination")
     # before any work: an existing destination is refused (or, with --overwrite, replaced at the end)
     check_destination(dst, registry.get(args.to).layout, args.overwrite)
+    if args.row_ids and args.to not in ROW_TARGETS:
+        raise ConfigError(f"--row-ids: {args.to} keeps no per-document metadata; use --to {' or '.join(ROW_TARGETS)}",
+                          field="row_ids")
     t0 = time.perf_counter()
     source = open_source(src, args.source_kind, text_field=args.field, split=args.split, hf_split=args.hf_split,
                          docs_per_shard=args.docs_per_shard, dtype=args.token_dtype, eod=args.eod_id,
@@ -531,13 +559,16 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
             del tok
             staging = os.path.abspath(dst) + STAGING_SUFFIX
             paths = tokenize_to_staging(source, args.tokenizer, eod, staging, workers=args.workers,
-                                        quiet=args.quiet, log=log, bos=bos)
+                                        quiet=args.quiet, log=log, bos=bos, rows=args.row_ids)
             num_tokens, num_docs, top = staged_totals(paths)
             if args.vocab_size is None:
                 args = args.replace(vocab_size=vocab)
 
             def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
                 return staged_chunks(paths)
+
+            def rows() -> Iterator[int]:
+                return staged_rows(paths)
         else:   # a TokenSource
             if not source.has_boundaries:
                 if args.to not in STREAM_TARGETS:
@@ -546,6 +577,9 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
                                       f"prepare.py appends <|endoftext|>, 50256 for GPT-2), or --to llmbatch, which "
                                       f"cuts records from the stream as one", path=src, field="eod_id")
                 log(f"{src}: no --eod-id, so no document boundaries: records are cut from the tokens as one stream")
+            if args.row_ids:
+                raise ConfigError("--row-ids: token files keep every document, so document i is source row i",
+                                  field="row_ids")
             if args.bos_id is not None or args.add_bos:
                 raise ConfigError("--bos-id / --add-bos: token files are converted as they are; a beginning-of-"
                                   "document token is added only when tokenizing text", field="bos_id")
@@ -558,7 +592,7 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
         if num_tokens == 0:
             raise ConfigError("source: no tokens to convert", path=src, field="source")
         summary = write_target(args.to, dst, chunks, num_tokens=num_tokens, max_token=top, args=args, eod=eod,
-                               log=log)
+                               log=log, rows=rows if args.row_ids else None)
     except BaseException as exc:
         if staging is not None and os.path.isdir(staging):
             # interrupted, or the disk failed: the staged groups stay and a rerun resumes from

@@ -375,6 +375,8 @@ def _add_convert(sub: Any) -> None:
     s.add_argument("--text-errors", default="replace", choices=("replace", "strict"),
                    help="undecodable text (invalid UTF-8, a lone UTF-16 surrogate in JSON): replace it with "
                    "U+FFFD and count the documents (default), or stop at it naming the file and line")
+    s.add_argument("--row-ids", action="store_true", help="text to tokstream or zrecord: keep each document's "
+                   "source row (empty and null rows count) as metadata {\"row\": i} / field row")
     s.add_argument("--overwrite", action="store_true", help="replace an existing DST (default: refuse it before "
                    "any work); the old dataset stays readable until the new one is complete")
     s.add_argument("--field", default="text", help="the text field of JSONL, Parquet or HF rows (default text)")

@@ -400,21 +400,33 @@ class TextSource:
     def shards(self) -> Iterator[tuple[list[str], int]]:
         """Groups of ``docs_per_shard`` non-empty documents and the work they stand for
         (counting :attr:`undecodable` and :attr:`empty` documents from zero)."""
+        for texts, work, _ in self.shards_with_rows():
+            yield texts, work
+
+    def shards_with_rows(self) -> Iterator[tuple[list[str], int, list[int]]]:
+        """:meth:`shards` with each document's source row: its place among the source's
+        documents, empty and null ones included (file after file, in order)."""
         texts: list[str] = []
+        rows: list[int] = []
         work = 0
+        row = 0
         self.undecodable = self.empty = 0
         for text, w, bad in self._documents():
             work += w
             self.undecodable += bad
-            if text is not None and not text:
+            if text is None:
+                continue
+            if not text:
                 self.empty += 1
-            if text:
+            else:
                 texts.append(text)
+                rows.append(row)
                 if len(texts) == self.docs_per_shard:
-                    yield texts, work
-                    texts, work = [], 0
+                    yield texts, work, rows
+                    texts, rows, work = [], [], 0
+            row += 1
         if texts or work:
-            yield texts, work
+            yield texts, work, rows
 
 
 def _pyarrow_parquet() -> Any:

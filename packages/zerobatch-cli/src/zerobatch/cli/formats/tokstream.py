@@ -79,11 +79,12 @@ def write(dst: str, chunks: Chunks, target: Target) -> str:
     def build(folder: str) -> str:
         eod = target.eod if target.eod is not None and target.eod < target.vocab else None
         w = TokenStreamWriter(folder, vocab_size=max(target.vocab, 1), eod_token=eod,
-                              shard_tokens=target.options.shard_tokens)
+                              shard_tokens=target.options.shard_tokens, metadata=target.rows is not None)
         try:
             n = 0
+            rows = None if target.rows is None else target.rows()
             for doc in documents(chunks):
-                w.add_document(doc)
+                w.add_document(doc, None if rows is None else {"row": next(rows)})
                 n += 1
         except BaseException:
             w.abort()

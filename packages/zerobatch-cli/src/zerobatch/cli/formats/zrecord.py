@@ -95,10 +95,16 @@ def write(dst: str, chunks: Chunks, target: Target) -> str:
     def build(folder: str) -> str:
         spec = [{"name": "tokens", "dtype": "u16" if target.dtype == "uint16" else "u32", "shape": None,
                  "compress": args.compress}]
+        if target.rows is not None:
+            spec.append({"name": "row", "dtype": "i64", "shape": [], "compress": "raw"})
         w = ZRecordWriter(folder, spec, num_writers=max(1, min(args.workers, 8)))
         np_dt = np.uint16 if target.dtype == "uint16" else np.uint32
+        docs = (np.ascontiguousarray(d, dtype=np_dt) for d in documents(chunks))
+        if target.rows is not None:
+            rows = target.rows()
+            docs = ({"tokens": d, "row": np.int64(next(rows))} for d in docs)  # type: ignore[assignment]
         try:
-            n = len(w.extend(np.ascontiguousarray(d, dtype=np_dt) for d in documents(chunks)))
+            n = len(w.extend(docs))
         except BaseException:
             w.close(commit=False)
             raise
