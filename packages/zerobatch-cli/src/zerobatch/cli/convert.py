@@ -1,7 +1,8 @@
 """``zerobatch convert``: any source (:mod:`zerobatch.cli.sources`) into any zerobatch format.
 
-Text is tokenized with a Hugging Face ``tokenizers`` tokenizer (a local ``tokenizer.json``),
-the end-of-document id appended to every document, on ``--workers`` processes. Each group of
+Text is tokenized with a Hugging Face ``tokenizer.json``, a tiktoken encoding, a SentencePiece
+model or a function (:mod:`zerobatch.cli.tokenizer`), the end-of-document id appended to every
+document, on ``--workers`` processes. Each group of
 ``--docs-per-shard`` documents is tokenized into a staging file of its own under
 ``DST.zbconvert/`` (written atomically, named by its place in the input), so a conversion
 that was interrupted resumes with the groups not yet done; the staging folder remembers the
@@ -25,7 +26,6 @@ Targets, from documents: every format whose registry record names a ``convert`` 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import multiprocessing as mp
@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 from zerobatch.cli.sources import TextSource, open_source
+from zerobatch.cli.tokenizer import TextTokenizer, load_tokenizer
 from zerobatch.core.io import fsync_dir, replace_folder, sweep_orphans
 from zerobatch.formats import registry
 from zerobatch.formats.tokstream import DEFAULT_SHARD_TOKENS
@@ -72,7 +73,9 @@ class ConvertOptions:
         to: the target format (one of :func:`targets`).
         source_kind: the source kind (``text``, ``jsonl``, ``parquet``, ``hf``, ``npy``,
             ``nanogpt``, ``megatron``); default: from the name.
-        tokenizer: a ``tokenizer.json`` for text sources.
+        tokenizer: text sources: a Hugging Face ``tokenizer.json``, ``tiktoken:NAME``, a
+            SentencePiece ``.model``, or (Python) a function ``texts -> id lists``
+            (:mod:`zerobatch.cli.tokenizer`).
         eod_token, eod_id: the end-of-document token (text) or id (flat token files).
         bos_id, add_bos: text: start every document with this id, or (``add_bos``) with the
             tokenizer's beginning-of-document token (Llama- and DeepSeek-style documents).
@@ -99,7 +102,7 @@ class ConvertOptions:
 
     to: str
     source_kind: str | None = None
-    tokenizer: str | None = None
+    tokenizer: Any = None
     eod_token: str | None = None
     eod_id: int | None = None
     bos_id: int | None = None
@@ -127,23 +130,7 @@ class ConvertOptions:
         return ConvertOptions(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes})
 
 
-def load_tokenizer(path: str) -> Any:
-    """A ``tokenizers.Tokenizer`` from a local ``tokenizer.json``."""
-    if not os.path.isfile(path):
-        raise NotFoundError("tokenizer: no such file", path=path, field="tokenizer")
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise ConfigError("tokenizing text needs the tokenizers library: pip install tokenizers",
-                          field="tokenizer") from None
-    try:
-        return Tokenizer.from_file(path)
-    except Exception as exc:  # tokenizers raises a bare Exception for a bad file
-        raise CorruptError(f"tokenizer: not a tokenizer.json the tokenizers library can load ({exc})", path=path,
-                           field="tokenizer") from None
-
-
-def find_eod(tok: Any, token: str | None, path: str, *, candidates: tuple[str, ...] = EOD_CANDIDATES,
+def find_eod(tok: TextTokenizer, token: str | None, path: Any, *, candidates: tuple[str, ...] = EOD_CANDIDATES,
              option: str = "--eod-token", what: str = "end-of-document") -> int:
     """The id of ``token`` (or of the first known end-of-document token the vocabulary has)."""
     names = (token,) if token else candidates
@@ -164,10 +151,10 @@ def find_eod(tok: Any, token: str | None, path: str, *, candidates: tuple[str, .
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(tokenizer_path: str, eod: int, staging: str, parallel: bool, bos: int | None = None) -> None:
+def _init_worker(tokenizer: Any, eod: int, staging: str, parallel: bool, bos: int | None = None) -> None:
     if not parallel:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _WORKER.update(tok=load_tokenizer(tokenizer_path), eod=eod, staging=staging, bos=bos)
+    _WORKER.update(tok=load_tokenizer(tokenizer), eod=eod, staging=staging, bos=bos)
 
 
 def _shard_path(staging: str, k: int) -> str:
@@ -181,8 +168,8 @@ def _tokenize_shard(k: int, texts: list[str], rows: list[int] | None = None) -> 
 
     tok, eod, bos = _WORKER["tok"], _WORKER["eod"], _WORKER.get("bos")
     head = 0 if bos is None else 1
-    encs = tok.encode_batch(texts, add_special_tokens=False) if texts else []
-    lengths = np.fromiter((len(e.ids) + 1 + head for e in encs), np.int64, len(encs))
+    encs = tok.encode_batch(texts) if texts else []
+    lengths = np.fromiter((len(e) + 1 + head for e in encs), np.int64, len(encs))
     tokens = np.empty(int(lengths.sum()), np.uint32)
     ends = np.cumsum(lengths)
     pos = 0
@@ -190,7 +177,7 @@ def _tokenize_shard(k: int, texts: list[str], rows: list[int] | None = None) -> 
         if head:
             tokens[pos] = bos
         n = int(end) - pos - 1 - head
-        tokens[pos + head:pos + head + n] = e.ids
+        tokens[pos + head:pos + head + n] = e
         tokens[pos + head + n] = eod
         pos = int(end)
     buf = io.BytesIO()
@@ -256,12 +243,13 @@ class _Progress:
             self.bar.close()
 
 
-def tokenize_to_staging(source: TextSource, tokenizer_path: str, eod: int, staging: str, *, workers: int,
+def tokenize_to_staging(source: TextSource, tokenizer: Any, eod: int, staging: str, *, workers: int,
                         quiet: bool, log: Callable[[str], None], bos: int | None = None,
                         rows: bool = False) -> list[str]:
-    """Tokenize ``source`` into ``staging`` (resuming what is there); returns the shard files."""
-    plan = {"version": 1, "source": source.fingerprint(), "eod": eod, "bos": bos, "rows": rows,
-            "tokenizer_sha256": hashlib.sha256(open(tokenizer_path, "rb").read()).hexdigest()}
+    """Tokenize ``source`` into ``staging`` (resuming what is there) with ``tokenizer`` (what
+    :func:`zerobatch.cli.tokenizer.load_tokenizer` takes); returns the shard files."""
+    plan = {"version": 2, "source": source.fingerprint(), "eod": eod, "bos": bos, "rows": rows,
+            "tokenizer": load_tokenizer(tokenizer).fingerprint}
     plan_path = os.path.join(staging, PLAN_NAME)
     if os.path.isdir(staging):
         try:
@@ -285,9 +273,9 @@ def tokenize_to_staging(source: TextSource, tokenizer_path: str, eod: int, stagi
     pool = None
     if workers > 1:
         ctx = mp.get_context("forkserver" if sys.platform != "win32" else "spawn")
-        pool = ctx.Pool(workers, _init_worker, (tokenizer_path, eod, staging, False, bos))
+        pool = ctx.Pool(workers, _init_worker, (tokenizer, eod, staging, False, bos))
     else:
-        _init_worker(tokenizer_path, eod, staging, True, bos)
+        _init_worker(tokenizer, eod, staging, True, bos)
     pending: deque[tuple[Any, int]] = deque()
     try:
         def drain(limit: int) -> None:
@@ -547,21 +535,21 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
     try:
         if isinstance(source, TextSource):
             if not args.tokenizer:
-                raise ConfigError(f"--tokenizer: a {source.kind} source needs a tokenizer.json to tokenize with",
-                                  field="tokenizer")
+                raise ConfigError(f"--tokenizer: a {source.kind} source needs a tokenizer to tokenize with (a "
+                                  f"tokenizer.json, tiktoken:NAME or a SentencePiece .model)", field="tokenizer")
             tok = load_tokenizer(args.tokenizer)
             eod = args.eod_id if args.eod_id is not None else find_eod(tok, args.eod_token, args.tokenizer)
             bos = args.bos_id
             if bos is None and args.add_bos:
                 bos = find_eod(tok, None, args.tokenizer, candidates=BOS_CANDIDATES, option="--add-bos",
                                what="beginning-of-document (or give --bos-id)")
-            vocab = tok.get_vocab_size(with_added_tokens=True)
+            vocab = tok.vocab_size
             del tok
             staging = os.path.abspath(dst) + STAGING_SUFFIX
             paths = tokenize_to_staging(source, args.tokenizer, eod, staging, workers=args.workers,
                                         quiet=args.quiet, log=log, bos=bos, rows=args.row_ids)
             num_tokens, num_docs, top = staged_totals(paths)
-            if args.vocab_size is None:
+            if args.vocab_size is None and vocab is not None:
                 args = args.replace(vocab_size=vocab)
 
             def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:

@@ -117,7 +117,7 @@ def _fault(path: str, exc: ZerobatchError) -> str:
 def _decoder(path: str | None) -> Any:
     if not path:
         return None
-    from zerobatch.cli.convert import load_tokenizer
+    from zerobatch.cli.tokenizer import load_tokenizer
 
     return load_tokenizer(path)
 
@@ -135,7 +135,7 @@ def cmd_head(args: argparse.Namespace) -> int:
             ids = s.reshape(-1).tolist()
             print(f"--- {ds.sample_name()} {i} ({len(ids)} tokens)")
             if tok is not None:
-                text = tok.decode(ids, skip_special_tokens=False)
+                text = tok.decode(ids)
                 print(text if args.full or len(text) <= args.chars else text[:args.chars] + " [...]")
             else:
                 shown = ids if args.full or len(ids) <= 64 else ids[:64]
@@ -185,7 +185,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         for i in order:
             if counts[i] == 0:
                 break
-            label = f"  {tok.id_to_token(int(i))!r}" if tok is not None else ""
+            label = f"  {tok.label(int(i))!r}" if tok is not None else ""
             print(f"  {int(i):>8}  {int(counts[i]):>12,}  {100 * counts[i] / max(total, 1):6.2f} %{label}")
         if args.plot:
             _plot_tokens(args.plot, counts, lengths, what, args.path)
