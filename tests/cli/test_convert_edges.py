@@ -185,3 +185,72 @@ def test_row_ids_keep_each_document_s_source_row(tok, tmp_path):
     assert store["row"][:].tolist() == [0, 3, 4]
     with pytest.raises(ConfigError, match="--row-ids"):
         run(src, tmp_path / "r.chunk", to="llmchnk", tokenizer=tok[0], row_ids=True)
+
+
+def test_split_by_document_fraction_like_megatron(tok, tmp_path):
+    path, _ = tok
+    src = tmp_path / "s.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document number {k}"}) + "\n" for k in range(1000)))
+    run(src, tmp_path / "all.ts", tokenizer=path)
+    whole = docs(tmp_path / "all.ts")
+    lines = run(src, tmp_path / "c", tokenizer=path, split="969,30,1", row_ids=True)
+    parts = [docs(tmp_path / f"c_{n}") for n in ("train", "valid", "test")]
+    assert [len(p) for p in parts] == [969, 30, 1] and sum(parts, []) == whole
+    assert any("valid: documents [969, 999)" in ln for ln in lines)
+    with TokenStreamReader(tmp_path / "c_valid") as r:
+        assert r.window_metadata(0, 1).objects[0] == {"row": 969}
+    # deterministic, every target: the same cut again, into files
+    run(src, tmp_path / "c.chunk", to="llmchnk", tokenizer=path, split="0.9,0.1")
+    with LLMChunkReader(tmp_path / "c_valid.chunk") as r:
+        assert [r.read_record(i).tolist() for i in range(r.num_records)] == whole[900:]
+    with pytest.raises(ConfigError, match="--overwrite"):
+        run(src, tmp_path / "c", tokenizer=path, split="98,2")      # c_train exists: refused before any work
+    for bad in ("1,2,3,4", "a,b", "0,0", "-1,2"):
+        with pytest.raises(ConfigError, match="--split"):
+            run(src, tmp_path / "d", tokenizer=path, split=bad)
+    assert len(docs(tmp_path / "c_test")) == 1
+    # release 0.1's --split file|line|blank still means the plain-text document unit
+    (tmp_path / "t.txt").write_text("one\ntwo\nthree\n")
+    run(tmp_path / "t.txt", tmp_path / "t.ts", tokenizer=path, split="line")
+    assert len(docs(tmp_path / "t.ts")) == 3
+
+
+def test_export_to_megatron_and_nanogpt(tok, tmp_path):
+    path, _ = tok
+    src = tmp_path / "x.jsonl"
+    src.write_text("".join(json.dumps({"text": f"export document {k} " * (k % 5 + 1)}) + "\n" for k in range(40)))
+    run(src, tmp_path / "x.ts", tokenizer=path)
+    want = docs(tmp_path / "x.ts")
+    lines = run(tmp_path / "x.ts", tmp_path / "mg", to="megatron")
+    assert lines and "40 documents" in lines[-1]
+    # the Megatron files read back by our own Megatron source
+    run(tmp_path / "mg.bin", tmp_path / "back.ts", source_kind="megatron")
+    assert docs(tmp_path / "back.ts") == want
+    run(tmp_path / "x.ts", tmp_path / "x.bin", to="nanogpt")
+    flat = np.memmap(tmp_path / "x.bin", dtype=np.uint16, mode="r")
+    assert flat.tolist() == [t for d in want for t in d]
+    with pytest.raises(ConfigError, match="--overwrite"):
+        run(tmp_path / "x.ts", tmp_path / "mg.idx", to="megatron")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_megatron_core_reads_the_export_and_writes_what_convert_reads(tok, tmp_path):
+    mc = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+    import torch
+
+    src = tmp_path / "m.jsonl"
+    src.write_text("".join(json.dumps({"text": f"megatron {k} " * (k % 7 + 1)}) + "\n" for k in range(60)))
+    run(src, tmp_path / "m.ts", tokenizer=tok[0])
+    want = docs(tmp_path / "m.ts")
+    run(tmp_path / "m.ts", tmp_path / "exp", to="megatron")
+    ds = mc.IndexedDataset(str(tmp_path / "exp"))
+    assert len(ds) == 60 and [ds[i].tolist() for i in range(60)] == want
+    assert ds.document_indices.tolist() == list(range(61))
+    # and the other way: megatron-core's own builder, read by convert --from megatron
+    b = mc.IndexedDatasetBuilder(str(tmp_path / "mc.bin"), dtype=np.uint16)
+    for d in want:
+        b.add_item(torch.tensor(d, dtype=torch.int64))
+        b.end_document()
+    b.finalize(str(tmp_path / "mc.idx"))
+    run(tmp_path / "mc", tmp_path / "mc.ts", source_kind="megatron")
+    assert docs(tmp_path / "mc.ts") == want

@@ -27,6 +27,7 @@ Targets, from documents: every format whose registry record names a ``convert`` 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -39,6 +40,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
+from zerobatch.cli.exports import EXPORTS
 from zerobatch.cli.sources import TextSource, open_source
 from zerobatch.cli.tokenizer import TextTokenizer, load_tokenizer
 from zerobatch.core.io import fsync_dir, replace_folder, sweep_orphans
@@ -86,7 +88,12 @@ class ConvertOptions:
             among the source's documents, empty and null ones included) as metadata
             ``{"row": i}`` (tokstream) or field ``row`` (zrecord).
         field: the text field of JSONL, Parquet or HF rows.
-        split: ``file``, ``line`` or ``blank``: a document per file, line or blank-line block.
+        documents: plain text: ``file``, ``line`` or ``blank``: a document per file, line or
+            blank-line block.
+        split: Megatron's ``--split``: weights ``"969,30,1"`` (or ``"0.98,0.01,0.01"``) cut
+            the documents, in order, into train, valid and test datasets written side by side
+            (:func:`split_destination`); ``file``, ``line`` or ``blank`` still mean
+            ``documents`` (release 0.1's option).
         hf_split: the split of a saved ``DatasetDict``.
         token_dtype: nanoGPT ``.bin`` token type.
         workers: tokenizer processes (and ZRECORD writer threads).
@@ -111,7 +118,8 @@ class ConvertOptions:
     overwrite: bool = False
     row_ids: bool = False
     field: str = "text"
-    split: str = "file"
+    documents: str = "file"
+    split: str | None = None
     hf_split: str = "train"
     token_dtype: str | None = None
     workers: int = max(1, min(8, os.cpu_count() or 1))
@@ -414,6 +422,83 @@ def check_destination(dst: str, layout: str, overwrite: bool) -> bool:
     return True
 
 
+TEXT_DOCUMENTS = ("file", "line", "blank")
+#: The datasets ``--split`` writes, in order (Megatron's names).
+SPLIT_NAMES = ("train", "valid", "test")
+
+
+def parse_split(text: str | None) -> list[float] | None:
+    """Megatron's ``--split`` weights (``"969,30,1"``, ``"98,2"``, ``"0.9,0.1"``), normalized.
+
+    Raises:
+        ConfigError: not 1 to 3 non-negative numbers with a positive sum.
+    """
+    if text is None:
+        return None
+    try:
+        weights = [float(w) for w in str(text).replace("/", ",").split(",")]
+    except ValueError:
+        weights = []
+    if not 1 <= len(weights) <= 3 or any(not w >= 0 for w in weights) or not sum(weights) > 0 \
+            or any(w == float("inf") for w in weights):
+        raise ConfigError(f"--split: expected 1 to 3 weights for {', '.join(SPLIT_NAMES)} such as 969,30,1, got "
+                          f"{text!r}", field="split")
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def split_ranges(num_docs: int, weights: list[float]) -> list[tuple[int, int]]:
+    """The document range of each split, in order: Megatron's rule (each split takes
+    ``round(weight * num_docs)`` documents, the last split what is left)."""
+    bounds = [0]
+    for w in weights:
+        bounds.append(bounds[-1] + int(round(w * num_docs)))
+    shift = bounds[-1] - num_docs
+    bounds = [b - shift if i == len(bounds) - 1 else min(b, num_docs) for i, b in enumerate(bounds)]
+    return [(bounds[i], max(bounds[i], bounds[i + 1])) for i in range(len(weights))]
+
+
+def split_destination(dst: str, name: str, to: str) -> str:
+    """Where split ``name`` of destination ``dst`` goes: ``corpus`` -> ``corpus_train``,
+    ``out.chunk`` -> ``out_train.chunk``, Megatron ``prefix`` -> ``prefix_train``."""
+    stem, ext = os.path.splitext(dst)
+    if to == "megatron" and ext in (".bin", ".idx"):
+        return f"{stem}_{name}"
+    if ext and to in [f.name for f in registry.formats() if f.layout == "file"] + ["nanogpt"]:
+        return f"{stem}_{name}{ext}"
+    return f"{dst}_{name}"
+
+
+def document_range(chunks: Chunks, a: int, b: int) -> Chunks:
+    """``chunks`` restricted to documents ``[a, b)``."""
+    def gen() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        seen = 0
+        for tokens, lengths in chunks():
+            n = lengths.size
+            lo, hi = max(a - seen, 0), min(b - seen, n)
+            if lo < hi:
+                ends = np.cumsum(lengths)
+                start = int(ends[lo - 1]) if lo else 0
+                yield tokens[start:int(ends[hi - 1])], lengths[lo:hi]
+            seen += n
+            if seen >= b:
+                return
+    return gen
+
+
+def _tokens_in_ranges(chunks: Chunks, ranges: list[tuple[int, int]]) -> list[int]:
+    """Tokens of the documents in each range (one pass over the lengths)."""
+    out = [0] * len(ranges)
+    seen = 0
+    for _, lengths in chunks():
+        cum = np.concatenate([[0], np.cumsum(lengths)])
+        for k, (a, b) in enumerate(ranges):
+            lo, hi = min(max(a - seen, 0), lengths.size), min(max(b - seen, 0), lengths.size)
+            out[k] += int(cum[hi] - cum[lo])
+        seen += lengths.size
+    return out
+
+
 def build_folder(dst: str, build: Callable[[str], str], *, overwrite: bool = False) -> str:
     """``build(tmp)`` writes a folder dataset under a temporary name, which is then renamed
     into place whole (a failed or killed conversion never leaves a partial dataset under the
@@ -445,8 +530,24 @@ def build_folder(dst: str, build: Callable[[str], str], *, overwrite: bool = Fal
 
 
 def targets() -> list[str]:
-    """The formats ``zerobatch convert --to`` writes (those whose registry record has a target)."""
-    return [f.name for f in registry.formats() if f.convert]
+    """What ``zerobatch convert --to`` writes: the formats whose registry record has a target,
+    and the exports to other trainers' formats (:mod:`zerobatch.cli.exports`)."""
+    return [f.name for f in registry.formats() if f.convert] + sorted(EXPORTS)
+
+
+def target_help() -> str:
+    """One line per ``--to`` target."""
+    lines = [f"{f.name}: {f.summary}" for f in registry.formats() if f.convert]
+    return "; ".join(lines + [f"{name}: {e.summary}" for name, e in sorted(EXPORTS.items())])
+
+
+def check_target_destination(to: str, dst: str, overwrite: bool) -> None:
+    """:func:`check_destination` for every file target ``to`` writes at ``dst``."""
+    if to in EXPORTS:
+        for path in EXPORTS[to].files(dst):
+            check_destination(path, "file", overwrite)
+    else:
+        check_destination(dst, registry.get(to).layout, overwrite)
 
 
 def write_target(target: str, dst: str, chunks: Chunks, *, num_tokens: int, max_token: int, args: ConvertOptions,
@@ -481,7 +582,7 @@ def write_target(target: str, dst: str, chunks: Chunks, *, num_tokens: int, max_
                 bar.update(tokens.size)
         finally:
             bar.close()
-    write = registry.get(target).resolve("convert")
+    write = EXPORTS[target].write if target in EXPORTS else registry.get(target).resolve("convert")
     return write(dst, checked, Target(num_tokens, vocab, dtype, eod, args, log, rows))
 
 
@@ -508,6 +609,9 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
         WriteError: the destination could not be written (nothing is left under its name).
     """
     args = ConvertOptions(to=to, **options)
+    if args.split in TEXT_DOCUMENTS:          # release 0.1's --split file|line|blank
+        args = args.replace(documents=args.split, split=None)
+    weights = parse_split(args.split)
     src, dst = os.fspath(src), os.fspath(dst)
     dst = dst.rstrip("/") or dst
     if args.to not in targets():
@@ -518,12 +622,15 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
     if not os.path.isdir(parent):
         raise NotFoundError("destination: the parent folder does not exist", path=dst, field="destination")
     # before any work: an existing destination is refused (or, with --overwrite, replaced at the end)
-    check_destination(dst, registry.get(args.to).layout, args.overwrite)
+    outputs = [(None, dst)] if weights is None else [(name, split_destination(dst, name, args.to))
+                                                     for name, w in zip(SPLIT_NAMES, weights, strict=False) if w > 0]
+    for _, out in outputs:
+        check_target_destination(args.to, out, args.overwrite)
     if args.row_ids and args.to not in ROW_TARGETS:
         raise ConfigError(f"--row-ids: {args.to} keeps no per-document metadata; use --to {' or '.join(ROW_TARGETS)}",
                           field="row_ids")
     t0 = time.perf_counter()
-    source = open_source(src, args.source_kind, text_field=args.field, split=args.split, hf_split=args.hf_split,
+    source = open_source(src, args.source_kind, text_field=args.field, split=args.documents, hf_split=args.hf_split,
                          docs_per_shard=args.docs_per_shard, dtype=args.token_dtype, eod=args.eod_id,
                          text_errors=args.text_errors)
     inputs = [f for f in source.files if not f.endswith(".idx")]
@@ -557,7 +664,10 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
 
             def rows() -> Iterator[int]:
                 return staged_rows(paths)
-        else:   # a TokenSource
+        else:   # token files or a zerobatch dataset
+            if not source.has_boundaries and weights is not None:
+                raise ConfigError(f"--split: this {source.kind} stream has no document boundaries to split at; give "
+                                  f"--eod-id", path=src, field="split")
             if not source.has_boundaries:
                 if args.to not in STREAM_TARGETS:
                     raise ConfigError(f"--eod-id: this {source.kind} stream has no document boundaries, and --to "
@@ -579,8 +689,28 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
             chunks = source.chunks
         if num_tokens == 0:
             raise ConfigError("source: no tokens to convert", path=src, field="source")
-        summary = write_target(args.to, dst, chunks, num_tokens=num_tokens, max_token=top, args=args, eod=eod,
-                               log=log, rows=rows if args.row_ids else None)
+        if weights is None:
+            summary = write_target(args.to, dst, chunks, num_tokens=num_tokens, max_token=top, args=args, eod=eod,
+                                   log=log, rows=rows if args.row_ids else None)
+        else:
+            ranges = split_ranges(sum(lengths.size for _, lengths in chunks()), weights)
+            tokens_in = _tokens_in_ranges(chunks, ranges)
+            parts = []
+            for (name, out), (a, b), n in zip(outputs, [r for r, w in zip(ranges, weights, strict=True) if w > 0],
+                                               [n for n, w in zip(tokens_in, weights, strict=True) if w > 0],
+                                               strict=True):
+                if n == 0:
+                    raise ConfigError(f"--split: the {name} split gets no tokens ({b - a} of the documents)",
+                                      field="split")
+                part_rows = None
+                if args.row_ids:
+                    def part_rows(a: int = a, b: int = b) -> Iterator[int]:
+                        return itertools.islice(rows(), a, b)
+                part = write_target(args.to, out, document_range(chunks, a, b), num_tokens=n, max_token=top,
+                                    args=args, eod=eod, log=log, rows=part_rows)
+                log(f"{name}: documents [{a:,}, {b:,}) -> {out}: {part}")
+                parts.append(f"{name} {b - a:,} documents")
+            summary = ", ".join(parts)
     except BaseException as exc:
         if staging is not None and os.path.isdir(staging):
             # interrupted, or the disk failed: the staged groups stay and a rerun resumes from
@@ -591,6 +721,9 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
             else:
                 shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        if hasattr(source, "close"):
+            source.close()
     if staging is not None:
         shutil.rmtree(staging, ignore_errors=True)
     if isinstance(source, TextSource):

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import numpy as np
-from zerobatch.cli.convert import targets
+from zerobatch.cli.convert import target_help, targets
 from zerobatch.cli.datasets import dist, human, open_dataset, percentiles, pyplot, time_reads
 from zerobatch.formats.errors import NotFoundError, ZerobatchError
 from zerobatch.formats import registry
@@ -360,11 +360,13 @@ def _add_convert(sub: Any) -> None:
     s.add_argument("src", help="a file, a folder of files or a glob; a Hugging Face save_to_disk folder; a "
                    "Megatron prefix (.bin or .idx)")
     s.add_argument("dst", help="the file (llmbatch, llmchnk) or folder (tokstream, zrecord) to write")
-    s.add_argument("--to", required=True, choices=targets())
+    s.add_argument("--to", required=True, choices=targets(), metavar="FORMAT",
+                   help=f"what to write ({', '.join(targets())}): {target_help()}")
     s.add_argument("--from", dest="source_kind",
-                   choices=("text", "jsonl", "parquet", "hf", "npy", "nanogpt", "megatron"),
-                   help="the source kind (default: from the name)")
-    s.add_argument("--tokenizer", help="a tokenizer.json (Hugging Face tokenizers) for text sources")
+                   choices=("text", "jsonl", "parquet", "hf", "npy", "nanogpt", "megatron", "zerobatch"),
+                   help="the source kind (default: from the name; a zerobatch dataset from its bytes)")
+    s.add_argument("--tokenizer", help="text sources: a Hugging Face tokenizer.json, tiktoken:NAME (tiktoken:gpt2, "
+                   "nanoGPT's) or a SentencePiece .model")
     s.add_argument("--eod-token", help="the end-of-document token appended to each document (default: the "
                    "first of <|endoftext|>, </s>, <eos>, ... the tokenizer has)")
     s.add_argument("--eod-id", type=int, help="the end-of-document id; for flat token files (npy, nanogpt), "
@@ -380,8 +382,11 @@ def _add_convert(sub: Any) -> None:
     s.add_argument("--overwrite", action="store_true", help="replace an existing DST (default: refuse it before "
                    "any work); the old dataset stays readable until the new one is complete")
     s.add_argument("--field", default="text", help="the text field of JSONL, Parquet or HF rows (default text)")
-    s.add_argument("--split", default="file", choices=("file", "line", "blank"),
+    s.add_argument("--documents", default="file", choices=("file", "line", "blank"),
                    help="plain text: a document per file, per line, or per blank-line-separated block")
+    s.add_argument("--split", metavar="WEIGHTS", help="as Megatron's --split: weights such as 969,30,1 cut the "
+                   "documents, in order, into DST_train, DST_valid and DST_test (file, line or blank: as "
+                   "--documents, release 0.1's spelling)")
     s.add_argument("--hf-split", default="train", help="the split of a saved DatasetDict (default train)")
     s.add_argument("--token-dtype", choices=("uint16", "uint32"), help="nanoGPT .bin token type (default uint16)")
     s.add_argument("--workers", type=_positive, default=max(1, min(8, os.cpu_count() or 1)),

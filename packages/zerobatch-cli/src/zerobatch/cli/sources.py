@@ -39,13 +39,14 @@ __all__ = [
     "TOKEN_KINDS",
     "TextSource",
     "TokenSource",
+    "DatasetSource",
     "detect_kind",
     "open_source",
 ]
 
 TEXT_KINDS = ("text", "jsonl", "parquet", "hf")
 TEXT_ERRORS = ("replace", "strict")
-TOKEN_KINDS = ("npy", "nanogpt", "megatron")
+TOKEN_KINDS = ("npy", "nanogpt", "megatron", "zerobatch")
 
 #: Megatron's MMapIndexedDataset index: magic, version 1, dtype codes.
 MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
@@ -116,10 +117,26 @@ def _files(path: str, patterns: tuple[str, ...]) -> list[str]:
     return found
 
 
+def _is_dataset(path: str) -> bool:
+    """Whether ``path`` is a zerobatch dataset (a file by its magic, a folder by its files)."""
+    from zerobatch.formats import registry
+
+    if os.path.isdir(path):
+        return _dataset_folder(path) not in (None, "TOKSTREAM shard")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return False
+    return registry.identify(head=head) is not None
+
+
 def detect_kind(path: str) -> str:
     """The source kind of ``path`` from its name and contents (``--from`` overrides it)."""
     p = path.rstrip("/")
     low = p.lower()
+    if _is_dataset(p):
+        return "zerobatch"
     if os.path.isdir(p):
         if os.path.exists(os.path.join(p, "state.json")) or os.path.exists(os.path.join(p, "dataset_dict.json")):
             return "hf"
@@ -620,9 +637,61 @@ class TokenSource:
             yield np.asarray(pending), np.array([pending.size], np.int64)
 
 
-def open_source(path: str, kind: str | None, **options: Any) -> TextSource | TokenSource:
+class DatasetSource:
+    """A zerobatch dataset as a source (``--from zerobatch``): its documents (TOKSTREAM),
+    records (LLMCHNK, ZRECORD field ``tokens`` or ``--field``) or rows (LLMBATCH) in reading
+    order, each one document; what ``convert --to megatron`` / ``nanogpt`` export."""
+
+    kind = "zerobatch"
+    has_boundaries = True
+    eod: int | None = None
+
+    def __init__(self, path: str, field: str | None = None) -> None:
+        from zerobatch.cli.datasets import open_dataset
+
+        self.path = path
+        self.ds = open_dataset(path, field=field)
+        if not self.ds.tokens:
+            raise ConfigError(f"source: a {self.ds.kind} dataset holds values, not tokens", path=path, field="source")
+        self.files = [path]
+        self.lengths = self.ds.lengths()
+        self.num_tokens = int(self.lengths.sum())
+        self.max_token: int | None = None
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": os.path.abspath(self.path)}
+
+    def scan_max(self) -> int:
+        if self.max_token is None:
+            self.max_token = max((int(p.max()) for p in self.ds.token_pieces() if p.size), default=-1)
+        return self.max_token
+
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(tokens, lengths)`` of whole documents, a piece of the dataset at a time."""
+        ends = np.cumsum(self.lengths)
+        buf = np.zeros(0, np.int64)
+        done_docs = 0            # documents yielded
+        base = 0                 # the token position buf[0] stands at
+        for piece in self.ds.token_pieces():
+            buf = np.concatenate([buf, piece]) if buf.size else np.asarray(piece)
+            stop_doc = int(np.searchsorted(ends, base + buf.size, side="right"))
+            if stop_doc > done_docs:
+                cut = int(ends[stop_doc - 1]) - base
+                yield buf[:cut], self.lengths[done_docs:stop_doc]
+                buf, base, done_docs = buf[cut:], base + cut, stop_doc
+        if done_docs != self.lengths.size or buf.size:
+            raise CorruptError(f"source: the dataset's tokens ({base + buf.size}) do not match its document lengths "
+                               f"({self.num_tokens})", path=self.path, field="source")
+
+    def close(self) -> None:
+        self.ds.close()
+
+
+def open_source(path: str, kind: str | None, **options: Any) -> TextSource | TokenSource | DatasetSource:
     """The source at ``path`` (``kind`` from ``--from``, else detected)."""
     kind = kind or detect_kind(path)
+    if kind == "zerobatch":
+        return DatasetSource(path, options.get("text_field") if options.get("text_field") != "text" else None)
     if kind in TEXT_KINDS:
         return TextSource(kind, path, **{k: v for k, v in options.items()
                                          if k in ("text_field", "split", "hf_split", "docs_per_shard",
