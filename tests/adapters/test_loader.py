@@ -510,3 +510,10 @@ def test_a_loader_without_a_whole_step_is_refused(stream):
         Loader(src, batch_size=4, rank=0, world_size=64)
     # a short step kept: a rank left without items in it is legitimate
     assert len(Loader(src, batch_size=src.num_items + 1, drop_last=False)) == 1
+
+
+def test_num_workers_says_where_worker_processes_live(stream):
+    folder, _ = stream
+    with pytest.raises(ConfigError, match=r"loader.dataloader\(num_workers=...\)") as e:
+        Loader(TokenWindows(folder, SEQ), batch_size=4, num_workers=2)
+    assert e.value.field == "num_workers"

@@ -254,3 +254,32 @@ def test_megatron_core_reads_the_export_and_writes_what_convert_reads(tok, tmp_p
     b.finalize(str(tmp_path / "mc.idx"))
     run(tmp_path / "mc", tmp_path / "mc.ts", source_kind="megatron")
     assert docs(tmp_path / "mc.ts") == want
+
+
+def test_messages_say_what_is_wrong(tmp_path):
+    (tmp_path / "t.npy").write_text("not npy")
+    with pytest.raises(CorruptError, match="not a .npy file") as e:
+        run(tmp_path / "t.npy", tmp_path / "o.ts")
+    assert e.value.field == "magic"
+    # a Megatron prefix alone (no --from megatron): found, not "no such file"
+    from zerobatch.cli.exports import write_megatron
+    from zerobatch.cli.convert import Target, ConvertOptions
+
+    chunks = lambda: iter([(np.arange(10, dtype=np.uint32), np.array([4, 6]))])  # noqa: E731
+    write_megatron(str(tmp_path / "pre"), chunks, Target(10, 10, "uint16", None, ConvertOptions(to="megatron"),
+                                                        print))
+    run(tmp_path / "pre", tmp_path / "pre.ts")
+    assert [len(d) for d in docs(tmp_path / "pre.ts")] == [4, 6]
+
+
+def test_every_command_has_a_description_and_an_example():
+    from zerobatch.cli.main import COMMAND_HELP, build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert set(sub.choices) == set(COMMAND_HELP)
+    for name, p in sub.choices.items():
+        text = p.format_help()
+        assert "example:\n  zerobatch " + name in text and COMMAND_HELP[name][0][:30] in text.replace("\n", " ")
+    to = next(a for a in sub.choices["convert"]._actions if a.dest == "to")
+    assert "megatron" in to.help and "tokstream" in to.help

@@ -128,6 +128,8 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
         pin_memory: copy each batch into page-locked memory (ignored, with a warning, on a
             machine without an accelerator).
         device: move each batch there (``non_blocking`` copies from pinned memory).
+        num_workers: refused with a :class:`ConfigError` that says where worker processes
+            live (:meth:`dataloader`); the loader itself uses threads.
 
     Each step is what the source hands out: a tensor, an ``(x, y)`` pair of views of one
     buffer (next-token windows), or a dict (documents, boundaries, metadata, several fields).
@@ -147,7 +149,12 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
                  shuffle: bool = True, seed: int = DEFAULT_SEED, drop_last: bool = True, tail: str | None = None,
                  order: Any = None, rank: int | None = None, world_size: int | None = None, epoch: int = 0,
                  prefetch: int = DEFAULT_PREFETCH, num_threads: int | None = None, dtype: Any = torch.int64,
-                 pin_memory: bool = False, device: Any = None) -> None:
+                 pin_memory: bool = False, device: Any = None, num_workers: int | None = None) -> None:
+        if num_workers is not None:
+            raise ConfigError(f"Loader(num_workers={num_workers!r}): the loader reads on num_threads threads inside "
+                              f"the training process; worker processes live in loader.dataloader(num_workers=...), "
+                              f"a torch DataLoader over this loader (or use the loader as the dataset of a "
+                              f"StatefulDataLoader)", field="num_workers")
         if dtype not in _DTYPES:
             raise ConfigError(f"dtype must be torch.int64 or torch.int32, got {dtype!r}", field="dtype")
         super().__init__(source, batch_size, global_batch_size=global_batch_size, shuffle=shuffle, seed=seed,

@@ -164,6 +164,8 @@ def detect_kind(path: str) -> str:
     if low.endswith((".txt", ".txt.gz", ".md")):
         return "text"
     if not os.path.exists(p) and not any(ch in p for ch in "*?["):
+        if os.path.isfile(p + ".bin") and os.path.isfile(p + ".idx"):
+            return "megatron"            # a Megatron prefix: PREFIX.bin + PREFIX.idx
         raise NotFoundError("source: no such file or folder", path=p, field="source")
     raise ConfigError("source: cannot tell the kind of this file from its name; give --from", path=p, field="from")
 
@@ -511,6 +513,14 @@ class TokenSource:
         self._doc_lengths.append(lengths)
 
     def _add_npy(self, path: str) -> None:
+        try:
+            with open(path, "rb") as f:
+                magic = f.read(6)
+        except OSError as exc:
+            raise CorruptError(f"npy: cannot read the file ({exc.strerror})", path=path, field="npy") from None
+        if magic != b"\x93NUMPY":
+            raise CorruptError(f"npy: not a .npy file (it starts with {magic!r}, not the .npy magic b'\\x93NUMPY')",
+                               path=path, field="magic")
         try:
             a = np.load(path, mmap_mode="r", allow_pickle=False)
         except ValueError as exc:
