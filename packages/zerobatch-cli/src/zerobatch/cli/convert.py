@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 from zerobatch.cli.exports import EXPORTS
-from zerobatch.cli.sources import TextSource, open_source
+from zerobatch.cli.sources import TextSource, documents, open_source
 from zerobatch.cli.tokenizer import TextTokenizer, load_tokenizer
 from zerobatch.core.io import fsync_dir, replace_folder, sweep_orphans
 from zerobatch.formats import registry
@@ -390,16 +390,6 @@ def records(chunks: Chunks, seq_len: int) -> Iterator[np.ndarray]:
         if k:
             yield t[:k * seq_len].reshape(k, seq_len)
         carry = t[k * seq_len:].copy()
-
-
-def documents(chunks: Chunks) -> Iterator[np.ndarray]:
-    """The documents of the chunks, one array each."""
-    for tokens, lengths in chunks():
-        ends = np.cumsum(lengths)
-        starts = ends - lengths
-        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-            if b > a:
-                yield tokens[a:b]
 
 
 def check_destination(dst: str, layout: str, overwrite: bool) -> bool:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from zerobatch.cli.sources import documents
 from zerobatch.core.io import AtomicFile
 from zerobatch.formats.errors import ConfigError
 
@@ -59,8 +60,6 @@ def megatron_files(dst: str) -> list[str]:
 
 
 def write_megatron(dst: str, chunks: Callable[[], Any], target: Any) -> str:
-    from zerobatch.cli.convert import documents
-
     dtype = np.dtype(np.uint16) if target.vocab < MEGATRON_UINT16_BELOW else np.dtype(np.int32)
     if target.vocab > 2**31:
         raise ConfigError(f"--to megatron: ids up to {target.vocab - 1} do not fit Megatron's int32 tokens",

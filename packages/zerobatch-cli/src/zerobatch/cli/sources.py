@@ -27,7 +27,7 @@ import json
 import os
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ __all__ = [
     "TokenSource",
     "DatasetSource",
     "detect_kind",
+    "documents",
     "open_source",
 ]
 
@@ -695,6 +696,16 @@ class DatasetSource:
 
     def close(self) -> None:
         self.ds.close()
+
+
+def documents(chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]) -> Iterator[np.ndarray]:
+    """The documents of ``(tokens, lengths)`` chunks (what every source yields), one array each."""
+    for tokens, lengths in chunks():
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            if b > a:
+                yield tokens[a:b]
 
 
 def open_source(path: str, kind: str | None, **options: Any) -> TextSource | TokenSource | DatasetSource:
