@@ -113,7 +113,7 @@ def test_a_killed_conversions_folder_is_removed_by_the_next_conversion(tmp_path)
     pid = zombie(leave_tmp)                 # a writer that died, not yet reaped
     try:
         assert os.path.isdir(f"{dst}.zbtmp.{pid}")
-        convert(str(src), str(dst), to="tokstream", log=lambda line: None, vocab_size=5000)
+        convert(str(src), str(dst), to="tokstream", log=lambda line: None, vocab_size=5000, eod_id=0)
         assert not os.path.exists(f"{dst}.zbtmp.{pid}")
         with TokenStreamReader(dst) as r:
             assert r.num_tokens == 3999

@@ -58,9 +58,6 @@ EOD_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id
 #: (Llama 3, Llama 2 / Mistral, DeepSeek, Gemma, BERT).
 BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<bos>", "[CLS]")
 STAGING_SUFFIX = ".zbconvert"
-#: Targets that cut records from the documents' concatenation, so they take a token stream
-#: whose document boundaries are unknown (every other target stores documents).
-STREAM_TARGETS = ("llmbatch",)
 #: Targets that keep a document's source row (``--row-ids``).
 ROW_TARGETS = ("tokstream", "zrecord")
 PLAN_NAME = "plan.json"
@@ -525,6 +522,13 @@ def targets() -> list[str]:
     return [f.name for f in registry.formats() if f.convert] + sorted(EXPORTS)
 
 
+def stream_target(to: str) -> bool:
+    """Whether target ``to`` takes a token stream without document boundaries (it cuts
+    records from the concatenation: the registry record's ``convert_stream``, or an export
+    that writes a flat stream)."""
+    return EXPORTS[to].stream if to in EXPORTS else registry.get(to).convert_stream
+
+
 def target_help() -> str:
     """One line per ``--to`` target."""
     lines = [f"{f.name}: {f.summary}" for f in registry.formats() if f.convert]
@@ -659,7 +663,7 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
                 raise ConfigError(f"--split: this {source.kind} stream has no document boundaries to split at; give "
                                   f"--eod-id", path=src, field="split")
             if not source.has_boundaries:
-                if args.to not in STREAM_TARGETS:
+                if not stream_target(args.to):
                     raise ConfigError(f"--eod-id: this {source.kind} stream has no document boundaries, and --to "
                                       f"{args.to} stores documents; give the id that ends each document (nanoGPT's "
                                       f"prepare.py appends <|endoftext|>, 50256 for GPT-2), or --to llmbatch, which "

@@ -43,11 +43,14 @@ class Export:
         summary: one line for ``--help``.
         files: the files it writes for destination ``DST`` (to check before any work).
         write: ``write(dst, chunks, target) -> summary`` (as a format's convert target).
+        stream: it writes the tokens as one stream, so it takes a stream without document
+            boundaries (as :attr:`zerobatch.formats.registry.Format.convert_stream`).
     """
 
     summary: str
     files: Callable[[str], list[str]]
     write: Callable[..., str]
+    stream: bool = False
 
 
 def _prefix(dst: str) -> str:
@@ -111,5 +114,5 @@ EXPORTS: dict[str, Export] = {
     "megatron": Export("Megatron .bin + .idx (megatron-core's IndexedDataset reads it)", megatron_files,
                        write_megatron),
     "nanogpt": Export("one flat uint16 .bin of the documents' tokens (nanoGPT's np.memmap reads it)", nanogpt_files,
-                      write_nanogpt),
+                      write_nanogpt, stream=True),
 }

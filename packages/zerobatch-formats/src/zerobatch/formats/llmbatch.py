@@ -212,4 +212,4 @@ FORMAT = Format(
     reader="zerobatch.readers.llmbatch:BatchFileReader", writer="zerobatch.writers.llmbatch:LLMBatchWriter",
     kernel="zerobatch.core._gather", sources=("zerobatch.adapters.sources.llmbatch:LLMBatchSource",),
     default_source="zerobatch.adapters.sources.llmbatch:LLMBatchSource",
-    cli="zerobatch.cli.formats.llmbatch:LLMBatch", convert="zerobatch.cli.formats.llmbatch:write")
+    cli="zerobatch.cli.formats.llmbatch:LLMBatch", convert="zerobatch.cli.formats.llmbatch:write", convert_stream=True)

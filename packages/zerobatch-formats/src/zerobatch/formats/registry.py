@@ -49,6 +49,10 @@ class Format:
         cli: its command-line face (a ``zerobatch.cli.datasets.Dataset`` subclass).
         convert: its ``zerobatch convert --to`` target (``write(dst, documents, options)``),
             if it can be written from documents of tokens.
+        convert_stream: the target cuts records from the documents' concatenation, so it
+            also takes a token stream whose document boundaries are unknown (a nanoGPT
+            ``.bin`` without ``--eod-id``); a target that stores documents (the default)
+            refuses such a stream rather than store made-up documents.
     """
 
     name: str
@@ -65,6 +69,7 @@ class Format:
     default_source: str | None = None
     cli: str | None = None
     convert: str | None = None
+    convert_stream: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in ("file", "folder"):
