@@ -86,3 +86,16 @@ def token_stream(folder, n_tokens=4000, seed=0, metadata=False, offset=0):
         for k, d in enumerate(docs):
             w.add_document(d, {"doc": k} if metadata else None)
     return str(folder), docs
+
+
+def take(batches, k, key):
+    """``key(batch)`` of the first ``k`` batches of ``batches`` (all of them when ``k`` is None),
+    stopping the iteration there, as a training loop interrupted at step ``k`` does."""
+    out = []
+    if k == 0:
+        return out
+    for batch in batches:
+        out.append(key(batch))
+        if k is not None and len(out) == k:
+            break
+    return out

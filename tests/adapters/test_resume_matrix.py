@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from zerobatch.adapters.torch import Loader, TokenWindows
+import zbtest
 from zbtest import token_stream
 
 SEQ = 16
@@ -40,14 +41,7 @@ def global_steps(per_rank: list[list[list[int]]]) -> list[list[int]]:
 
 
 def take(loader, k: int | None) -> list[list[int]]:
-    out = []
-    if k == 0:
-        return out
-    for batch in loader:
-        out.append(ids(batch))
-        if k is not None and len(out) == k:
-            break
-    return out
+    return zbtest.take(loader, k, ids)
 
 
 @pytest.fixture(scope="module")
