@@ -217,9 +217,8 @@ class BaseLoader:
         self._close_active()
         worker, num_workers = self._worker_split()
         skip = 0
-        if self._share_loaded:
-            share = self._share
-            assert share is not None
+        share = self._share
+        if self._share_loaded and share is not None:
             if (share["worker"], share["num_workers"]) != (worker, num_workers):
                 raise StateError(f"the state of DataLoader worker {share['worker']} of {share['num_workers']} was "
                                  f"loaded into worker {worker} of {num_workers}: a worker resumes only its own share "
