@@ -17,7 +17,7 @@ pytest.importorskip("tokenizers")
 
 from zerobatch.cli.convert import convert  # noqa: E402
 from zerobatch.cli.quickstart import bundled_text, train_tokenizer  # noqa: E402
-from zerobatch.formats.errors import ConfigError, CorruptError  # noqa: E402
+from zerobatch.formats.errors import ConfigError, CorruptError, TruncatedError  # noqa: E402
 from zerobatch.readers.llmchnk import LLMChunkReader  # noqa: E402
 from zerobatch.readers.tokstream import TokenStreamReader  # noqa: E402
 
@@ -283,3 +283,19 @@ def test_every_command_has_a_description_and_an_example():
         assert "example:\n  zerobatch " + name in text and COMMAND_HELP[name][0][:30] in text.replace("\n", " ")
     to = next(a for a in sub.choices["convert"]._actions if a.dest == "to")
     assert "megatron" in to.help and "tokstream" in to.help
+
+
+def test_llm_c_token_files_skip_their_header(tmp_path):
+    """llm.c / modded-nanogpt .bin files start with a 256 x int32 header (magic 20240520,
+    version 1, token count): the header is not read as tokens."""
+    toks = (np.arange(700) % 300).astype(np.uint16)
+    head = np.zeros(256, np.int32)
+    head[:3] = (20240520, 1, toks.size)
+    with open(tmp_path / "fineweb_train_000001.bin", "wb") as f:
+        f.write(head.tobytes() + toks.tobytes())
+    run(tmp_path / "fineweb_train_000001.bin", tmp_path / "f.ts", eod_id=299)
+    assert np.concatenate(docs(tmp_path / "f.ts")).tolist() == toks.tolist()
+    with open(tmp_path / "short.bin", "wb") as f:
+        f.write(head.tobytes() + toks[:-1].tobytes())
+    with pytest.raises(TruncatedError, match="llm.c file of 700"):
+        run(tmp_path / "short.bin", tmp_path / "s.ts", eod_id=299)

@@ -52,6 +52,10 @@ TOKEN_KINDS = ("npy", "nanogpt", "megatron", "zerobatch")
 #: Megatron's MMapIndexedDataset index: magic, version 1, dtype codes.
 MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
 MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
+#: llm.c / modded-nanogpt token files: a 256 x int32 header ``(magic, version, tokens, 0...)``,
+#: then the tokens. ``(magic, version) -> token type``: GPT-2 (uint16), LLaMA 3 (uint32).
+LLMC_HEADER_BYTES = 1024
+LLMC_KINDS = {(20240520, 1): np.uint16, (20240801, 7): np.uint32}
 #: Tokens per chunk a token source yields (bounded memory whatever the file size).
 CHUNK_TOKENS = 1 << 22
 
@@ -490,6 +494,12 @@ class TokenSource:
                 raise ConfigError(f"--dtype: nanoGPT files hold uint16 or uint32, got {dt}", field="dtype")
             for f in self.files:
                 size = os.path.getsize(f)
+                llmc = _llmc_header(f, size)
+                if llmc is not None:        # llm.c / modded-nanogpt: the header says type and count
+                    ldt, count = llmc
+                    self._add(np.memmap(f, dtype=ldt, mode="r", offset=LLMC_HEADER_BYTES, shape=(count,))
+                              if count else np.zeros(0, ldt), None)
+                    continue
                 if size % dt.itemsize:
                     raise TruncatedError(f"file: {size} bytes is not a whole number of {dt} tokens (wrong --dtype?)",
                                          path=f, field="file")
@@ -706,6 +716,26 @@ def documents(chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]) -> 
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
             if b > a:
                 yield tokens[a:b]
+
+
+def _llmc_header(path: str, size: int) -> tuple[np.dtype, int] | None:
+    """``(token type, count)`` of an llm.c token file (its magic and version), else None.
+
+    Raises:
+        TruncatedError: the header's count does not match the file's size.
+    """
+    if size < LLMC_HEADER_BYTES:
+        return None
+    with open(path, "rb") as f:
+        head = np.frombuffer(f.read(12), "<i4")
+    kind = LLMC_KINDS.get((int(head[0]), int(head[1])))
+    if kind is None:
+        return None
+    dt, count = np.dtype(kind), int(head[2])
+    if count < 0 or LLMC_HEADER_BYTES + count * dt.itemsize != size:
+        raise TruncatedError(f"header: an llm.c file of {count} {dt} tokens after its 1024-byte header, but the file "
+                             f"holds {size} bytes", path=path, field="header")
+    return dt, count
 
 
 def open_source(path: str, kind: str | None, **options: Any) -> TextSource | TokenSource | DatasetSource:
