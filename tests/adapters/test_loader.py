@@ -517,3 +517,23 @@ def test_num_workers_says_where_worker_processes_live(stream):
     with pytest.raises(ConfigError, match=r"loader.dataloader\(num_workers=...\)") as e:
         Loader(TokenWindows(folder, SEQ), batch_size=4, num_workers=2)
     assert e.value.field == "num_workers"
+
+
+def test_one_set_of_defaults():
+    import inspect
+
+    JaxLoader = pytest.importorskip("zerobatch.adapters.jax").Loader
+    from zerobatch.adapters.sources._base import DEFAULT_PREFETCH, DEFAULT_SEED
+    from zerobatch.adapters.torch import BatchNativeLoader
+    from zerobatch.cli.convert import ConvertOptions
+    from zerobatch.cli.main import build_parser
+    from zerobatch.formats.tokstream import DEFAULT_SHARD_TOKENS
+    from zerobatch.writers.tokstream import TokenStreamWriter
+
+    for cls in (Loader, BatchNativeLoader, JaxLoader):
+        params = inspect.signature(cls.__init__).parameters
+        assert (params["seed"].default, params["prefetch"].default) == (DEFAULT_SEED, DEFAULT_PREFETCH) == (42, 8)
+    assert inspect.signature(Mixture.__init__).parameters["seed"].default == DEFAULT_SEED
+    assert inspect.signature(TokenStreamWriter.__init__).parameters["shard_tokens"].default == DEFAULT_SHARD_TOKENS
+    args = build_parser().parse_args(["convert", "a", "b", "--to", "tokstream"])
+    assert args.shard_tokens == ConvertOptions(to="tokstream").shard_tokens == DEFAULT_SHARD_TOKENS == 2**28
