@@ -120,7 +120,7 @@ def test_verify_names_the_faulty_file_and_place(datasets, tmp_path):
     tokens[7] ^= 1
     (shard / "tokens.bin").write_bytes(bytes(tokens))
     r = zb("verify", str(ts))
-    assert r.returncode == 1 and f"{shard / 'tokens.bin'}" in r.stderr and "chunk 0" in r.stderr, r.stderr
+    assert r.returncode == 1 and f"{shard / 'tokens.bin'}" in r.stderr and "block 0" in r.stderr, r.stderr
     # ZRECORD: a record container's byte
     zr = tmp_path / "zr"
     shutil.copytree(datasets["zrecord"], zr)

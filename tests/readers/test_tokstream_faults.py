@@ -143,11 +143,15 @@ def test_checksums_are_checked_once_per_chunk_and_skipped_when_asked(tmp_path):
     with TokenStreamReader(folder, verify=False) as r:
         r.windows([0], r.num_tokens)          # a flip inside the vocabulary goes unseen without checksums
     with TokenStreamReader(folder) as r:
-        assert r._checks.pending == len(r.manifest.shards)
-        r.windows([int(r.cum_tokens[1])], 10)  # the second shard: checked, and kept checked
-        assert r._checks.pending == len(r.manifest.shards) - 1 and r._checks.checked(1, 0)
+        blocks = [T.num_chunks(e.files["tokens.bin"].size, r.manifest.block) for e in r.manifest.shards]
+        assert r._checks.pending == sum(blocks) > len(blocks)
+        r.windows([int(r.cum_tokens[1])], 10)  # the second shard's first block: checked, and kept checked
+        assert r._checks.pending == sum(blocks) - 1 and r._checks.checked(1, 0) and not r._checks.checked(1, 1)
         with pytest.raises(IntegrityError):
             r.windows([0], 10)
+        # a window over several blocks checks them all, once
+        r.windows([int(r.cum_tokens[1])], int(r.cum_tokens[2] - r.cum_tokens[1]))
+        assert r._checks.pending == sum(blocks) - blocks[1]
 
 
 @pytest.mark.slow

@@ -232,7 +232,7 @@ def test_token_ids_at_or_above_the_vocabulary_fail_on_first_use(dataset):
         assert (r.windows([0], 10)[0] == flat[:10]).all()
         with pytest.raises(IntegrityError) as info:
             r.windows([pos - 3], 8)
-        assert info.value.field == "xxh3" and info.value.path == str(path) and "chunk 0" in str(info.value)
+        assert info.value.field == "xxh3" and info.value.path == str(path) and "block 0" in str(info.value)
         with pytest.raises(IntegrityError):       # a failed chunk stays unchecked: it fails again
             r.windows([pos - 3], 8)
         assert (r.windows([0], 10)[0] == flat[:10]).all()
@@ -245,7 +245,7 @@ def test_token_ids_at_or_above_the_vocabulary_fail_on_first_use(dataset):
 
 
 @pytest.mark.parametrize("mutate, field", [
-    (lambda m: m.update(version=2), "version"),
+    (lambda m: m.update(version=3), "version"),
     (lambda m: m.update(format="other"), "format"),
     (lambda m: m.update(num_tokens=m["num_tokens"] + 1), "num_tokens"),
     (lambda m: m["shards"][0].update(num_tokens=m["shards"][0]["num_tokens"] + 1), "shards[0].files.tokens.bin.size"),
@@ -316,18 +316,19 @@ def sparse_shard(folder, name, num_tokens, vocab):
         "tokens.bin": T.FileEntry(size, hexsum(tok_digests)),
         "documents.index": T.FileEntry(16, hexsum(idx_digests)),
         "checksums.bin": T.FileEntry(len(sums), hexsum([xxh3_64(sums)]))})
-    record = {"format": T.FORMAT_NAME, "version": T.VERSION, "token_dtype": "uint16", "vocab_size": vocab,
-              "metadata": False, "eod_token": None, "codec": None, "shard": entry.to_dict()}
+    record = {"format": T.FORMAT_NAME, "version": 2, "token_dtype": "uint16", "vocab_size": vocab,
+              "metadata": False, "eod_token": None, "codec": None, "checksum_block": T.CHECKSUM_CHUNK,
+              "shard": entry.to_dict()}
     (d / "shard.json").write_text(json.dumps(record))
 
 
 def test_a_trillion_tokens_out_of_sparse_files(tmp_path):
     folder = tmp_path / "big"
-    with ShardWriter(folder, "a-head", vocab_size=50257) as w:
+    with ShardWriter(folder, "a-head", vocab_size=50257, checksum_block=T.CHECKSUM_CHUNK) as w:
         w.add_document(np.arange(100) + 7)
     for name in ("b-huge", "c-huge", "c-huger"):
         sparse_shard(folder, name, 2**39, 50257)   # 1.6e12 tokens in all, 3.3 TB of sparse files
-    with ShardWriter(folder, "d-tail", vocab_size=50257) as w:
+    with ShardWriter(folder, "d-tail", vocab_size=50257, checksum_block=T.CHECKSUM_CHUNK) as w:
         w.add_document(np.arange(100) + 9)
     assemble(folder)
     # opening reads the manifests, the trailers and the index ends: no token data, so its

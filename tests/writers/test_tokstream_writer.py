@@ -192,10 +192,9 @@ def test_assemble_refusals(tmp_path):
         assemble(folder, ["a"])
 
 
-def test_large_documents_cross_checksum_chunks(tmp_path, monkeypatch):
-    monkeypatch.setattr(T, "CHECKSUM_CHUNK", 4096)
+def test_large_documents_cross_checksum_chunks(tmp_path):
     big = np.arange(10_000, dtype=np.int64) % 50000
-    with ShardWriter(tmp_path, "s", vocab_size=50000) as w:
+    with ShardWriter(tmp_path, "s", vocab_size=50000, checksum_block=4096) as w:
         w.add_document(big)
         w.add_document(big[:7])
     entry = json.loads((tmp_path / "s/shard.json").read_text())["shard"]

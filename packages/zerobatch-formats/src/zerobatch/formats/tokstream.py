@@ -36,6 +36,10 @@ __all__ = [
     "FORMAT",
     "CODECS",
     "CHECKSUM_CHUNK",
+    "DEFAULT_CHECKSUM_BLOCK",
+    "MAX_CHECKSUM_BLOCK",
+    "MIN_CHECKSUM_BLOCK",
+    "VERSIONS",
     "DATA_FILES",
     "FILE_KINDS",
     "FORMAT_NAME",
@@ -58,6 +62,7 @@ __all__ = [
     "data_files",
     "num_chunks",
     "build_id_material",
+    "check_block",
     "parse_manifest",
     "parse_shard_manifest",
     "record_dtype_descr",
@@ -68,8 +73,11 @@ __all__ = [
 
 #: ``format`` field of every manifest.
 FORMAT_NAME = "zerobatch-tokstream"
-#: The format version this release writes and reads.
-VERSION = 1
+#: The format version this release writes.
+VERSION = 2
+#: The format versions this release reads: 1 (16 MiB checksum chunks), 2 (the checksum block
+#: size recorded in the manifest, ``checksum_block``).
+VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 SHARD_MANIFEST_NAME = "shard.json"
 #: Files of a shard and their kind codes in the trailer.
@@ -91,9 +99,18 @@ MAX_SHARDS = 1 << 20
 #: ``zerobatch convert --shard-tokens``): 2**28, 512 MiB-1 GiB of tokens per shard file.
 DEFAULT_SHARD_TOKENS = 1 << 28
 MAX_MANIFEST_BYTES = 1 << 30
-#: File checksums are XXH3-64 over the XXH3-64 digests of consecutive chunks of this size
-#: (``checksums.bin`` keeps the chunk digests, so a reader checks each chunk on first use).
+#: File checksums are XXH3-64 over the XXH3-64 digests of consecutive blocks of the file
+#: (``checksums.bin`` keeps the block digests, so a reader checks each block on first use).
+#: Version 1 datasets use blocks of this size (16 MiB).
 CHECKSUM_CHUNK = 1 << 24
+#: Version 2 records its block size (``checksum_block``, a power of two in
+#: [MIN_CHECKSUM_BLOCK, MAX_CHECKSUM_BLOCK]); writers use this one by default: 1 KiB, so that a
+#: random 2049-token window (4 KiB of uint16) is checked, and fetched from object storage, with
+#: about 1 KiB of neighbouring bytes instead of a 16 MiB chunk. The digests cost 8 bytes per
+#: block (0.8 % of the data).
+DEFAULT_CHECKSUM_BLOCK = 1 << 10
+MIN_CHECKSUM_BLOCK = 1 << 9
+MAX_CHECKSUM_BLOCK = 1 << 24
 #: Documents (and metadata blobs) per shard a writer puts in one shard: keeps every index
 #: file within 64 MiB, so a reader checks each index in full at open.
 MAX_INDEX_ENTRIES_PER_SHARD = (1 << 23) - 1
@@ -191,6 +208,17 @@ class DatasetManifest:
     codec: str | None
     build_id: str
     shards: tuple[ShardEntry, ...]
+    #: the checksum block size (version 2); ``None`` for a version 1 dataset (16 MiB chunks)
+    checksum_block: int | None = None
+
+    @property
+    def version(self) -> int:
+        return 1 if self.checksum_block is None else 2
+
+    @property
+    def block(self) -> int:
+        """Bytes per checksum block (16 MiB for version 1)."""
+        return CHECKSUM_CHUNK if self.checksum_block is None else self.checksum_block
 
     @property
     def num_tokens(self) -> int:
@@ -201,14 +229,18 @@ class DatasetManifest:
         return sum(s.num_documents for s in self.shards)
 
     def options(self) -> dict[str, Any]:
-        """The dataset-wide fields every shard must share."""
-        return {"token_dtype": self.token_dtype, "vocab_size": self.vocab_size,
-                "metadata": self.metadata, "eod_token": self.eod_token, "codec": self.codec}
+        """The dataset-wide fields every shard must share (``checksum_block`` from version 2
+        on: a version 1 build id does not cover it)."""
+        out = {"token_dtype": self.token_dtype, "vocab_size": self.vocab_size,
+               "metadata": self.metadata, "eod_token": self.eod_token, "codec": self.codec}
+        if self.checksum_block is not None:
+            out["checksum_block"] = self.checksum_block
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT_NAME,
-            "version": VERSION,
+            "version": self.version,
             **self.options(),
             "build_id": self.build_id,
             "num_tokens": self.num_tokens,
@@ -291,17 +323,31 @@ class _Fields:
         return v
 
 
-def _check_header(f: _Fields) -> None:
+def _check_header(f: _Fields) -> int:
     fmt = f.get("format")
     if fmt != FORMAT_NAME:
         raise CorruptError(f"format: {fmt!r} is not {FORMAT_NAME!r}", path=f.path, field="format")
     version = f.get("version")
-    if isinstance(version, bool) or version != VERSION:
+    if isinstance(version, bool) or version not in VERSIONS:
         raise UnsupportedVersionError(f"version: {version!r} is not supported (this release reads "
-                                      f"{VERSION})", path=f.path, field="version")
+                                      f"{', '.join(map(str, VERSIONS))})", path=f.path, field="version")
+    return int(version)
 
 
-def _options(f: _Fields) -> dict[str, Any]:
+def check_block(block: Any, *, path: Any = None, field: str = "checksum_block") -> int:
+    """``block`` as a checksum block size: a power of two in [512, 16 MiB].
+
+    Raises:
+        CorruptError: another value (``ConfigError`` is the writers' concern).
+    """
+    if isinstance(block, bool) or not isinstance(block, int) or not MIN_CHECKSUM_BLOCK <= block <= MAX_CHECKSUM_BLOCK \
+            or block & (block - 1):
+        raise CorruptError(f"{field}: must be a power of two in [{MIN_CHECKSUM_BLOCK}, {MAX_CHECKSUM_BLOCK}], "
+                           f"got {block!r}", path=path, field=field)
+    return block
+
+
+def _options(f: _Fields, version: int) -> dict[str, Any]:
     token_dtype = f.str("token_dtype", choices=("uint16", "uint32"))
     vocab = f.int("vocab_size", 1, 2**32)
     if token_dtype != token_dtype_for_vocab(vocab):
@@ -312,13 +358,20 @@ def _options(f: _Fields) -> dict[str, Any]:
     codec = f.str("codec", choices=CODECS, optional=True)
     if metadata and codec is None:
         raise CorruptError("codec: a dataset with metadata names its codec", path=f.path, field="codec")
-    return {"token_dtype": token_dtype, "vocab_size": vocab, "metadata": metadata, "eod_token": eod,
-            "codec": codec}
+    out = {"token_dtype": token_dtype, "vocab_size": vocab, "metadata": metadata, "eod_token": eod,
+           "codec": codec}
+    if version >= 2:
+        out["checksum_block"] = check_block(f.get("checksum_block"), path=f.path)
+    elif "checksum_block" in f.d:
+        raise CorruptError("checksum_block: version 1 has none (16 MiB chunks)", path=f.path,
+                           field="checksum_block")
+    return out
 
 
-def num_chunks(size: int) -> int:
-    """Checksum chunks of a payload of ``size`` bytes (an empty payload has one, of 0 bytes)."""
-    return max(1, -(-size // CHECKSUM_CHUNK))
+def num_chunks(size: int, block: int = CHECKSUM_CHUNK) -> int:
+    """Checksum blocks of ``block`` bytes of a payload of ``size`` bytes (an empty payload has
+    one, of 0 bytes)."""
+    return max(1, -(-size // block))
 
 
 def data_files(metadata: bool) -> tuple[str, ...]:
@@ -326,12 +379,13 @@ def data_files(metadata: bool) -> tuple[str, ...]:
     return DATA_FILES if metadata else DATA_FILES[:2]
 
 
-def chunk_digest_ranges(files: dict[str, FileEntry], metadata: bool) -> dict[str, tuple[int, int]]:
-    """Per data file, the ``[first, stop)`` positions of its chunk digests in ``checksums.bin``
+def chunk_digest_ranges(files: dict[str, FileEntry], metadata: bool,
+                        block: int = CHECKSUM_CHUNK) -> dict[str, tuple[int, int]]:
+    """Per data file, the ``[first, stop)`` positions of its block digests in ``checksums.bin``
     (u64 entries)."""
     out, at = {}, 0
     for fname in data_files(metadata):
-        n = num_chunks(files[fname].size)
+        n = num_chunks(files[fname].size, block)
         out[fname] = (at, at + n)
         at += n
     return out
@@ -342,7 +396,7 @@ def record_itemsize(token_dtype: str, metadata: bool) -> int:
     return (2 if token_dtype == "uint16" else 4) + (4 if metadata else 0)
 
 
-def _shard(d: Any, path: Any, prefix: str, metadata: bool, itemsize: int) -> ShardEntry:
+def _shard(d: Any, path: Any, prefix: str, metadata: bool, itemsize: int, block: int) -> ShardEntry:
     if not isinstance(d, dict):
         raise CorruptError(f"{prefix}: must be an object", path=path, field=prefix.rstrip("."))
     f = _Fields(d, path, prefix)
@@ -366,7 +420,7 @@ def _shard(d: Any, path: Any, prefix: str, metadata: bool, itemsize: int) -> Sha
     expected = {"tokens.bin": num_tokens * itemsize, "documents.index": (num_documents + 1) * 8}
     if metadata:
         expected["metadata.index"] = (num_metadata + 1) * 8
-    expected["checksums.bin"] = 8 * sum(num_chunks(files[f].size) for f in data_files(metadata))
+    expected["checksums.bin"] = 8 * sum(num_chunks(files[f].size, block) for f in data_files(metadata))
     for fname, size in expected.items():
         if files[fname].size != size:
             raise CorruptError(f"{prefix}files.{fname}.size: {files[fname].size} bytes does not match the "
@@ -382,10 +436,10 @@ def parse_shard_manifest(raw: bytes, *, path: Any = None) -> tuple[dict[str, Any
     """
     d = _load_json(raw, path)
     f = _Fields(d, path)
-    _check_header(f)
-    options = _options(f)
+    options = _options(f, _check_header(f))
     itemsize = record_itemsize(options["token_dtype"], options["metadata"])
-    return options, _shard(f.dict("shard"), path, "shard.", options["metadata"], itemsize)
+    return options, _shard(f.dict("shard"), path, "shard.", options["metadata"], itemsize,
+                           options.get("checksum_block", CHECKSUM_CHUNK))
 
 
 def parse_manifest(raw: bytes, *, path: Any = None) -> DatasetManifest:
@@ -399,14 +453,14 @@ def parse_manifest(raw: bytes, *, path: Any = None) -> DatasetManifest:
     """
     d = _load_json(raw, path)
     f = _Fields(d, path)
-    _check_header(f)
-    options = _options(f)
+    options = _options(f, _check_header(f))
     build_id = f.str("build_id", _HEX128)
     raw_shards = f.list("shards")
     if len(raw_shards) > MAX_SHARDS:
         raise LimitExceededError(f"shards: {len(raw_shards)} exceeds {MAX_SHARDS}", path=path, field="shards")
     itemsize = record_itemsize(options["token_dtype"], options["metadata"])
-    shards = tuple(_shard(s, path, f"shards[{i}].", options["metadata"], itemsize)
+    block = options.get("checksum_block", CHECKSUM_CHUNK)
+    shards = tuple(_shard(s, path, f"shards[{i}].", options["metadata"], itemsize, block)
                    for i, s in enumerate(raw_shards))
     names = [s.name for s in shards]
     if len(set(names)) != len(names):

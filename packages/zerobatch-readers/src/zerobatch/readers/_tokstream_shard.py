@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zerobatch.core import FileMapping, xxh3_64
+from zerobatch.core import FileMapping, hash_slots, xxh3_64
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import (CorruptError, IntegrityError, NotFoundError, ReadError, TruncatedError,
@@ -22,11 +22,27 @@ from zerobatch.readers.backends import DataFile
 if TYPE_CHECKING:
     from zerobatch.readers.backends import Backend
 
-__all__ = ["FULL_INDEX_CHECK_BYTES", "ChunkChecks", "Shard"]
+__all__ = ["FULL_INDEX_CHECK_BYTES", "VERIFY_BYTES", "ChunkChecks", "Shard", "block_digests"]
 
 #: Index files up to this size are validated in full at open (monotonic offsets); larger
 #: ones are checked at their ends at open and in full by ``TokenStreamReader.verify``.
 FULL_INDEX_CHECK_BYTES = 64 << 20
+#: ``verify`` hashes a file in reads of about this many bytes.
+VERIFY_BYTES = 16 << 20
+
+
+def block_digests(data: Any, block: int) -> np.ndarray:
+    """The XXH3-64 digest of every ``block`` bytes of ``data`` (the last block may be shorter;
+    empty data has one digest, of no bytes), as ``<u8``: whole blocks in one compiled call."""
+    view = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+    n = len(view)
+    whole = n // block
+    out = np.empty(whole + (n % block != 0 or n == 0), dtype="<u8")
+    if whole:
+        hash_slots(view, 0, block, whole, out[:whole])
+    if whole < len(out):
+        out[whole] = xxh3_64(view[whole * block:])
+    return out
 
 
 class Shard:
@@ -45,11 +61,11 @@ class Shard:
     """
 
     def __init__(self, folder: str, entry: T.ShardEntry, manifest: T.DatasetManifest, index: int,
-                 backends: dict[str, Backend], verify: bool = True) -> None:
+                 backends: dict[str, Backend], verify: bool = True, *, path: str | None = None) -> None:
         self.entry = entry
         self.index = index
         self.verify = verify
-        self.path = os.path.join(folder, entry.name)
+        self.path = os.path.join(folder, entry.name) if path is None else path
         self.build_id = bytes.fromhex(entry.build_id)
         self.backends = backends
         self._lists_ok: set[str] = set()
@@ -145,17 +161,13 @@ class Shard:
         self._check_listing()
         e = self.entry
         self.dtype = np.dtype(T.record_dtype_descr(manifest.token_dtype, manifest.metadata))
-        # the chunk digests of every data file (checked against the manifest on first use)
+        # the block digests of every data file (checked against the manifest on first use)
+        self.block = manifest.block
         self.sums = np.frombuffer(self._map_file("checksums.bin"), dtype="<u8")
-        self._ranges = T.chunk_digest_ranges(e.files, manifest.metadata)
+        self._ranges = T.chunk_digest_ranges(e.files, manifest.metadata, self.block)
         for fname in self.backends:
             # checked now; the backend maps it, or keeps the descriptor and opens it again on demand
-            f = DataFile(os.path.join(self.path, fname), e.files[fname].size,
-                         lambda fname=fname: self.open_checked(fname), fname)
-            k = self.backends[fname].add(f, self.open_checked(fname))
-            if k != self.index:
-                raise CorruptError(f"{fname}: shard {self.index} was numbered {k} by the backend",
-                                   path=f.path, field="shards")
+            self._register(fname)
         self.documents = self._index("documents.index", e.num_documents, e.num_tokens, "num_tokens")
         if self.verify:
             self._check_whole("documents.index")
@@ -165,7 +177,16 @@ class Shard:
                                               "the size of metadata.bin")
             if self.verify:
                 self._check_whole("metadata.index")
-                self._meta_ok = np.zeros(T.num_chunks(e.files["metadata.bin"].size), np.uint8)
+                self._meta_ok = np.zeros(T.num_chunks(e.files["metadata.bin"].size, self.block), np.uint8)
+
+    def _register(self, fname: str) -> None:
+        """Hand data file ``fname`` to its backend, as file number :attr:`index`."""
+        f = DataFile(os.path.join(self.path, fname), self.entry.files[fname].size,
+                     lambda fname=fname: self.open_checked(fname), fname)
+        k = self.backends[fname].add(f, self.open_checked(fname))
+        if k != self.index:
+            raise CorruptError(f"{fname}: shard {self.index} was numbered {k} by the backend",
+                               path=f.path, field="shards")
 
     def _check_monotonic(self, idx: np.ndarray, fname: str, path: str) -> None:
         strict = fname == "documents.index"
@@ -226,10 +247,11 @@ class Shard:
             self._lists_ok.add(fname)
         return sums
 
-    def chunk(self, fname: str, c: int) -> Any:
-        """The bytes of chunk ``c`` of file ``fname`` (a view of a mapping, or a read)."""
+    def chunk(self, fname: str, c: int, count: int = 1) -> Any:
+        """The bytes of blocks ``[c, c + count)`` of file ``fname`` (a view of a mapping, or a
+        read)."""
         size = self.entry.files[fname].size
-        a, b = c * T.CHECKSUM_CHUNK, min((c + 1) * T.CHECKSUM_CHUNK, size)
+        a, b = c * self.block, min((c + count) * self.block, size)
         if fname in self._index_bytes:
             return self._index_bytes[fname][a:b]
         if fname not in self.backends:
@@ -237,20 +259,30 @@ class Shard:
             return self._map_file(fname)[a:b]
         return self.read(fname, a, b - a)
 
-    def check_chunk(self, fname: str, c: int) -> None:
-        """Hash chunk ``c`` of ``fname`` and compare it with its digest.
+    def check_chunk(self, fname: str, c: int, count: int = 1) -> None:
+        """Hash blocks ``[c, c + count)`` of ``fname`` (one read, one compiled call) and compare
+        them with their digests.
 
         Raises:
-            IntegrityError: naming the file, the chunk and its byte range.
+            IntegrityError: naming the file, the first block that differs and its byte range.
         """
-        want = int(self.digests(fname)[c])
-        got = xxh3_64(self.chunk(fname, c))
-        if got != want:
-            a = c * T.CHECKSUM_CHUNK
-            b = min(a + T.CHECKSUM_CHUNK, self.entry.files[fname].size)
-            raise IntegrityError(f"{fname}: chunk {c} (bytes [{a}, {b})) does not match its checksum "
-                                 f"({got:016x}, expected {want:016x})", path=os.path.join(self.path, fname),
-                                 field="xxh3")
+        faults = self.bad_blocks(fname, c, count, first_only=True)
+        if faults:
+            raise IntegrityError(faults[0], path=os.path.join(self.path, fname), field="xxh3")
+
+    def bad_blocks(self, fname: str, c: int, count: int, *, first_only: bool = False) -> list[str]:
+        """The messages of the blocks of ``[c, c + count)`` of ``fname`` that differ from their
+        digests (naming the block and its byte range)."""
+        want = self.digests(fname)[c:c + count]
+        got = block_digests(self.chunk(fname, c, count), self.block)
+        bad = np.flatnonzero(got != want)
+        out = []
+        for i in bad[:1].tolist() if first_only else bad.tolist():
+            a = (c + i) * self.block
+            b = min(a + self.block, self.entry.files[fname].size)
+            out.append(f"{fname}: block {c + i} (bytes [{a}, {b})) does not match its checksum "
+                       f"({int(got[i]):016x}, expected {int(want[i]):016x})")
+        return out
 
     def check_file(self, fname: str) -> list[str]:
         """Hash every chunk of ``fname``: the messages of the chunks that differ from their
@@ -262,32 +294,28 @@ class Shard:
         """
         size = self.entry.files[fname].size
         if fname == "checksums.bin":
-            raw = self.sums.view(np.uint8)
-            digests = [xxh3_64(raw[a:a + T.CHECKSUM_CHUNK]) for a in range(0, max(size, 1), T.CHECKSUM_CHUNK)]
-            got = f"{xxh3_64(np.asarray(digests, dtype='<u8').tobytes()):016x}"
+            got = f"{xxh3_64(block_digests(self.sums.view(np.uint8), self.block).tobytes()):016x}"
             want = self.entry.files[fname].xxh3
             return [] if got == want else [f"checksums.bin: hashes to {got}, the manifest records {want}"]
+        self.digests(fname)
         out = []
-        for c in range(T.num_chunks(size)):
-            try:
-                self.check_chunk(fname, c)
-            except IntegrityError as exc:
-                out.append(str(exc))
+        n, step = T.num_chunks(size, self.block), max(1, VERIFY_BYTES // self.block)
+        for c in range(0, n, step):
+            out += self.bad_blocks(fname, c, min(step, n - c))
         return out
 
     def _check_whole(self, fname: str) -> None:
-        for c in range(T.num_chunks(self.entry.files[fname].size)):
-            self.check_chunk(fname, c)
+        self.check_chunk(fname, 0, T.num_chunks(self.entry.files[fname].size, self.block))
 
     def check_metadata_range(self, a: int, b: int) -> None:
         """Check the ``metadata.bin`` chunks under bytes ``[a, b)`` not checked before."""
         ok = self._meta_ok
         if ok is None or b <= a:
             return
-        for c in range(a // T.CHECKSUM_CHUNK, (b - 1) // T.CHECKSUM_CHUNK + 1):
-            if not ok[c]:
-                self.check_chunk("metadata.bin", c)
-                ok[c] = 1
+        first, last = a // self.block, (b - 1) // self.block + 1
+        if not ok[first:last].all():
+            self.check_chunk("metadata.bin", first, last - first)
+            ok[first:last] = 1
 
     def max_token(self) -> int:
         """The largest token id in ``tokens.bin`` (read in blocks of 4 Mi records)."""
@@ -365,10 +393,17 @@ class ChunkChecks:
         """Whether chunk ``chunk`` of shard ``shard``'s ``tokens.bin`` was checked."""
         return bool(self.maps[shard][chunk])
 
-    def mark(self, shard: int, chunk: int) -> None:
-        if not self.maps[shard][chunk]:
-            self.maps[shard][chunk] = 1
-            self.pending -= 1
+    def mark(self, shard: int, chunk: int, count: int = 1) -> None:
+        """Blocks ``[chunk, chunk + count)`` of ``shard`` checked."""
+        m = self.maps[shard][chunk:chunk + count]
+        self.pending -= int((m == 0).sum())
+        m[:] = 1
+
+    def reset(self, shard: int) -> None:
+        """Every block of ``shard`` unchecked again (a remote copy let go)."""
+        m = self.maps[shard]
+        self.pending += int((m != 0).sum())
+        m[:] = 0
 
     def mark_shard(self, shard: int, chunks: int) -> None:
         """Every chunk of ``shard`` checked (after a full verify)."""

@@ -22,16 +22,25 @@ one thread at a time; pread descriptors stay open until the read that pinned the
 It pickles as its folder and options, and works in forked, forkserver and spawned workers.
 
 Checksums (``verify=True``, the default): each shard's ``checksums.bin`` holds the XXH3
-digest of every 16 MiB chunk of its data files. The index files are checked in full at open
-(a writer keeps each within 64 MiB); a chunk of ``tokens.bin`` or ``metadata.bin`` is checked
-the first time a read touches it, so a flipped bit is an :class:`IntegrityError` naming the
-file and the chunk, never a wrong token. :meth:`TokenStreamReader.verify` checks everything.
+digest of every block of its data files (1 KiB by default from format version 2, 16 MiB in
+version 1). The index files are checked in full at open (a writer keeps each within 64 MiB); a
+block of ``tokens.bin`` or ``metadata.bin`` is checked the first time a read touches it, so a
+flipped bit is an :class:`IntegrityError` naming the file and the block, never a wrong token.
+:meth:`TokenStreamReader.verify` checks everything.
+
+A dataset at a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``) is read through the
+object-storage backend (:mod:`zerobatch.readers.remote`): opening reads the manifest alone,
+a shard's indexes are fetched the first time a read touches it, and each read fetches the
+checksum blocks under its windows (checked, kept in a bounded local cache) before the same
+kernels read them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -41,12 +50,16 @@ from zerobatch.core import WindowGather, xxh3_64
 from zerobatch.core.checks import as_positions, check_count
 from zerobatch.core.io import read_document
 from zerobatch.core.pool import shared_pool
+from zerobatch.core.remote import ObjectStore, is_url, local_path, redact
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import (ConfigError, CorruptError, LimitExceededError, NotFoundError, OutOfRangeError,
                                      ZerobatchError)
 from zerobatch.readers._tokstream_metadata import MetadataObjects, WindowMetadata, decoder
 from zerobatch.readers._tokstream_shard import ChunkChecks, Shard
+from zerobatch.readers._tokstream_remote import RemoteShards, placeholder_documents
 from zerobatch.readers.backends import Backend, open_backend
+from zerobatch.readers.remote import DEFAULT_CACHE_LIMIT, DEFAULT_FETCH_THREADS, CacheDir, Fetcher, RemoteBackend, \
+    cache_root
 from zerobatch.readers.base import BatchReader, OpensOnFirstUse
 
 __all__ = ["TokenStreamReader", "VerifyReport", "WindowMetadata"]
@@ -100,6 +113,12 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         max_open_files: pread backend: descriptors kept open at most (least recently used
             closed first); default a quarter of ``RLIMIT_NOFILE``, at most 1024. A batch
             touching more shards than that is read shard piece by shard piece.
+        storage_options: a URL's store configuration (credentials, ``endpoint``, ``region``,
+            ...: see :mod:`zerobatch.core.remote`); the standard environment is read too.
+        cache_dir: a URL's local cache folder (default ``$ZEROBATCH_CACHE_DIR``, else
+            ``~/.cache/zerobatch``), shared by the processes of the machine.
+        cache_limit: bytes of disk the cache folder is kept under (default 16 GiB).
+        fetch_threads: a URL's requests in flight at most (default 32).
 
     Attributes:
         num_tokens, num_documents: totals over all shards (64-bit).
@@ -113,21 +132,40 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
     """
 
     def __init__(self, folder: str | os.PathLike[str], *, backend: str = "mmap", num_threads: int = 1,
-                 verify: bool = True, max_open_files: int | None = None) -> None:
-        self.folder = os.path.abspath(os.fspath(folder))
+                 verify: bool = True, max_open_files: int | None = None,
+                 storage_options: dict[str, Any] | None = None, cache_dir: str | os.PathLike[str] | None = None,
+                 cache_limit: int | None = None, fetch_threads: int | None = None) -> None:
+        folder = local_path(folder)
+        self._store: ObjectStore | None = None
+        self._remote_options = {"storage_options": storage_options, "cache_dir": cache_dir,
+                                "cache_limit": cache_limit, "fetch_threads": fetch_threads}
+        if is_url(folder):
+            self._store = ObjectStore(folder, storage_options)
+            self.folder = self._store.url
+            backend = "remote"
+        else:
+            self.folder = os.path.abspath(os.fspath(folder))
         if not isinstance(verify, bool):
             raise ConfigError(f"verify must be True or False, got {verify!r}", field="verify")
         self.verify_checksums = verify
-        if backend not in ("mmap", "pread"):
+        if backend not in ("mmap", "pread", "remote") or (backend == "remote" and self._store is None):
             raise ConfigError(f"backend must be 'mmap' or 'pread', got {backend!r}", field="backend")
         self.backend = backend
         self.num_threads = check_count(num_threads, "num_threads", minimum=1, maximum=256)
-        path = os.path.join(self.folder, T.MANIFEST_NAME)
-        try:
-            raw = read_document(path, limit=T.MAX_MANIFEST_BYTES, field="manifest")
-        except FileNotFoundError:
-            raise NotFoundError("manifest.json: not found (not a tokstream dataset, or unfinished)", path=path,
-                                field="manifest") from None
+        if self._store is not None:
+            path = self._store.name(T.MANIFEST_NAME)
+            try:
+                raw = self._store.get(T.MANIFEST_NAME, limit=T.MAX_MANIFEST_BYTES, field="manifest")
+            except NotFoundError:
+                raise NotFoundError("manifest.json: not found (not a tokstream dataset, or unfinished)", path=path,
+                                    field="manifest") from None
+        else:
+            path = os.path.join(self.folder, T.MANIFEST_NAME)
+            try:
+                raw = read_document(path, limit=T.MAX_MANIFEST_BYTES, field="manifest")
+            except FileNotFoundError:
+                raise NotFoundError("manifest.json: not found (not a tokstream dataset, or unfinished)", path=path,
+                                    field="manifest") from None
         self.manifest = T.parse_manifest(raw, path=path)
         m = self.manifest
         ids, record = T.build_id_material(m.options(), m.shards)
@@ -138,9 +176,20 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         self.token_dtype = np.dtype(m.token_dtype)
         self.itemsize = T.record_itemsize(m.token_dtype, m.metadata)
         self._decode = decoder(m.codec, self.folder)
-        self._shards: list[Shard] = []
+        self._shards: list[Shard] | RemoteShards = []
         self._gather: WindowGather | None = None
+        self._gather_shards = -1
         self._backends: dict[str, Backend] = {}
+        counts = [e.num_tokens for e in m.shards]
+        self.cum_tokens = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+        self.cum_documents = np.concatenate(
+            [[0], np.cumsum([e.num_documents for e in m.shards], dtype=np.int64)]).astype(np.int64)
+        self.num_tokens = int(self.cum_tokens[-1])
+        self.num_documents = int(self.cum_documents[-1])
+        if self._store is not None:
+            self._open_remote(max_open_files)
+            self.closed = False
+            return
         options: dict[str, Any] = {}
         if backend == "pread":
             if max_open_files is not None:
@@ -159,13 +208,8 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             self.close()
             raise
         self._tokens = self._backends["tokens.bin"]
-        counts = [e.num_tokens for e in m.shards]
-        self.cum_tokens = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
-        self.cum_documents = np.concatenate(
-            [[0], np.cumsum([e.num_documents for e in m.shards], dtype=np.int64)]).astype(np.int64)
-        self.num_tokens = int(self.cum_tokens[-1])
-        self.num_documents = int(self.cum_documents[-1])
-        self._checks = ChunkChecks([T.num_chunks(e.files["tokens.bin"].size) if verify else 0 for e in m.shards])
+        self._checks = ChunkChecks([T.num_chunks(e.files["tokens.bin"].size, m.block) if verify else 0
+                                    for e in m.shards])
         if self._shards:
             bases = self._tokens.addresses()
             self._gather = WindowGather(bases, self.cum_tokens, self.itemsize, self.token_dtype.itemsize,
@@ -174,6 +218,153 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                                         [s.metadata_index for s in self._shards] if m.metadata else None,
                                         num_shards=len(self._shards))
         self.closed = False
+
+    def _open_remote(self, max_open_files: int | None) -> None:
+        """The object-storage backend (see :mod:`zerobatch.readers.remote`): nothing fetched
+        but the manifest; every shard on first use."""
+        m, opts = self.manifest, self._remote_options
+        n = len(m.shards)
+        for fname in BACKEND_FILES[:2 if m.metadata else 1]:
+            self._backends[fname] = RemoteBackend(n, max_open_files=max_open_files)
+        self._tokens = self._backends["tokens.bin"]
+        # a remote reader always checks: a block's digest is how it knows its copy holds it
+        self._checks = ChunkChecks([T.num_chunks(e.files["tokens.bin"].size, m.block) for e in m.shards])
+        limit = DEFAULT_CACHE_LIMIT if opts["cache_limit"] is None else opts["cache_limit"]
+        threads = DEFAULT_FETCH_THREADS if opts["fetch_threads"] is None else opts["fetch_threads"]
+        assert self._store is not None
+        self._shards = RemoteShards(self._store, m, self._backends, self._checks,  # type: ignore[arg-type]
+                                    CacheDir(cache_root(opts["cache_dir"]), limit), Fetcher(threads))
+        if n:
+            self._gather = WindowGather(None, self.cum_tokens, self.itemsize, self.token_dtype.itemsize,
+                                        self.vocab_size, [self._store.name(f"{e.name}/tokens.bin") for e in m.shards],
+                                        num_shards=n)
+
+    @property
+    def remote(self) -> bool:
+        """Whether the dataset is read from object storage."""
+        return self._store is not None
+
+    @property
+    def store(self) -> ObjectStore | None:
+        """The object store of a dataset at a URL (its request and byte counters), else
+        ``None``."""
+        return self._store
+
+    def _remote_gather(self, starts: np.ndarray, stops: np.ndarray) -> WindowGather:
+        """A remote dataset's window kernels with the indexes of every shard the ranges touch
+        (fetched now when not yet; the kernels are made again when a shard was added)."""
+        shards = self._shards
+        assert isinstance(shards, RemoteShards)
+        touched = self._shards_of(starts, stops).tolist() if starts.size else []
+        shards.open_all(touched)
+        opened = {sh.index: sh for sh in shards.opened()}
+        gather = self._gather
+        assert gather is not None and self._store is not None
+        if self._gather_shards != len(opened) or any(k not in opened for k in touched):
+            m = self.manifest
+            docs = [opened[k].documents if k in opened else placeholder_documents(e.num_tokens)
+                    for k, e in enumerate(m.shards)]
+            meta = None
+            if m.metadata:
+                meta = [opened[k].metadata_index if k in opened else np.zeros(1, np.uint64)
+                        for k in range(len(m.shards))]
+            gather = WindowGather(None, self.cum_tokens, self.itemsize, self.token_dtype.itemsize, self.vocab_size,
+                                  gather.paths, docs, meta, num_shards=len(m.shards))
+            self._gather, self._gather_shards = gather, len(opened)
+        return gather
+
+    def prefetch(self, starts: Any = None, length: int | None = None, stops: Any = None, *,
+                 documents: Any = None) -> None:
+        """Read-ahead hint: fetch, in the background, the blocks a later read will ask for:
+        of the windows ``[start, start + length)``, the ranges ``[start, stop)``, or the
+        ``documents`` (their first ``length`` tokens when given). Local datasets: nothing.
+        Errors are left to that read.
+
+        Args:
+            starts, length, stops: windows or ranges, as for :meth:`windows`.
+            documents: document indices instead.
+        """
+        if self._store is None or self._gather is None or self.closed:
+            return
+        shards = self._shards
+        assert isinstance(shards, RemoteShards)
+        if documents is not None:
+            docs = as_positions(documents, "documents")
+            width = None if length is None else check_count(length, "length")
+        else:
+            first = as_positions(starts, "starts")
+            last = first + check_count(length, "length") if stops is None else as_positions(stops, "stops")
+
+        def run() -> None:
+            with contextlib.suppress(ZerobatchError, OSError):
+                if documents is not None:
+                    a, b = self.document_spans(docs)
+                    span = (a, b if width is None else np.minimum(b, a + width))
+                else:
+                    span = (first, last)
+                with shards.lock.shared():
+                    self._fetch_tokens(*span)
+        shards.fetcher.ahead(run)
+
+    def _fetch_tokens(self, starts: np.ndarray, stops: np.ndarray) -> None:
+        """A remote dataset: every ``tokens.bin`` block the ranges touch held in the local
+        copies, checked. Blocks another thread is fetching are waited for, not fetched twice;
+        runs of blocks of different shards are fetched in parallel. (Under the shared lock.)"""
+        checks, shards, gather = self._checks, self._shards, self._gather
+        assert isinstance(shards, RemoteShards) and gather is not None
+        while True:
+            with checks.lock:
+                todo = gather.unchecked_chunks(starts, None, stops, checks.addresses, self.manifest.block, cap=1 << 16)
+                if not len(todo):
+                    return
+                mine: list[tuple[int, int]] = []
+                waits: set[threading.Event] = set()
+                event = threading.Event()
+                for key in map(tuple, todo.tolist()):
+                    other = shards.inflight.get(key)
+                    if other is None:
+                        shards.inflight[key] = event
+                        mine.append(key)
+                    else:
+                        waits.add(other)
+            try:
+                if mine:
+                    by_shard: dict[int, list[int]] = {}
+                    for k, b in sorted(mine):
+                        by_shard.setdefault(k, []).append(b)
+                    shards.open_all(list(by_shard))
+                    shards.use(list(by_shard))
+                    shards.fetcher.run_all([lambda k=k, bl=bl: shards[k].ensure("tokens.bin", bl)
+                                            for k, bl in by_shard.items()])
+                    with checks.lock:
+                        for k, b in mine:
+                            checks.mark(k, b)
+            finally:
+                if mine:
+                    with checks.lock:
+                        for key in mine:
+                            shards.inflight.pop(key, None)
+                    event.set()
+            for other in waits:
+                other.wait()
+
+    def _remote_read(self, starts: np.ndarray, stops: np.ndarray, gather: Callable[[Any], Any],
+                     piecewise: Callable[[], Any] | None) -> Any:
+        shards = self._shards
+        assert isinstance(shards, RemoteShards)
+        try:
+            with shards.lock.shared():
+                self._fetch_tokens(starts, stops)
+                with self._tokens.pinned(self._shards_of(starts, stops) if starts.size else ()) as table:
+                    if table is not None:
+                        return gather(table)
+                if piecewise is None:
+                    raise LimitExceededError(f"one read touches more shards than max_open_files allows "
+                                             f"({getattr(self._tokens, 'limit', 0)})", path=self.folder,
+                                             field="max_open_files")
+                return piecewise()
+        finally:
+            shards.maybe_evict()
 
     def __len__(self) -> int:
         """Tokens in the dataset."""
@@ -202,12 +393,17 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         # until the chunks it needs are checked, never reading one that is being checked
         with checks.lock:
             while True:
-                todo = self._gather.unchecked_chunks(starts, length, stops, checks.addresses, T.CHECKSUM_CHUNK)
+                todo = self._gather.unchecked_chunks(starts, length, stops, checks.addresses, self.manifest.block,
+                                                     cap=4096)
                 if not len(todo):
                     return
-                for shard, chunk in todo.tolist():
-                    self._shards[shard].check_chunk("tokens.bin", chunk)
-                    checks.mark(shard, chunk)
+                # runs of consecutive blocks of one shard: one read and one compiled hash each
+                todo = todo[np.lexsort((todo[:, 1], todo[:, 0]))]
+                cut = np.flatnonzero((np.diff(todo[:, 0]) != 0) | (np.diff(todo[:, 1]) != 1)) + 1
+                for run in np.split(todo, cut):
+                    shard, first, count = int(run[0, 0]), int(run[0, 1]), len(run)
+                    self._shards[shard].check_chunk("tokens.bin", first, count)
+                    checks.mark(shard, first, count)
 
     def _shards_of(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
         """The shards the ranges ``[starts, stops)`` touch."""
@@ -235,6 +431,8 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             if self._checks.pending:
                 self._check_tokens(starts, stops=stops)
             return gather(None)
+        if self._store is not None:
+            return self._remote_read(starts, stops, gather, piecewise)
         self._check_tokens(starts, stops=stops)
         with backend.pinned(self._shards_of(starts, stops) if starts.size else ()) as table:
             if table is not None:
@@ -335,10 +533,11 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         Raises:
             IndexError: a window outside ``[0, num_tokens)``.
         """
-        self._ready()
-        if self._gather is None:
-            raise OutOfRangeError("the dataset holds no tokens")
-        return self._gather.boundaries(starts, length, position_ids, segment_ids, cu_seqlens,
+        gather = self._ready()
+        if self._store is not None:
+            st = as_positions(starts, "starts")
+            gather = self._remote_gather(st, st + check_count(length, "length"))
+        return gather.boundaries(starts, length, position_ids, segment_ids, cu_seqlens,
                                        position_dtype=position_dtype, segments=segments)
 
     def windows_metadata(self, starts: Any, length: int, *, ids: np.ndarray | None = None,
@@ -386,6 +585,8 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                                   MetadataObjects(empty, self._shards, None, None), empty[:, :2])
         gather = self._gather
         starts = as_positions(starts, "starts")
+        if self._store is not None:
+            gather = self._remote_gather(starts, starts + length)
         ids, table = self._read(starts, starts + length,
                                 lambda fds: gather.metadata_ids(starts, length, ids, out, fds=fds),
                                 lambda: self._metadata_in_groups(starts, length, ids, out))
@@ -476,6 +677,8 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             if out.dtype not in (np.int64, np.int32):
                 raise ConfigError(f"dtype must be int64 or int32, got {out.dtype}", field="dtype")
         starts = as_positions(starts, "starts")
+        if self._store is not None:
+            gather = self._remote_gather(starts, starts + length)
 
         def piecewise() -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray, int]:
             self.windows(starts, length, out=out)
@@ -657,7 +860,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                 problems.append((os.path.join(sh.path, "tokens.bin"),
                                  f"token: id {top} is not below the vocabulary size {self.vocab_size}"))
             if self.verify_checksums and not any(p == os.path.join(sh.path, "tokens.bin") for p, _ in problems):
-                self._checks.mark_shard(k, T.num_chunks(sh.entry.files["tokens.bin"].size))
+                self._checks.mark_shard(k, T.num_chunks(sh.entry.files["tokens.bin"].size, self.manifest.block))
         return VerifyReport(self.folder, len(self._shards), files, done, tuple(problems))
 
     def verify_indexes(self) -> None:
@@ -675,8 +878,12 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         if self.__dict__.pop("_unpickled", None) is not None:
             return      # unpickled, never opened: nothing to release
         self._gather = None
-        for s in getattr(self, "_shards", []):
-            s.close()
+        shards = getattr(self, "_shards", [])
+        if isinstance(shards, RemoteShards):
+            shards.close()
+        else:
+            for s in shards:
+                s.close()
         self._shards = []
         for b in getattr(self, "_backends", {}).values():
             b.close()
@@ -688,16 +895,20 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
     def __getstate__(self) -> dict[str, Any]:
         # Pickled as its folder and options: each process (spawn / forkserver workers) maps
         # the files itself; the build id makes sure it finds the same dataset.
-        return {"folder": self.folder, "backend": self.backend, "num_threads": self.num_threads,
-                "verify": self.verify_checksums, "build_id": self.manifest.build_id}
+        folder = self._store.root if self._store is not None else self.folder
+        return {"folder": folder, "backend": self.backend, "num_threads": self.num_threads,
+                "verify": self.verify_checksums, "build_id": self.manifest.build_id,
+                "remote": self._remote_options}
 
     def _unpickled_attributes(self, state: dict[str, Any]) -> dict[str, Any]:
-        return {"folder": state["folder"], "backend": state["backend"], "num_threads": state["num_threads"],
+        folder = redact(state["folder"]) if is_url(state["folder"]) else state["folder"]
+        return {"folder": folder, "backend": state["backend"], "num_threads": state["num_threads"],
                 "verify_checksums": state["verify"], "closed": False}
 
     def _reopen(self, state: dict[str, Any]) -> None:
-        self.__init__(state["folder"], backend=state["backend"], num_threads=state["num_threads"],
-                      verify=state["verify"])
+        remote = state.get("remote") or {}
+        self.__init__(state["folder"], backend="mmap" if state["backend"] == "remote" else state["backend"],
+                      num_threads=state["num_threads"], verify=state["verify"], **remote)
         if self.manifest.build_id != state["build_id"]:
             build = self.manifest.build_id
             self.close()

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.core import max_u32, xxh3_64
+from zerobatch.core import hash_slots, max_u32, xxh3_64
 from zerobatch.core.io import AtomicFile, make_folder, read_document
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import ConfigError, FormatError, LimitExceededError, NotFoundError, ReadError
@@ -67,12 +67,12 @@ class _HashedFile:
     """An atomic file whose payload is checksummed (chunked XXH3) as it is written, and which
     ends with the shard trailer on commit."""
 
-    def __init__(self, path: str, build_id: bytes, kind: int) -> None:
+    def __init__(self, path: str, build_id: bytes, kind: int, block: int) -> None:
         self.file = AtomicFile(path)
-        self.build_id, self.kind = build_id, kind
+        self.build_id, self.kind, self.block = build_id, kind, block
         self.size = 0
         self._pending = bytearray()
-        self._digests: list[int] = []
+        self._digests: list[np.ndarray] = []
 
     def write(self, data: Any) -> None:
         view = memoryview(data).cast("B")
@@ -80,25 +80,28 @@ class _HashedFile:
             return
         self.file.write(view)
         self.size += len(view)
-        chunk = T.CHECKSUM_CHUNK
+        block = self.block
         at = 0
         if self._pending:
-            # complete the chunk begun by earlier writes
-            at = min(chunk - len(self._pending), len(view))
+            # complete the block begun by earlier writes
+            at = min(block - len(self._pending), len(view))
             self._pending += view[:at]
-            if len(self._pending) < chunk:
+            if len(self._pending) < block:
                 return
-            self._digests.append(xxh3_64(self._pending))
+            self._digests.append(np.array([xxh3_64(self._pending)], dtype="<u8"))
             self._pending.clear()
-        # whole chunks are hashed straight from the caller's buffer; only a tail is kept
-        whole = at + (len(view) - at) // chunk * chunk
-        self._digests.extend(xxh3_64(view[i:i + chunk]) for i in range(at, whole, chunk))
-        self._pending += view[whole:]
+        # whole blocks are hashed straight from the caller's buffer, in one compiled call;
+        # only a tail is kept
+        count = (len(view) - at) // block
+        if count:
+            self._digests.append(hash_slots(view, at, block, count))
+        self._pending += view[at + count * block:]
 
     def digests(self) -> np.ndarray:
-        """The chunk digests of the payload (``T.num_chunks(size)`` of them, as ``<u8``)."""
-        tail = [xxh3_64(bytes(self._pending))] if self._pending or not self._digests else []
-        return np.asarray(self._digests + tail, dtype="<u8")
+        """The block digests of the payload (``T.num_chunks(size, block)`` of them, as ``<u8``)."""
+        tail = [np.array([xxh3_64(bytes(self._pending))], dtype="<u8")] \
+            if self._pending or not self._digests else []
+        return np.concatenate(self._digests + tail).astype("<u8", copy=False)
 
     def checksum(self) -> str:
         return f"{xxh3_64(self.digests().tobytes()):016x}"
@@ -125,6 +128,8 @@ class ShardWriter:
         metadata: store a ``metadata_id`` per token and the metadata blobs.
         eod_token: the end-of-document token id, if the data has one (recorded only).
         codec: the metadata serializer (``"json"``, ``"numpy"``, ``"bytes"``, ``"pickle"``).
+        checksum_block: bytes per checksum block (a power of two from 512 to 16 MiB; default
+            1 KiB): a reader checks, and a remote reader fetches, whole blocks.
 
     Use as a context manager, or call :meth:`close` (commit) / :meth:`abort`.
 
@@ -134,7 +139,12 @@ class ShardWriter:
     """
 
     def __init__(self, folder: str | os.PathLike[str], name: str, *, vocab_size: int, metadata: bool = False,
-                 eod_token: int | None = None, codec: str = "json") -> None:
+                 eod_token: int | None = None, codec: str = "json",
+                 checksum_block: int = T.DEFAULT_CHECKSUM_BLOCK) -> None:
+        try:
+            self.checksum_block = T.check_block(checksum_block)
+        except FormatError as exc:
+            raise ConfigError(exc.message, field="checksum_block") from None
         if not isinstance(name, str) or not T._SHARD_NAME.match(name):
             raise ConfigError(f"name: {name!r} is not a valid shard name (letters, digits, '._-')", field="name")
         self.token_dtype = T.token_dtype_for_vocab(vocab_size)
@@ -160,7 +170,8 @@ class ShardWriter:
         self._files: dict[str, _HashedFile] = {}
         try:
             for fname in T.data_files(self.metadata):
-                self._files[fname] = _HashedFile(os.path.join(self.path, fname), self._build, T.FILE_KINDS[fname])
+                self._files[fname] = _HashedFile(os.path.join(self.path, fname), self._build, T.FILE_KINDS[fname],
+                                                self.checksum_block)
         except BaseException:
             self.abort()
             raise
@@ -258,7 +269,7 @@ class ShardWriter:
 
     def options(self) -> dict[str, Any]:
         return {"token_dtype": self.token_dtype, "vocab_size": self.vocab_size, "metadata": self.metadata,
-                "eod_token": self.eod_token, "codec": self.codec}
+                "eod_token": self.eod_token, "codec": self.codec, "checksum_block": self.checksum_block}
 
     def close(self) -> T.ShardEntry:
         """Finish the shard: commit every file, then ``shard.json``.
@@ -272,7 +283,8 @@ class ShardWriter:
             self._files["documents.index"].write(np.array([self.num_tokens], dtype="<u8"))
             files = {fname: f.commit() for fname, f in self._files.items()}
             # the chunk digests of every data file, so that a reader checks chunks on first use
-            sums = _HashedFile(os.path.join(self.path, "checksums.bin"), self._build, T.FILE_KINDS["checksums.bin"])
+            sums = _HashedFile(os.path.join(self.path, "checksums.bin"), self._build, T.FILE_KINDS["checksums.bin"],
+                               self.checksum_block)
             self._files["checksums.bin"] = sums
             for fname in T.data_files(self.metadata):
                 sums.write(self._files[fname].digests())
@@ -354,9 +366,9 @@ def assemble(folder: str | os.PathLike[str], shards: Iterable[str] | None = None
                               field="shard.name")
         options = options or opts
         if opts != options:
-            diff = sorted(k for k in opts if opts[k] != options[k])
-            raise FormatError(f"{diff[0]}: shard {name!r} has {opts[diff[0]]!r} but the dataset has "
-                              f"{options[diff[0]]!r}", path=path, field=diff[0])
+            diff = sorted(k for k in set(opts) | set(options) if opts.get(k) != options.get(k))
+            raise FormatError(f"{diff[0]}: shard {name!r} has {opts.get(diff[0])!r} but the dataset has "
+                              f"{options.get(diff[0])!r}", path=path, field=diff[0])
         entries.append(entry)
     ids, record = T.build_id_material(options, entries)
     build_id = f"{xxh3_64(ids):016x}{xxh3_64(record):016x}"
@@ -372,18 +384,19 @@ class TokenStreamWriter:
 
     Args:
         folder: the dataset folder.
-        vocab_size, metadata, eod_token, codec: as for :class:`ShardWriter`.
+        vocab_size, metadata, eod_token, codec, checksum_block: as for :class:`ShardWriter`.
         shard_tokens: start a new shard once the current one holds this many tokens.
         prefix: shard names are ``f"{prefix}{k:05d}"``.
     """
 
     def __init__(self, folder: str | os.PathLike[str], *, vocab_size: int, metadata: bool = False,
                  eod_token: int | None = None, codec: str = "json", shard_tokens: int = T.DEFAULT_SHARD_TOKENS,
-                 prefix: str = "shard-") -> None:
+                 prefix: str = "shard-", checksum_block: int = T.DEFAULT_CHECKSUM_BLOCK) -> None:
         if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
             raise ConfigError(f"shard_tokens must be a positive integer, got {shard_tokens!r}", field="shard_tokens")
         self.folder = make_folder(folder)
-        self._kw = {"vocab_size": vocab_size, "metadata": metadata, "eod_token": eod_token, "codec": codec}
+        self._kw = {"vocab_size": vocab_size, "metadata": metadata, "eod_token": eod_token, "codec": codec,
+                    "checksum_block": checksum_block}
         self.shard_tokens = shard_tokens
         if not isinstance(prefix, str) or not T._SHARD_NAME.match(prefix + "00000"):
             raise ConfigError(f"prefix: {prefix!r} does not make valid shard names", field="prefix")

@@ -82,6 +82,12 @@ class TokenWindows(Source):
             return 1
         return max(1, CHUNK_BYTES // (items_per_step * self.length * 8))
 
+    def prepare(self, items: np.ndarray) -> None:
+        """A dataset at a URL: the blocks of these windows fetched in the background, steps
+        ahead of their read (the schedule is known)."""
+        if self.reader.remote:
+            self.reader.prefetch(self.reader.window_starts(items.reshape(-1), self.length, self.stride), self.length)
+
     def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any] | list[dict[str, Any]]:
         steps, per = items.shape
         reader, length = self.reader, self.length
@@ -144,6 +150,12 @@ class TokenDocuments(Source):
 
     def chunk_steps(self, items_per_step: int) -> int:
         return max(1, CHUNK_BYTES // (items_per_step * self.width * 9))
+
+    def prepare(self, items: np.ndarray) -> None:
+        """A dataset at a URL: these documents' blocks fetched in the background, steps ahead
+        of their read."""
+        if self.reader.remote:
+            self.reader.prefetch(documents=items.reshape(-1), length=self.width)
 
     def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
         steps, per = items.shape

@@ -1,0 +1,413 @@
+"""Object storage: the bytes of a dataset that lives at a URL (``s3://``, ``gs://``, ``az://``,
+``http(s)://``), read by exact byte ranges and written object by object.
+
+Built on obstore (the Rust ``object_store`` crate: S3 and S3-compatible stores, GCS, Azure
+and HTTP behind one API, many ranged requests in flight, the GIL released while they run),
+installed by the ``remote`` extra. It is imported here only, and only when a URL is opened, so
+local users install and import nothing new.
+
+:class:`ObjectStore` wraps one store and adds what the readers and writers need of it:
+
+- **Retries**: every request is retried with exponential backoff and full jitter (AWS's
+  "exponential backoff and jitter") on throttling (429, 503 SlowDown), server errors,
+  connection resets, timeouts and short bodies (a range answered with fewer bytes than asked
+  for), up to a budget of attempts and seconds (:class:`RetryPolicy`); then a
+  :class:`~zerobatch.formats.errors.ReadError` names the URL and the byte range. obstore's own
+  retry loop is turned off so that one policy, with one budget, decides. A missing object
+  is not retried (:class:`~zerobatch.formats.errors.NotFoundError`), nor are refused
+  credentials.
+- **Fork safety**: obstore's client is not fork-safe; a store used in a process other than
+  the one that made its client (a forked ``DataLoader`` worker) makes a new client there.
+- **No secret printed**: messages and ``repr`` name the URL without user information or
+  query string (Azure SAS tokens, signed URLs), and never the ``storage_options``.
+- **Counters**: requests made and bytes fetched (:attr:`ObjectStore.requests`,
+  :attr:`ObjectStore.bytes_fetched`), for read-amplification figures.
+
+Credentials and endpoints come from the standard places: the ``AWS_*`` environment
+(``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``,
+``AWS_ENDPOINT_URL`` for S3-compatible stores, ``AWS_PROFILE`` is not read), ``GOOGLE_*`` for
+GCS, ``AZURE_*`` for Azure, or a ``storage_options`` mapping of obstore's configuration keys
+(``endpoint``, ``region``, ``access_key_id``, ``secret_access_key``, ``session_token``,
+``skip_signature``, ``client_options``, ...). A plain-HTTP endpoint (a local S3 server) is
+allowed without further options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from zerobatch.formats.errors import ConfigError, NotFoundError, ReadError, TruncatedError, WriteError
+
+__all__ = ["SCHEMES", "ObjectStore", "RetryPolicy", "is_url", "local_path", "redact", "split_url"]
+
+#: URL schemes opened through obstore (``file://`` URLs are local paths).
+SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "http", "https")
+
+_T = TypeVar("_T")
+
+
+def is_url(path: Any) -> bool:
+    """Whether ``path`` is a URL (``scheme://...``) rather than a local path."""
+    if not isinstance(path, str):
+        return False
+    scheme, sep, _ = path.partition("://")
+    return bool(sep) and scheme.lower() in SCHEMES + ("file",)
+
+
+def local_path(path: Any) -> Any:
+    """``file:///x`` as ``/x`` (percent-decoded); anything else unchanged."""
+    if isinstance(path, str) and path[:7].lower() == "file://":
+        parsed = urllib.parse.urlparse(path)
+        if parsed.netloc not in ("", "localhost"):
+            raise ConfigError(f"file URL {path!r}: only local files (file:///path) are supported", field="path")
+        return urllib.parse.unquote(parsed.path)
+    return path
+
+
+def redact(url: str) -> str:
+    """``url`` without user information, query string or fragment (they may hold secrets)."""
+    try:
+        p = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<url>"
+    host = p.hostname or ""
+    if p.port:
+        host = f"{host}:{p.port}"
+    return urllib.parse.urlunsplit((p.scheme, host, p.path, "", ""))
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(root, key)``: the store's root URL (``s3://bucket``) and the path under it."""
+    p = urllib.parse.urlsplit(url)
+    if p.scheme.lower() in ("http", "https"):
+        return urllib.parse.urlunsplit((p.scheme, p.netloc, "", "", "")), p.path.strip("/")
+    return f"{p.scheme}://{p.netloc}", p.path.strip("/")
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """How requests are retried: up to ``attempts`` tries in all, the ``k``-th retry after a
+    delay drawn uniformly from ``[0, min(max_delay, base_delay * 2**k)]`` (full jitter), and
+    none started after ``deadline`` seconds from the first try."""
+
+    attempts: int = 10
+    base_delay: float = 0.05
+    max_delay: float = 5.0
+    deadline: float = 120.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
+            raise ConfigError(f"attempts must be a positive integer, got {self.attempts!r}", field="attempts")
+        for name in ("base_delay", "max_delay", "deadline"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ConfigError(f"{name} must be a non-negative number of seconds, got {v!r}", field=name)
+
+    def delay(self, retry: int, rng: random.Random) -> float:
+        return rng.uniform(0.0, min(self.max_delay, self.base_delay * (2 ** min(retry, 30))))
+
+
+class _ShortBody(Exception):
+    """A body with fewer bytes than asked for (retried)."""
+
+    def __init__(self, got: int = 0, want: int = 0) -> None:
+        super().__init__(f"short body: {got} of {want} bytes")
+        self.got, self.want = got, want
+
+
+def _obstore() -> Any:
+    try:
+        import obstore
+    except ImportError:
+        raise ConfigError("reading or writing a URL needs obstore: pip install 'zerobatch-readers[remote]' "
+                          "(or 'obstore')", field="path") from None
+    return obstore
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    line = text[0] if text else type(exc).__name__
+    # obstore names the request's URI; drop any query string (a signature)
+    out = []
+    for word in line.split(" "):
+        if "://" in word and "?" in word:
+            word = word.split("?", 1)[0]
+        out.append(word)
+    return " ".join(out)[:400]
+
+
+def _fatal(exc: BaseException) -> bool:
+    """Errors a retry cannot heal: a missing object, refused credentials, bad configuration."""
+    name = type(exc).__name__
+    return isinstance(exc, (FileNotFoundError, PermissionError, ValueError, TypeError)) or name in (
+        "PermissionDeniedError", "UnauthenticatedError", "UnknownConfigurationKeyError", "InvalidPathError",
+        "NotSupportedError", "PreconditionError", "AlreadyExistsError", "NotFoundError")
+
+
+class ObjectStore:
+    """A folder of objects at a URL (see the module documentation).
+
+    Args:
+        url: ``s3://bucket/prefix``, ``gs://...``, ``az://...``, ``https://host/path``.
+        storage_options: obstore configuration (credentials, ``endpoint``, ``region``,
+            ``client_options``, ...); the environment is read as well.
+        retry: the retry policy (default :class:`RetryPolicy`).
+
+    Raises:
+        ConfigError: not a URL, or obstore is missing.
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
+                 retry: RetryPolicy | None = None) -> None:
+        if not is_url(url) or url[:7].lower() == "file://":
+            raise ConfigError(f"not an object-store URL: {redact(str(url))!r}", field="path")
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise ConfigError("storage_options must be a dict of obstore configuration keys", field="storage_options")
+        self.root = url.rstrip("/")
+        self.url = redact(self.root)
+        self._options = dict(storage_options or {})
+        self.retry = retry or RetryPolicy()
+        self._client: Any = None
+        self._pid = -1
+        self._lock = threading.Lock()
+        self._stats = [0, 0]   # requests, bytes fetched
+        self._rng = random.Random()
+        _obstore()
+
+    def __repr__(self) -> str:
+        return f"ObjectStore({self.url!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pickled into spawned workers: the options travel (they are needed there), the
+        # client does not
+        return {"root": self.root, "options": self._options, "retry": self.retry}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["root"], state["options"], retry=state["retry"])
+
+    # -- the client -----------------------------------------------------------------------
+
+    def _make_client(self) -> Any:
+        from obstore.store import from_url
+        opts = dict(self._options)
+        client = dict(opts.pop("client_options", None) or {})
+        endpoint = opts.get("endpoint") or (os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT")
+                                            if self.root.lower().startswith(("s3://", "s3a://")) else None)
+        if (endpoint and str(endpoint).startswith("http://")) or self.root.lower().startswith("http://"):
+            client.setdefault("allow_http", True)
+        # one retry policy (ours) decides; obstore's own loop would multiply the attempts
+        opts.setdefault("retry_config", {"max_retries": 0})
+        try:
+            return from_url(self.root, client_options=client or None, **opts)
+        except BaseException as exc:  # pyo3 raises PanicException (a BaseException) on bad keys
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            keys = sorted(self._options)
+            raise ConfigError(f"cannot open the store: {_first_line(exc)} (storage_options keys: {keys})",
+                              path=self.url, field="storage_options") from None
+
+    @property
+    def client(self) -> Any:
+        """The obstore store, made in this process (again after a fork)."""
+        pid = os.getpid()
+        if self._client is None or self._pid != pid:
+            with self._lock:
+                if self._client is None or self._pid != pid:
+                    self._client = self._make_client()
+                    self._pid = pid
+        return self._client
+
+    def name(self, key: str) -> str:
+        """The URL of ``key`` (for messages)."""
+        return f"{self.url}/{key}" if key else self.url
+
+    @property
+    def requests(self) -> int:
+        """Requests made (retries included)."""
+        return self._stats[0]
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Bytes received from the store."""
+        return self._stats[1]
+
+    def _count(self, requests: int, nbytes: int) -> None:
+        with self._lock:
+            self._stats[0] += requests
+            self._stats[1] += nbytes
+
+    # -- the retry loop -------------------------------------------------------------------
+
+    def _call(self, what: str, key: str, field: str, fn: Callable[[], _T], *, write: bool = False) -> _T:
+        policy = self.retry
+        t0 = time.monotonic()
+        last: BaseException | None = None
+        for attempt in range(policy.attempts):
+            if attempt:
+                time.sleep(policy.delay(attempt - 1, self._rng))
+                if time.monotonic() - t0 > policy.deadline:
+                    break
+            try:
+                return fn()
+            except _ShortBody as exc:
+                last = exc
+            except BaseException as exc:
+                if isinstance(exc, (KeyboardInterrupt, SystemExit, ConfigError, MemoryError)):
+                    raise
+                if isinstance(exc, FileNotFoundError):
+                    raise NotFoundError(f"{what}: no such object", path=self.name(key), field=field) from None
+                if _fatal(exc):
+                    cls = WriteError if write else ReadError
+                    raise cls(f"{what}: {_first_line(exc)}", path=self.name(key), field=field) from None
+                last = exc
+        tries = attempt + 1
+        if isinstance(last, _ShortBody) and not write:
+            raise TruncatedError(f"{what}: the object ended early on every one of {tries} tries ({last.got} of "
+                                 f"{last.want} bytes): it is shorter than its dataset says", path=self.name(key),
+                                 field=field) from None
+        cls = WriteError if write else ReadError
+        raise cls(f"{what}: failed after {tries} tries in {time.monotonic() - t0:.1f} s: {_first_line(last)}",
+                  path=self.name(key), field=field) from None
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def get(self, key: str, *, limit: int, field: str = "object") -> bytes:
+        """The whole object ``key`` (at most ``limit`` bytes).
+
+        Raises:
+            NotFoundError: no such object.
+            LimitExceededError-like ReadError: larger than ``limit``.
+            ReadError: the request failed after the retry budget.
+        """
+        obs = _obstore()
+
+        def once() -> bytes:
+            result = obs.get(self.client, key)
+            size = int(result.meta["size"])
+            if size > limit:
+                raise _TooLarge(size)
+            data = bytes(result.bytes())
+            self._count(1, len(data))
+            if len(data) != size:
+                raise _ShortBody(len(data), size)
+            return data
+        try:
+            return self._call("GET", key, field, once)
+        except _TooLarge as exc:
+            from zerobatch.formats.errors import LimitExceededError
+            raise LimitExceededError(f"{field}: {exc.size} bytes exceeds the limit of {limit}", path=self.name(key),
+                                     field=field) from None
+
+    def get_ranges(self, key: str, starts: Sequence[int], stops: Sequence[int], *,
+                   field: str = "bytes") -> list[memoryview]:
+        """Bytes ``[starts[i], stops[i])`` of object ``key``, each exactly (many requests in
+        flight; ranges less than 64 KiB apart are fetched by one request).
+
+        Raises:
+            TruncatedError: the object ends before a range does (it is shorter than its
+                manifest says).
+            ReadError: a request failed after the retry budget (naming the byte range).
+        """
+        if not len(starts):
+            return []
+        obs = _obstore()
+        starts, stops = [int(a) for a in starts], [int(b) for b in stops]
+        want = sum(b - a for a, b in zip(starts, stops, strict=True))
+        span = f"bytes [{min(starts)}, {max(stops)})"
+
+        def once() -> list[memoryview]:
+            parts = obs.get_ranges(self.client, key, starts=starts, ends=stops, coalesce=COALESCE_BYTES)
+            out = [memoryview(p) for p in parts]
+            got = sum(len(p) for p in out)
+            self._count(_requests(starts, stops), got)
+            if got != want or any(len(p) != b - a for p, a, b in zip(out, starts, stops, strict=True)):
+                raise _ShortBody(got, want)
+            return out
+        return self._call("GET", key, span, once)
+
+    def get_range(self, key: str, start: int, stop: int) -> memoryview:
+        """Bytes ``[start, stop)`` of object ``key`` (see :meth:`get_ranges`)."""
+        return self.get_ranges(key, [start], [stop])[0]
+
+    def head(self, key: str) -> int | None:
+        """The size of object ``key``, or ``None`` when there is none."""
+        obs = _obstore()
+
+        def once() -> int:
+            self._count(1, 0)
+            return int(obs.head(self.client, key)["size"])
+        try:
+            return self._call("HEAD", key, "object", once)
+        except NotFoundError:
+            return None
+
+    def list(self, prefix: str = "") -> list[tuple[str, int]]:
+        """``(key, size)`` of every object under ``prefix`` (keys relative to the store)."""
+        obs = _obstore()
+
+        def once() -> list[tuple[str, int]]:
+            out = []
+            for batch in obs.list(self.client, prefix or None):
+                self._count(1, 0)
+                out += [(o["path"], int(o["size"])) for o in batch]
+            return out
+        return self._call("LIST", prefix, "prefix", once)
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def put(self, key: str, data: Any) -> None:
+        """Write object ``key`` from bytes or a local file path (large files go up in
+        parts, obstore's multipart upload); the object appears whole or not at all."""
+        obs = _obstore()
+
+        def once() -> None:
+            if isinstance(data, (str, os.PathLike)):
+                with open(data, "rb") as f:
+                    obs.put(self.client, key, f, chunk_size=PART_BYTES, max_concurrency=8)
+            else:
+                obs.put(self.client, key, bytes(data) if not isinstance(data, bytes) else data)
+            self._count(1, 0)
+        self._call("PUT", key, "object", once, write=True)
+
+    def delete(self, key: str) -> None:
+        """Remove object ``key`` (nothing when there is none)."""
+        obs = _obstore()
+
+        def once() -> None:
+            self._count(1, 0)
+            try:
+                obs.delete(self.client, key)
+            except FileNotFoundError:
+                pass
+        self._call("DELETE", key, "object", once, write=True)
+
+
+class _TooLarge(Exception):
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+#: Ranges of one object less than this far apart are fetched by one request.
+COALESCE_BYTES = 64 << 10
+#: Part size of multipart uploads.
+PART_BYTES = 16 << 20
+
+
+def _requests(starts: list[int], stops: list[int]) -> int:
+    """The requests obstore makes for these ranges (those less than COALESCE_BYTES apart are
+    merged)."""
+    pairs = sorted(zip(starts, stops, strict=True))
+    n, end = 0, -1 - COALESCE_BYTES
+    for a, b in pairs:
+        if a - end > COALESCE_BYTES:
+            n += 1
+        end = max(end, b)
+    return n

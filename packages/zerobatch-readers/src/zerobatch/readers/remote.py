@@ -1,0 +1,277 @@
+"""The object-storage backend: datasets at a URL, read by exact byte ranges into a bounded
+local cache, and read from there by the same compiled kernels as local files.
+
+A remote reader never downloads a data file whole. It keeps, per shard file, a **sparse local
+copy** in the cache folder (its size, a zero-filled payload that takes no disk until written,
+the format's trailer): before a kernel reads a range, the checksum blocks under it that the
+copy does not hold yet are fetched (neighbouring ranges coalesced, many requests in flight,
+the GIL released), checked against their digests and written into the copy; then the kernel
+reads the copy through a descriptor, exactly as the ``pread`` backend reads a network
+filesystem. A block is known to be held only once its digest matched, so a partial or
+damaged copy (a process killed mid-write, a disk fault) is found and fetched again, and every
+byte a reader delivers was checked.
+
+The cache folder (``cache_dir``; default ``$ZEROBATCH_CACHE_DIR``, else
+``~/.cache/zerobatch``) is shared by every process of the machine: small files (indexes,
+digests) are written whole under a temporary name and renamed; sparse copies are created the
+same way and then only gain checked blocks. It is kept under ``cache_limit`` bytes of disk
+(default 16 GiB) by evicting whole shard copies, least recently used first: a process unlinks a
+copy (another process that has it open keeps reading its own, intact, until it lets it go)
+and drops its own copies only between reads, never under a kernel.
+
+Fetching runs on two small thread pools per process (made again after a fork): one for the
+requests (leaf work: fetch, check, write), one for the read-ahead the loader asks for
+(``prefetch``), which waits on the first and never the other way round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from zerobatch.core.checks import check_count
+from zerobatch.formats.errors import ConfigError
+from zerobatch.readers.backends import DataFile, PreadBackend
+
+__all__ = ["DEFAULT_CACHE_LIMIT", "CacheDir", "Fetcher", "RWLock", "RemoteBackend", "cache_root"]
+
+#: Bytes of disk the cache folder is kept under by default.
+DEFAULT_CACHE_LIMIT = 16 << 30
+#: Requests in flight per process at most (each a ranged GET of one object).
+DEFAULT_FETCH_THREADS = 32
+
+
+def cache_root(cache_dir: str | os.PathLike[str] | None) -> str:
+    """The cache folder: ``cache_dir``, else ``$ZEROBATCH_CACHE_DIR``, else
+    ``~/.cache/zerobatch`` (``$XDG_CACHE_HOME`` honoured)."""
+    if cache_dir is None:
+        cache_dir = os.environ.get("ZEROBATCH_CACHE_DIR") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "zerobatch")
+    return os.path.abspath(os.fspath(cache_dir))
+
+
+class RWLock:
+    """Many readers or one writer (reads hold it shared from the block check to the end of
+    the kernel; eviction of this process's copies holds it alone)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+class CacheDir:
+    """One cache folder: a sub-folder per cached shard (``<kind>/<build id>``), its disk use
+    kept under ``limit`` (see the module documentation).
+
+    Args:
+        root: the folder (created if missing).
+        limit: bytes of disk to stay under.
+    """
+
+    def __init__(self, root: str, limit: int) -> None:
+        self.root = root
+        self.limit = check_count(limit, "cache_limit", minimum=1 << 20)
+        os.makedirs(root, exist_ok=True)
+        self._since_scan = 0
+        self._lock = threading.Lock()
+
+    def folder(self, kind: str, build_id: str) -> str:
+        """The folder of one cached shard (created), marked as used now."""
+        path = os.path.join(self.root, kind, build_id)
+        os.makedirs(path, exist_ok=True)
+        self.touch(path)
+        return path
+
+    @staticmethod
+    def touch(path: str) -> None:
+        with contextlib.suppress(OSError):
+            os.utime(path)
+
+    def added(self, nbytes: int) -> bool:
+        """Count ``nbytes`` written; ``True`` when it is time to check the folder's size (every
+        eighth of the limit written by this process)."""
+        with self._lock:
+            self._since_scan += nbytes
+            if self._since_scan < self.limit // 8:
+                return False
+            self._since_scan = 0
+            return True
+
+    def usage(self) -> list[tuple[float, int, str]]:
+        """``(last use, bytes on disk, folder)`` of every cached shard."""
+        out = []
+        for kind in _scandir(self.root):
+            if not kind.is_dir(follow_symlinks=False):
+                continue
+            for shard in _scandir(kind.path):
+                if not shard.is_dir(follow_symlinks=False):
+                    continue
+                used = 0
+                for f in _scandir(shard.path):
+                    with contextlib.suppress(OSError):
+                        used += f.stat(follow_symlinks=False).st_blocks * 512
+                with contextlib.suppress(OSError):
+                    out.append((shard.stat(follow_symlinks=False).st_mtime, used, shard.path))
+        return out
+
+    def evict(self, keep: Callable[[str], bool], drop_own: Callable[[str], bool]) -> int:
+        """Remove least recently used shard folders until the folder holds at most 80 % of
+        the limit. ``keep(path)``: never remove it (a shard a read holds now);
+        ``drop_own(path)``: this process lets its copy go (its descriptors closed, its checks
+        forgotten) and returns whether it held one. Returns the bytes removed."""
+        entries = sorted(self.usage())
+        total = sum(u for _, u, _ in entries)
+        target = self.limit * 8 // 10
+        freed = 0
+        for _, used, path in entries:
+            if total - freed <= target:
+                break
+            if keep(path):
+                continue
+            drop_own(path)
+            shutil.rmtree(path, ignore_errors=True)
+            freed += used
+        return freed
+
+
+def _scandir(path: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as it:
+            return list(it)
+    except OSError:
+        return []
+
+
+class Fetcher:
+    """The request pool and the read-ahead pool of one reader, made again in a forked child
+    (threads do not survive a fork)."""
+
+    def __init__(self, threads: int = DEFAULT_FETCH_THREADS, read_ahead: int = 4) -> None:
+        self.threads = check_count(threads, "fetch_threads", minimum=1, maximum=1024)
+        self.read_ahead = read_ahead
+        self._pid = -1
+        self._io: ThreadPoolExecutor | None = None
+        self._ahead: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def _pools(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+        pid = os.getpid()
+        if self._pid != pid or self._io is None or self._ahead is None:
+            with self._lock:
+                if self._pid != pid or self._io is None or self._ahead is None:
+                    self._io = ThreadPoolExecutor(self.threads, thread_name_prefix="zerobatch-fetch")
+                    self._ahead = ThreadPoolExecutor(self.read_ahead, thread_name_prefix="zerobatch-read-ahead")
+                    self._pid = pid
+        return self._io, self._ahead
+
+    def run_all(self, calls: Iterable[Callable[[], Any]]) -> list[Any]:
+        """Run ``calls`` on the request pool (one inline when there is just one); the first
+        error is raised once all have finished."""
+        calls = list(calls)
+        if len(calls) == 1:
+            return [calls[0]()]
+        io, _ = self._pools()
+        futures = [io.submit(c) for c in calls]
+        out, first = [], None
+        for f in futures:
+            try:
+                out.append(f.result())
+            except BaseException as exc:    # noqa: BLE001 - re-raised below, after the others finish
+                first = first or exc
+        if first is not None:
+            raise first
+        return out
+
+    def ahead(self, call: Callable[[], Any]) -> Future[Any]:
+        """Run ``call`` on the read-ahead pool (its errors are the later read's to raise)."""
+        _, ahead = self._pools()
+        return ahead.submit(call)
+
+    def close(self) -> None:
+        for p in (self._io, self._ahead):
+            if p is not None and self._pid == os.getpid():
+                p.shutdown(wait=False, cancel_futures=True)
+        self._io = self._ahead = None
+
+
+class RemoteBackend(PreadBackend):
+    """The descriptor backend over the sparse local copies of remote files: as
+    :class:`PreadBackend`, but files are numbered up front (one per shard, opened only once
+    their shard was fetched) and a kernel's table opens only the files it reads, never every
+    file of the dataset (opening one means fetching its shard's indexes)."""
+
+    name = "remote"
+    kernel_access = "descriptor"
+
+    def __init__(self, count: int, *, max_open_files: int | None = None) -> None:
+        super().__init__(max_open_files=max_open_files)
+        self.files = [None] * count           # type: ignore[list-item]
+        self.table = np.full(count, -1, dtype=np.intc)
+
+    def set(self, k: int, file: DataFile) -> None:
+        """File ``k`` is now ``file`` (its shard was fetched, or fetched again)."""
+        with self.lock:
+            if k in self._open:
+                self._close(k)
+            self.files[k] = file
+
+    def forget(self, k: int) -> None:
+        """Close file ``k`` (its copy is being dropped)."""
+        with self.lock:
+            if k in self._open:
+                self._close(k)
+            self.files[k] = None              # type: ignore[call-overload]
+
+    def add(self, file: DataFile, fd: int | None = None) -> int:
+        raise ConfigError("remote files are numbered up front; use set()", field="backend")
+
+    def _get(self, k: int, keep: frozenset[int] = frozenset()) -> int:
+        if self.files[k] is None:
+            raise ConfigError(f"file {k} is read before its shard was fetched", field="backend")
+        return super()._get(k, keep)
+
+    @contextlib.contextmanager
+    def pinned(self, files: Iterable[int]) -> Iterator[np.ndarray | None]:
+        with self.lock:
+            keep = frozenset(int(k) for k in files)
+            if len(keep) > self.limit:
+                yield None
+                return
+            for k in keep:
+                self._get(k, keep)
+            yield self.table

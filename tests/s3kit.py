@@ -1,0 +1,192 @@
+"""A real S3 API server on 127.0.0.1 for the remote tests, and a fault-injecting proxy in
+front of it.
+
+- :func:`moto_server`: moto's ``ThreadedMotoServer`` (the S3 API moto implements: buckets,
+  objects, ranged GETs, multipart uploads), started once per test process on a free port.
+- :class:`FaultProxy`: a standard-library HTTP/1.1 proxy that forwards every request to the
+  server and, on a schedule the test sets, adds latency, caps bandwidth, answers 503
+  SlowDown, 500 or 429, resets the connection, cuts a body short or flips a byte of it: the
+  faults a real server does not produce on demand.
+
+Traffic goes to 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import struct
+import threading
+import time
+import urllib.request
+import uuid
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+CREDENTIALS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}
+
+_SERVER: Any = None
+
+
+def moto_server() -> str:
+    """``http://127.0.0.1:PORT`` of this process's moto S3 server (started on first use)."""
+    global _SERVER
+    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+    os.environ.setdefault("no_proxy", "127.0.0.1,localhost")
+    if _SERVER is None:
+        from moto.server import ThreadedMotoServer
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        _SERVER = server
+    host, port = _SERVER.get_host_and_port()
+    return f"http://{host}:{port}"
+
+
+def new_bucket(endpoint: str) -> str:
+    """A new, empty bucket (its name)."""
+    name = f"zb-{uuid.uuid4().hex[:16]}"
+    req = urllib.request.Request(f"{endpoint}/{name}", method="PUT")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        r.read()
+    return name
+
+
+def options(endpoint: str, **extra: Any) -> dict[str, Any]:
+    """``storage_options`` reaching ``endpoint`` with the test credentials."""
+    return {**CREDENTIALS, "endpoint": endpoint, **extra}
+
+
+def upload(folder: Path, url: str, storage_options: dict[str, Any]) -> int:
+    """Put every file under ``folder`` at ``url`` (same relative keys); returns the count."""
+    from zerobatch.core.remote import ObjectStore
+    store = ObjectStore(url, storage_options)
+    n = 0
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file():
+            store.put(path.relative_to(folder).as_posix(), str(path))
+            n += 1
+    return n
+
+
+class FaultProxy:
+    """A proxy to ``upstream`` (``http://host:port``) that injects faults.
+
+    Faults are taken in order from a queue, one per request whose method and path match the
+    fault's (default: any GET); requests that match none pass through. Each fault is a dict:
+    ``{"kind": "503" | "500" | "429" | "reset" | "short" | "corrupt" | "delay", "method": "GET",
+    "path": "substring", "seconds": 0.5}``. ``latency`` (seconds added to every request) and
+    ``bandwidth`` (bytes per second of each response body) apply to all traffic.
+
+    Attributes:
+        url: ``http://127.0.0.1:PORT`` of the proxy.
+        requests: requests seen, as ``(method, path, range header)``.
+        injected: faults injected so far, by kind.
+    """
+
+    def __init__(self, upstream: str, *, latency: float = 0.0, bandwidth: float | None = None) -> None:
+        self.upstream = upstream.removeprefix("http://")
+        self.latency, self.bandwidth = latency, bandwidth
+        self.faults: deque[dict[str, Any]] = deque()
+        self.requests: list[tuple[str, str, str]] = []
+        self.injected: dict[str, int] = {}
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _any(self) -> None:
+                proxy._handle(self)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, name="fault-proxy", daemon=True)
+        self._thread.start()
+
+    def add(self, kind: str, count: int = 1, **match: Any) -> None:
+        """Queue ``count`` faults of ``kind`` for requests matching ``match``."""
+        with self._lock:
+            for _ in range(count):
+                self.faults.append({"kind": kind, "method": "GET", **match})
+
+    def _take(self, method: str, path: str) -> dict[str, Any] | None:
+        with self._lock:
+            for i, f in enumerate(self.faults):
+                if f.get("method") in (None, method) and f.get("path", "") in path:
+                    del self.faults[i]
+                    self.injected[f["kind"]] = self.injected.get(f["kind"], 0) + 1
+                    return f
+        return None
+
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        method, path = h.command, h.path
+        length = int(h.headers.get("Content-Length") or 0)
+        body = h.rfile.read(length) if length else b""
+        with self._lock:
+            self.requests.append((method, path, h.headers.get("Range", "")))
+        fault = self._take(method, path)
+        if self.latency:
+            time.sleep(self.latency)
+        kind = fault["kind"] if fault else None
+        if kind == "delay":
+            time.sleep(float(fault.get("seconds", 1.0)))
+        if kind in ("503", "500", "429"):
+            code = {"503": "SlowDown", "500": "InternalError", "429": "TooManyRequests"}[kind]
+            payload = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
+            h.send_response(int(kind))
+            h.send_header("Content-Type", "application/xml")
+            h.send_header("Content-Length", str(len(payload)))
+            h.end_headers()
+            h.wfile.write(payload)
+            return
+        if kind == "reset":
+            # an RST instead of an answer
+            h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            h.close_connection = True
+            h.connection.close()
+            return
+        conn = http.client.HTTPConnection(self.upstream, timeout=60)
+        try:
+            headers = {k: v for k, v in h.headers.items() if k.lower() not in ("connection", "keep-alive")}
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+        finally:
+            conn.close()
+        if kind == "corrupt" and data:
+            data = bytes([data[0] ^ 0x40]) + data[1:]
+        h.send_response(resp.status, resp.reason)
+        for k, v in resp.getheaders():
+            if k.lower() not in ("connection", "keep-alive", "transfer-encoding", "content-length", "date",
+                                 "server"):
+                h.send_header(k, v)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        if method == "HEAD":
+            return
+        if kind == "short":
+            h.wfile.write(data[:len(data) // 2])
+            h.wfile.flush()
+            h.close_connection = True
+            h.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if self.bandwidth:
+            step = max(1, int(self.bandwidth // 100))
+            for i in range(0, len(data), step):
+                h.wfile.write(data[i:i + step])
+                time.sleep(len(data[i:i + step]) / self.bandwidth)
+        else:
+            h.wfile.write(data)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
