@@ -102,7 +102,10 @@ class FaultProxy:
                 pass
 
             def _any(self) -> None:
-                proxy._handle(self)
+                try:
+                    proxy._handle(self)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True     # the client gave up (a timeout it set)
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
 

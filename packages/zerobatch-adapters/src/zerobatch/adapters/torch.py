@@ -193,8 +193,10 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
 
     def dataloader(self, num_workers: int = 2, **kwargs: Any) -> WorkerDataLoader:
         """A ``torch.utils.data.DataLoader`` over this loader with ``num_workers`` worker
-        processes (``multiprocessing_context`` and the other DataLoader options pass through),
-        whose ``state_dict`` counts the batches it delivered."""
+        processes (``multiprocessing_context`` and the other DataLoader options pass through;
+        for a dataset at a URL it defaults to ``"forkserver"``, since the object-storage
+        client cannot run in a forked process), whose ``state_dict`` counts the batches it
+        delivered."""
         return WorkerDataLoader(self, num_workers=num_workers, **kwargs)
 
 
@@ -216,6 +218,10 @@ class WorkerDataLoader(torch.utils.data.DataLoader):
         for key in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
             if key in kwargs:
                 raise ConfigError(f"{key}: the zerobatch loader batches, orders and shards itself", field=key)
+        if num_workers and kwargs.get("multiprocessing_context") is None and loader.source.remote:
+            # obstore's runtime does not survive fork: workers of a remote dataset start
+            # from a fresh interpreter (forkserver: cheap after the first)
+            kwargs["multiprocessing_context"] = "forkserver"
         super().__init__(loader, batch_size=None, num_workers=num_workers, **kwargs)
         self.zb = loader
         self._start: dict[str, Any] | None = None

@@ -16,8 +16,12 @@ local users install and import nothing new.
   retry loop is turned off so that one policy, with one budget, decides. A missing object
   is not retried (:class:`~zerobatch.formats.errors.NotFoundError`), nor are refused
   credentials.
-- **Fork safety**: obstore's client is not fork-safe; a store used in a process other than
-  the one that made its client (a forked ``DataLoader`` worker) makes a new client there.
+- **Fork safety**: obstore's Rust runtime does not survive ``fork`` (tokio-rs/tokio#4301):
+  a process forked after its parent made a request would hang on its first own request, so it
+  gets a :class:`~zerobatch.formats.errors.ConfigError` naming the remedy instead (worker
+  processes started with ``forkserver`` or ``spawn``; ``loader.dataloader()`` picks
+  ``forkserver`` for datasets at URLs). A store pickled into such a worker makes its client
+  there; a process forked before any request works normally.
 - **No secret printed**: messages and ``repr`` name the URL without user information or
   query string (Azure SAS tokens, signed URLs), and never the ``storage_options``.
 - **Counters**: requests made and bytes fetched (:attr:`ObjectStore.requests`,
@@ -51,6 +55,11 @@ __all__ = ["SCHEMES", "ObjectStore", "RetryPolicy", "is_url", "local_path", "red
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "http", "https")
 
 _T = TypeVar("_T")
+
+#: The process in which obstore's runtime was started (``None``: not yet); a process forked
+#: from it cannot use obstore.
+_RUNTIME_PID: int | None = None
+_FORK_LOCK = threading.Lock()
 
 
 def is_url(path: Any) -> bool:
@@ -215,13 +224,29 @@ class ObjectStore:
 
     @property
     def client(self) -> Any:
-        """The obstore store, made in this process (again after a fork)."""
+        """The obstore store, made in this process.
+
+        Raises:
+            ConfigError: this process was forked from one that had used obstore: its Rust
+                runtime's threads did not survive the fork, and any request would hang
+                forever (tokio-rs/tokio#4301). Start such workers with ``spawn`` or
+                ``forkserver`` (``loader.dataloader()`` does).
+        """
+        global _RUNTIME_PID
         pid = os.getpid()
         if self._client is None or self._pid != pid:
-            with self._lock:
+            with _FORK_LOCK:
+                if _RUNTIME_PID is not None and _RUNTIME_PID != pid:
+                    raise ConfigError(
+                        "this process was forked after the object-storage client had run in its parent; "
+                        "obstore's runtime does not survive fork (a request would hang): start worker "
+                        "processes with multiprocessing_context='forkserver' or 'spawn' (zerobatch's "
+                        "loader.dataloader() does so for datasets at URLs)", path=self.url,
+                        field="multiprocessing_context")
                 if self._client is None or self._pid != pid:
                     self._client = self._make_client()
                     self._pid = pid
+                    _RUNTIME_PID = pid
         return self._client
 
     def name(self, key: str) -> str:
@@ -259,7 +284,7 @@ class ObjectStore:
             except _ShortBody as exc:
                 last = exc
             except BaseException as exc:
-                if isinstance(exc, (KeyboardInterrupt, SystemExit, ConfigError, MemoryError)):
+                if isinstance(exc, (KeyboardInterrupt, SystemExit, ConfigError, MemoryError, _TooLarge)):
                     raise
                 if isinstance(exc, FileNotFoundError):
                     raise NotFoundError(f"{what}: no such object", path=self.name(key), field=field) from None

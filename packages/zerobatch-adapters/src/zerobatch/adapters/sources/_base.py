@@ -159,6 +159,11 @@ class Source(ABC):
         """True when a read costs nothing worth a thread (zero-copy views)."""
         return False
 
+    @property
+    def remote(self) -> bool:
+        """Whether the source reads a dataset at a URL (object storage)."""
+        return bool(getattr(getattr(self, "reader", None), "remote", False))
+
     def prepare(self, items: np.ndarray) -> None:  # noqa: B027 - optional hook, no-op by default
         """Called in order as reads are planned (read-ahead hints)."""
 

@@ -71,6 +71,10 @@ class Mixture(Source):
         self.rows_per_item = first.rows_per_item
         self.output = first.output         # every source hands out the same kind of step
 
+    @property
+    def remote(self) -> bool:
+        return any(s.remote for s in self.sources)
+
     def schedule(self, batch_size: int, *, rank: int, world_size: int, shuffle: bool = True, seed: int = 0,
                  tail: str = "drop", order: IndexOrder | None = None, epoch: int = 0) -> Schedule:
         """A :class:`~zerobatch.samplers.MixtureSampler` over the mixture's schedule (the

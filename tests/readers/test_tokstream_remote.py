@@ -1,0 +1,221 @@
+"""TOKSTREAM datasets read from a real S3 API server (moto on 127.0.0.1), through the
+fault-injecting proxy where faults are wanted: the same bytes as the local copy, every batch of
+a shuffled epoch; opening costs one request; blocks fetched once, checked, cached within a
+bound; a damaged cache or a byte flipped in flight is fetched again."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+pytest.importorskip("obstore")
+pytest.importorskip("moto")
+
+from s3kit import FaultProxy, moto_server, new_bucket, options, upload  # noqa: E402
+
+from zerobatch.core.remote import ObjectStore, RetryPolicy  # noqa: E402
+from zerobatch.formats import tokstream as T  # noqa: E402
+from zerobatch.formats.errors import IntegrityError, NotFoundError  # noqa: E402
+from zerobatch.readers.tokstream import TokenStreamReader  # noqa: E402
+from zerobatch.samplers import GlobalRandomOrder, IndexSampler  # noqa: E402
+from zerobatch.writers.tokstream import TokenStreamWriter  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    try:
+        return moto_server()
+    except Exception as exc:  # noqa: BLE001 - the reason is the skip message
+        pytest.skip(f"moto's S3 server cannot start here: {exc}")
+
+
+def build(folder, *, n_docs=400, shard_tokens=15_000, metadata=True, seed=0):
+    rng = np.random.default_rng(seed)
+    with TokenStreamWriter(folder, vocab_size=50257, metadata=metadata, shard_tokens=shard_tokens, eod_token=0) as w:
+        for k in range(n_docs):
+            t = rng.integers(1, 50257, int(rng.integers(1, 600)))
+            w.add_document(t, {"doc": k} if metadata and k % 3 else None,
+                           spans=[(0, 1, {"first": k})] if metadata and k % 5 == 0 else None)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def dataset(endpoint, tmp_path_factory):
+    """(local folder, url, storage_options) of one dataset with metadata, 8+ shards."""
+    folder = build(tmp_path_factory.mktemp("remote") / "ds")
+    bucket = new_bucket(endpoint)
+    url = f"s3://{bucket}/corpora/ds"
+    upload(folder, url, options(endpoint))
+    return folder, url, options(endpoint)
+
+
+def open_remote(url, opts, tmp_path, **kw):
+    return TokenStreamReader(url, storage_options=opts, cache_dir=tmp_path / "cache", **kw)
+
+
+def test_every_batch_of_a_shuffled_epoch_equals_the_local_copy(dataset, tmp_path):
+    folder, url, opts = dataset
+    local = TokenStreamReader(folder)
+    with open_remote(url, opts, tmp_path) as r:
+        assert len(r.manifest.shards) >= 8 and r.remote and not local.remote
+        assert r.num_tokens == local.num_tokens and r.manifest.build_id == local.manifest.build_id
+        L = 129
+        sampler = IndexSampler(GlobalRandomOrder(r.num_windows(L), seed=3), 16)
+        for items in sampler:
+            starts = r.window_starts(items, L)
+            assert np.array_equal(r.windows(starts, L), local.windows(starts, L))
+            got, want = r.boundaries(starts, L - 1), local.boundaries(starts, L - 1)
+            assert all(np.array_equal(a, b) for a, b in zip(got[:3], want[:3])) and got[3] == want[3]
+        starts = r.window_starts(items, L)
+        m1, m2 = r.windows_metadata(starts, L), local.windows_metadata(starts, L)
+        assert np.array_equal(m1.ids, m2.ids) and list(m1.objects) == list(m2.objects)
+        w1 = r.windows_with_boundaries(starts, L)
+        w2 = local.windows_with_boundaries(starts, L)
+        assert all(np.array_equal(a, b) for a, b in zip(w1[:4], w2[:4]))
+        docs = [0, 7, r.num_documents - 1, 123]
+        assert all(np.array_equal(a, b) for a, b in zip(r.documents(docs), local.documents(docs)))
+        assert r.verify().ok
+
+
+def test_opening_costs_one_request_and_a_read_fetches_only_its_shards(dataset, tmp_path):
+    folder, url, opts = dataset
+    with open_remote(url, opts, tmp_path) as r:
+        assert r.store.requests == 1                      # manifest.json; nothing listed
+        n = len(r.manifest.shards)
+        r.windows([5], 100)                               # one shard: its indexes, then its blocks
+        first = r.store.requests
+        assert 3 <= first - 1 <= 6 and len(r._shards.opened()) == 1
+        before = r.store.bytes_fetched
+        r.windows([5], 100)                               # held: no request
+        assert r.store.requests == first and r.store.bytes_fetched == before
+        # a window's blocks, not its shard: about the window plus a block on either side
+        start = int(r.cum_tokens[3]) + 2000
+        b0 = r.store.bytes_fetched
+        r.windows([start], 1000)
+        indexes = sum(r.manifest.shards[3].files[f].size + T.TRAILER_SIZE
+                      for f in ("checksums.bin", "documents.index", "metadata.index"))
+        data = r.store.bytes_fetched - b0 - indexes
+        assert 1000 * r.itemsize <= data <= 1000 * r.itemsize + 2 * r.manifest.block
+        assert len(r._shards.opened()) == 2 < n
+
+
+def test_a_second_reader_reuses_the_cache_and_a_damaged_entry_is_fetched_again(dataset, tmp_path):
+    folder, url, opts = dataset
+    local = TokenStreamReader(folder)
+    starts = np.arange(0, local.num_tokens - 300, 997)
+    with open_remote(url, opts, tmp_path) as r:
+        r.windows(starts, 300)
+        cached = r._shards[0].path
+        cold = r.store.requests
+    with open_remote(url, opts, tmp_path) as r:
+        assert np.array_equal(r.windows(starts, 300), local.windows(starts, 300))
+        warm = r.store.requests
+    assert warm < cold / 2                               # the indexes and blocks came from the cache
+    # damage the cache: a flipped byte in a held block, a truncated index file
+    tokens = os.path.join(cached, "tokens.bin")
+    with open(tokens, "r+b") as f:
+        f.seek(10)
+        b = f.read(1)
+        f.seek(10)
+        f.write(bytes([b[0] ^ 1]))
+    with open(os.path.join(cached, "documents.index"), "r+b") as f:
+        f.truncate(8)
+    with open_remote(url, opts, tmp_path) as r:
+        assert np.array_equal(r.windows(starts, 300), local.windows(starts, 300))
+        assert np.array_equal(r.boundaries(starts, 300)[2], local.boundaries(starts, 300)[2])
+
+
+def test_the_cache_stays_under_its_limit(endpoint, tmp_path):
+    folder = build(tmp_path / "big", n_docs=6000, shard_tokens=60_000, metadata=False, seed=4)
+    url = f"s3://{new_bucket(endpoint)}/big"
+    upload(folder, url, options(endpoint))
+    local = TokenStreamReader(folder)
+    limit = 1 << 20
+    assert local.num_tokens * 2 > 3 * limit
+    cache = tmp_path / "cache"
+    with TokenStreamReader(url, storage_options=options(endpoint), cache_dir=cache, cache_limit=limit) as r:
+        for a in range(0, r.num_tokens - 5000, 5000):
+            assert np.array_equal(r.windows([a], 5000), local.windows([a], 5000))
+        used = sum(p.stat().st_blocks * 512 for p in cache.rglob("*") if p.is_file())
+        assert used <= limit
+        # evicted shards come back: read everything once more
+        starts = np.arange(0, r.num_tokens - 700, 6007)
+        assert np.array_equal(r.windows(starts, 700), local.windows(starts, 700))
+
+
+def test_a_byte_flipped_in_flight_is_fetched_again_and_a_wrong_object_is_refused(dataset, endpoint, tmp_path):
+    folder, url, _ = dataset
+    local = TokenStreamReader(folder)
+    proxy = FaultProxy(endpoint)
+    try:
+        opts = options(proxy.url)
+        with open_remote(url, opts, tmp_path) as r:
+            r.windows([0], 10)                                   # shard 0's indexes
+            proxy.add("corrupt", 1, path="tokens.bin")
+            assert np.array_equal(r.windows([3000], 500), local.windows([3000], 500))
+            assert proxy.injected == {"corrupt": 1}
+            for kind in ("503", "reset", "short", "429"):
+                proxy.add(kind, 1, path="tokens.bin")
+            starts = [int(r.cum_tokens[1]) + 50, int(r.cum_tokens[2]) + 60]
+            assert np.array_equal(r.windows(starts, 400), local.windows(starts, 400))
+    finally:
+        proxy.close()
+    # an object replaced by one of another content: its blocks never match: refused by name
+    bucket = url.split("/")[2]
+    shard = local.manifest.shards[1].name
+    store = ObjectStore(f"s3://{bucket}/corpora/ds", options(endpoint))
+    raw = bytearray((folder / shard / "tokens.bin").read_bytes())
+    raw[100] ^= 0xFF
+    url2 = f"s3://{bucket}/corpora/ds2"
+    upload(folder, url2, options(endpoint))
+    ObjectStore(url2, options(endpoint)).put(f"{shard}/tokens.bin", bytes(raw))
+    with TokenStreamReader(url2, storage_options=options(endpoint), cache_dir=tmp_path / "c2") as r:
+        with pytest.raises(IntegrityError) as info:
+            r.windows([int(r.cum_tokens[1]) + 40], 30)
+        assert info.value.path == f"{url2}/{shard}/tokens.bin" and "bytes [0, 1024)" in info.value.message
+    assert store.head("manifest.json")
+
+
+def test_a_missing_dataset_or_shard_is_named(dataset, endpoint, tmp_path):
+    _, url, opts = dataset
+    with pytest.raises(NotFoundError) as info:
+        open_remote(url + "-nothing", opts, tmp_path)
+    assert info.value.path == f"{url}-nothing/manifest.json"
+    folder = build(tmp_path / "m", n_docs=50, shard_tokens=3000, metadata=False)
+    url3 = f"s3://{new_bucket(endpoint)}/m"
+    upload(folder, url3, opts)
+    name = TokenStreamReader(folder).manifest.shards[1].name
+    ObjectStore(url3, opts).delete(f"{name}/documents.index")
+    with open_remote(url3, opts, tmp_path) as r:
+        r.windows([0], 10)
+        with pytest.raises(NotFoundError) as info:
+            r.windows([int(r.cum_tokens[1])], 10)
+        assert info.value.path == f"{url3}/{name}/documents.index"
+
+
+def test_pickled_readers_reopen_the_same_dataset(dataset, tmp_path):
+    folder, url, opts = dataset
+    with open_remote(url, opts, tmp_path) as r:
+        clone = pickle.loads(pickle.dumps(r))
+        assert "testing" not in repr(clone) and clone.folder == url
+        assert np.array_equal(clone.windows([100, 9000], 50), TokenStreamReader(folder).windows([100, 9000], 50))
+        clone.close()
+
+
+def test_retry_budget_then_a_typed_error(dataset, endpoint, tmp_path):
+    _, url, _ = dataset
+    proxy = FaultProxy(endpoint)
+    try:
+        r = TokenStreamReader(url, storage_options=options(proxy.url), cache_dir=tmp_path / "cache")
+        r._store.retry = RetryPolicy(attempts=2, base_delay=0.01)
+        proxy.add("500", 2, path="checksums.bin")
+        with pytest.raises(Exception) as info:
+            r.windows([0], 10)
+        assert "checksums.bin" in str(info.value) and "2 tries" in str(info.value)
+        assert np.array_equal(r.windows([0], 10), TokenStreamReader(dataset[0]).windows([0], 10))
+        r.close()
+    finally:
+        proxy.close()
