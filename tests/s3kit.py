@@ -37,7 +37,10 @@ def moto_server() -> str:
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
     os.environ.setdefault("no_proxy", "127.0.0.1,localhost")
     if _SERVER is None:
+        import logging
+
         from moto.server import ThreadedMotoServer
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)     # one line per request otherwise
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         _SERVER = server

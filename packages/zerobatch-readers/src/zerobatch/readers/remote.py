@@ -46,6 +46,7 @@ __all__ = ["DEFAULT_CACHE_LIMIT", "CacheDir", "Fetcher", "RWLock", "RemoteBacken
 DEFAULT_CACHE_LIMIT = 16 << 30
 #: Requests in flight per process at most (each a ranged GET of one object).
 DEFAULT_FETCH_THREADS = 32
+_IO_PREFIX = "zerobatch-fetch"
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None) -> str:
@@ -194,7 +195,7 @@ class Fetcher:
         if self._pid != pid or self._io is None or self._ahead is None:
             with self._lock:
                 if self._pid != pid or self._io is None or self._ahead is None:
-                    self._io = ThreadPoolExecutor(self.threads, thread_name_prefix="zerobatch-fetch")
+                    self._io = ThreadPoolExecutor(self.threads, thread_name_prefix=_IO_PREFIX)
                     self._ahead = ThreadPoolExecutor(self.read_ahead, thread_name_prefix="zerobatch-read-ahead")
                     self._pid = pid
         return self._io, self._ahead
@@ -203,8 +204,10 @@ class Fetcher:
         """Run ``calls`` on the request pool (one inline when there is just one); the first
         error is raised once all have finished."""
         calls = list(calls)
-        if len(calls) == 1:
-            return [calls[0]()]
+        if len(calls) == 1 or threading.current_thread().name.startswith(_IO_PREFIX):
+            # one call, or nested in a request-pool task (waiting there for tasks queued
+            # behind it could starve the pool): inline
+            return [c() for c in calls]
         io, _ = self._pools()
         futures = [io.submit(c) for c in calls]
         out, first = [], None
