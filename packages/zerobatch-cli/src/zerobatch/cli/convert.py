@@ -33,6 +33,7 @@ import multiprocessing as mp
 import os
 import shutil
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -43,7 +44,9 @@ import numpy as np
 from zerobatch.cli.exports import EXPORTS
 from zerobatch.cli.sources import TextSource, documents, open_source
 from zerobatch.cli.tokenizer import TextTokenizer, load_tokenizer
+from zerobatch.core import xxh3_64
 from zerobatch.core.io import fsync_dir, replace_folder, sweep_orphans
+from zerobatch.core.remote import is_url, local_path, redact
 from zerobatch.formats import registry
 from zerobatch.formats.tokstream import DEFAULT_SHARD_TOKENS
 from zerobatch.formats.errors import (ConfigError, CorruptError, LimitExceededError, NotFoundError, WriteError,
@@ -486,6 +489,16 @@ def _tokens_in_ranges(chunks: Chunks, ranges: list[tuple[int, int]]) -> list[int
     return out
 
 
+def staging_folder(dst: str) -> str:
+    """Where the tokenized documents are staged: ``DST.zbconvert/`` beside a local
+    destination; for a URL, a folder named by the URL in the temporary folder (so a rerun
+    finds it)."""
+    if is_url(dst):
+        key = f"{xxh3_64(dst.encode('utf-8')):016x}"
+        return os.path.join(tempfile.gettempdir(), f"zerobatch-convert-{key}{STAGING_SUFFIX}")
+    return os.path.abspath(dst) + STAGING_SUFFIX
+
+
 def build_folder(dst: str, build: Callable[[str], str], *, overwrite: bool = False) -> str:
     """``build(tmp)`` writes a folder dataset under a temporary name, which is then renamed
     into place whole (a failed or killed conversion never leaves a partial dataset under the
@@ -496,6 +509,16 @@ def build_folder(dst: str, build: Callable[[str], str], *, overwrite: bool = Fal
     Raises:
         ConfigError: ``dst`` exists and is not an empty folder (and not ``overwrite``).
     """
+    if is_url(dst):
+        # a dataset at a URL: built locally, then published (shards first, manifest last)
+        from zerobatch.writers.remote import publish_tokstream
+        tmp = tempfile.mkdtemp(prefix="zerobatch-upload-")
+        try:
+            summary = build(os.path.join(tmp, "dataset"))
+            publish_tokstream(os.path.join(tmp, "dataset"), dst, overwrite=overwrite)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return summary
     replace = check_destination(dst, "folder", overwrite)
     # what a killed conversion to the same destination left (a process that no longer runs)
     sweep_orphans(os.path.dirname(os.path.abspath(dst)), {os.path.basename(os.path.abspath(dst))})
@@ -537,7 +560,13 @@ def target_help() -> str:
 
 def check_target_destination(to: str, dst: str, overwrite: bool) -> None:
     """:func:`check_destination` for every file target ``to`` writes at ``dst``."""
-    if to in EXPORTS:
+    if is_url(dst):
+        if to != "tokstream":
+            raise ConfigError(f"destination: a URL takes --to tokstream (object storage holds TOKSTREAM datasets; "
+                              f"{to} is written to local paths)", path=redact(dst), field="destination")
+        from zerobatch.writers.remote import check_remote_destination
+        check_remote_destination(dst, overwrite)
+    elif to in EXPORTS:
         for path in EXPORTS[to].files(dst):
             check_destination(path, "file", overwrite)
     else:
@@ -612,8 +641,9 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
         raise ConfigError(f"--to must be one of {targets()}, got {args.to!r}", field="to")
     if args.workers < 1:
         raise ConfigError("--workers must be at least 1", field="workers")
+    dst = local_path(dst)
     parent = os.path.dirname(os.path.abspath(dst))
-    if not os.path.isdir(parent):
+    if not is_url(dst) and not os.path.isdir(parent):
         raise NotFoundError("destination: the parent folder does not exist", path=dst, field="destination")
     # before any work: an existing destination is refused (or, with --overwrite, replaced at the end)
     outputs = [(None, dst)] if weights is None else [(name, split_destination(dst, name, args.to))
@@ -646,7 +676,7 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
                                what="beginning-of-document (or give --bos-id)")
             vocab = tok.vocab_size
             del tok
-            staging = os.path.abspath(dst) + STAGING_SUFFIX
+            staging = staging_folder(dst)
             paths = tokenize_to_staging(source, args.tokenizer, eod, staging, workers=args.workers,
                                         quiet=args.quiet, log=log, bos=bos, rows=args.row_ids)
             num_tokens, num_docs, top = staged_totals(paths)

@@ -74,12 +74,18 @@ class TokStream(Dataset):
 def write(dst: str, chunks: Chunks, target: Target) -> str:
     """``convert --to tokstream``: the documents, in shards of about ``--shard-tokens`` tokens
     (built under a temporary name and renamed into place)."""
+    from zerobatch.core.remote import is_url
+    from zerobatch.writers.remote import unique_shard_prefix
     from zerobatch.writers.tokstream import TokenStreamWriter
+    # shards bound for object storage get names no earlier upload used, so they never
+    # overwrite the objects of the dataset readers see until the new manifest is in place
+    prefix = unique_shard_prefix() if is_url(dst) else "shard-"
 
     def build(folder: str) -> str:
         eod = target.eod if target.eod is not None and target.eod < target.vocab else None
         w = TokenStreamWriter(folder, vocab_size=max(target.vocab, 1), eod_token=eod,
-                              shard_tokens=target.options.shard_tokens, metadata=target.rows is not None)
+                              shard_tokens=target.options.shard_tokens, metadata=target.rows is not None,
+                              prefix=prefix)
         try:
             n = 0
             rows = None if target.rows is None else target.rows()
