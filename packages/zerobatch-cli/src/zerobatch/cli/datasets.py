@@ -125,8 +125,16 @@ def open_dataset(path: str, *, field: str | None = None) -> Dataset:
         FormatError: not a zerobatch dataset, or a damaged one.
         ConfigError: a format with no command-line face.
     """
+    from zerobatch.core.remote import is_url, local_path
     from zerobatch.readers.detect import detect
 
+    path = local_path(path)
+    if is_url(path):
+        fmt = detect(path)
+        if fmt.name != "tokstream":
+            raise ConfigError(f"{fmt.name}: datasets at URLs are TOKSTREAM datasets; copy a {fmt.title} file to a "
+                              f"local path first", path=path, field="path")
+        return fmt.resolve("cli")(path, field=field)
     if not os.path.lexists(path):
         raise NotFoundError("no such file or folder", path=path, field="path")
     return detect(path).resolve("cli")(path, field=field)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from zerobatch.core.io import open_regular_file, pread_exact
+from zerobatch.core.remote import ObjectStore, is_url, local_path, redact, split_url
 from zerobatch.formats.errors import CorruptError, NotFoundError
 from zerobatch.formats.registry import Format, formats, identify
 
@@ -32,6 +33,9 @@ def detect(path: str | os.PathLike[str]) -> Format:
         FormatError, ReadError: a path that is not a regular file or folder, or unreadable.
     """
     p = os.fspath(path)
+    if is_url(p) and not p.lower().startswith("file://"):
+        return _detect_url(p)
+    p = local_path(p)
     if os.path.isdir(p):
         fmt = identify(folder_files=set(os.listdir(p)))
         if fmt is None:
@@ -49,4 +53,24 @@ def detect(path: str | os.PathLike[str]) -> Format:
     fmt = identify(head=head)
     if fmt is None:
         raise CorruptError(f"magic: not a zerobatch file (first bytes {head[:8]!r})", path=p, field="magic")
+    return fmt
+
+
+def _detect_url(url: str) -> Format:
+    """:func:`detect` for a URL: a folder format by a HEAD of each marker file, else a file
+    format by the object's first bytes (credentials from the environment)."""
+    root, key = split_url(url)
+    store = ObjectStore(root)
+    for fmt in formats():
+        if fmt.layout == "folder" and fmt.markers and all(
+                store.head(f"{key}/{m}" if key else m) is not None for m in fmt.markers):
+            return fmt
+    size = store.head(key) if key else None
+    if size is None:
+        raise NotFoundError("no dataset at this URL (no object, and no dataset manifest under it)", path=redact(url),
+                            field="path")
+    head = bytes(store.get_range(key, 0, min(MAGIC_BYTES, size))) if size else b""
+    fmt = identify(head=head)
+    if fmt is None:
+        raise CorruptError(f"magic: not a zerobatch file (first bytes {head[:8]!r})", path=redact(url), field="magic")
     return fmt

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from zerobatch.cli.convert import Chunks, Target, build_folder, documents
 from zerobatch.cli.datasets import PIECE, Dataset, Progress, folder_size, human
+from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import CorruptError
 
 __all__ = ["TokStream", "write"]
@@ -25,14 +26,17 @@ class TokStream(Dataset):
 
     def info(self) -> list[tuple[str, Any]]:
         m, r = self.r.manifest, self.r
-        size = folder_size(self.path)
+        size = (sum(f.size + T.TRAILER_SIZE for e in m.shards for f in e.files.values()) if r.remote
+                else folder_size(self.path))
+        block = f"{m.block >> 20} MiB" if m.block >= 1 << 20 else f"{m.block >> 10} KiB" if m.block >= 1 << 10 \
+            else f"{m.block} B"
         return [
-            ("format", "TOKSTREAM v1 (sharded token stream)"),
+            ("format", f"TOKSTREAM v{m.version} (sharded token stream)" + (" at a URL" if r.remote else "")),
             ("tokens", r.num_tokens), ("documents", r.num_documents), ("shards", len(m.shards)),
             ("vocab_size", m.vocab_size), ("dtype", m.token_dtype),
             ("eod_token", m.eod_token if m.eod_token is not None else "none"),
             ("metadata", "per-token metadata ids + blobs" if m.metadata else "none"),
-            ("checksums", "XXH3-64 per 16 MiB chunk of every file, index files in full"),
+            ("checksums", f"XXH3-64 per {block} block of every file, index files in full"),
             ("build_id", m.build_id), ("size", f"{size} ({human(size)})"),
         ]
 
