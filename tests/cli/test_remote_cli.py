@@ -29,7 +29,7 @@ def env(tmp_path_factory):
 
 
 def zb(env, *args):
-    return subprocess.run([sys.executable, "-m", "zerobatch.cli.main", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "zerobatch.cli", *args], env=env, capture_output=True,
                           text=True, timeout=300)
 
 

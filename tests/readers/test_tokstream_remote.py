@@ -85,9 +85,9 @@ def test_opening_costs_one_request_and_a_read_fetches_only_its_shards(dataset, t
     with open_remote(url, opts, tmp_path) as r:
         assert r.store.requests == 1                      # manifest.json; nothing listed
         n = len(r.manifest.shards)
-        r.windows([5], 100)                               # one shard: its indexes, then its blocks
+        r.windows([5], 100)                               # one shard: its digests, then its blocks
         first = r.store.requests
-        assert 3 <= first - 1 <= 6 and len(r._shards.opened()) == 1
+        assert first - 1 == 2 and len(r._shards.opened()) == 1
         before = r.store.bytes_fetched
         r.windows([5], 100)                               # held: no request
         assert r.store.requests == first and r.store.bytes_fetched == before
@@ -95,11 +95,16 @@ def test_opening_costs_one_request_and_a_read_fetches_only_its_shards(dataset, t
         start = int(r.cum_tokens[3]) + 2000
         b0 = r.store.bytes_fetched
         r.windows([start], 1000)
-        indexes = sum(r.manifest.shards[3].files[f].size + T.TRAILER_SIZE
-                      for f in ("checksums.bin", "documents.index", "metadata.index"))
+        indexes = r.manifest.shards[3].files["checksums.bin"].size + T.TRAILER_SIZE
         data = r.store.bytes_fetched - b0 - indexes
         assert 1000 * r.itemsize <= data <= 1000 * r.itemsize + 2 * r.manifest.block
         assert len(r._shards.opened()) == 2 < n
+        # the document and metadata indexes only when a read needs them: one request each
+        before = r.store.requests
+        r.boundaries([start], 1000)
+        assert r.store.requests - before == 2
+        r.boundaries([start + 10], 500)                   # held now: nothing more
+        assert r.store.requests - before == 2
 
 
 def test_a_second_reader_reuses_the_cache_and_a_damaged_entry_is_fetched_again(dataset, tmp_path):
@@ -108,6 +113,7 @@ def test_a_second_reader_reuses_the_cache_and_a_damaged_entry_is_fetched_again(d
     starts = np.arange(0, local.num_tokens - 300, 997)
     with open_remote(url, opts, tmp_path) as r:
         r.windows(starts, 300)
+        r.boundaries(starts, 300)
         cached = r._shards[0].path
         cold = r.store.requests
     with open_remote(url, opts, tmp_path) as r:
@@ -189,11 +195,17 @@ def test_a_missing_dataset_or_shard_is_named(dataset, endpoint, tmp_path):
     upload(folder, url3, opts)
     name = TokenStreamReader(folder).manifest.shards[1].name
     ObjectStore(url3, opts).delete(f"{name}/documents.index")
+    name2 = TokenStreamReader(folder).manifest.shards[2].name
+    ObjectStore(url3, opts).delete(f"{name2}/checksums.bin")
     with open_remote(url3, opts, tmp_path) as r:
         r.windows([0], 10)
+        assert len(r.windows([int(r.cum_tokens[1])], 10)[0]) == 10       # windows need no document index
         with pytest.raises(NotFoundError) as info:
-            r.windows([int(r.cum_tokens[1])], 10)
+            r.boundaries([int(r.cum_tokens[1])], 10)
         assert info.value.path == f"{url3}/{name}/documents.index"
+        with pytest.raises(NotFoundError) as info:
+            r.windows([int(r.cum_tokens[2])], 10)
+        assert info.value.path == f"{url3}/{name2}/checksums.bin"
 
 
 def test_pickled_readers_reopen_the_same_dataset(dataset, tmp_path):

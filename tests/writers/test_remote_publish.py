@@ -118,7 +118,7 @@ def test_convert_to_s3_killed_at_random_points(endpoint, tmp_path):
     url = f"s3://{new_bucket(endpoint)}/ds"
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}
-    cmd = [sys.executable, "-m", "zerobatch.cli.main", "convert", str(tmp_path / "tok.npy"), url, "--to", "tokstream",
+    cmd = [sys.executable, "-m", "zerobatch.cli", "convert", str(tmp_path / "tok.npy"), url, "--to", "tokstream",
            "--eod-id", "0", "--shard-tokens", "5000", "--quiet", "--overwrite"]
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr

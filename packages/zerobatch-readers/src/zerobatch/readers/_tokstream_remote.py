@@ -59,26 +59,71 @@ class RemoteShard(Shard):
     def _check_listing(self) -> None:
         """Nothing to list: the manifest names every object of the shard."""
 
+    # The digests are fetched when the shard is first read; the document and metadata indexes
+    # only when a read needs them (boundaries, documents, metadata), so that token windows
+    # cost one request per shard before their blocks.
+
+    @property
+    def documents(self) -> Any:
+        if not self._indexes_loaded and not self._closed:
+            self.load_indexes()
+        return self._documents
+
+    @documents.setter
+    def documents(self, value: Any) -> None:
+        self._documents = value
+
+    @property
+    def metadata_index(self) -> Any:
+        if not self._indexes_loaded and not self._closed:
+            self.load_indexes()
+        return self._metadata_index
+
+    @metadata_index.setter
+    def metadata_index(self, value: Any) -> None:
+        self._metadata_index = value
+
+    @property
+    def indexes_loaded(self) -> bool:
+        return self._indexes_loaded
+
     def _open(self, manifest: T.DatasetManifest) -> None:
-        self._fetch_small(refetch=False)
+        self._manifest = manifest
+        self._indexes_loaded, self._closed = False, False
+        self._documents = self._metadata_index = None
+        self._index_lock = threading.Lock()
+        self._fetch_small(("checksums.bin",), refetch=False, data=True)
         try:
             self._open_cached(manifest)
         except (IntegrityError, CorruptError, TruncatedError):
             # a damaged cache entry (a disk fault, a file edited by hand): fetched again once;
             # a second failure is the remote object's and is raised
-            self.close()
-            self._fetch_small(refetch=True)
+            self._close_files()
+            self._fetch_small(("checksums.bin",), refetch=True, data=True)
             self._open_cached(manifest)
 
     def _open_cached(self, manifest: T.DatasetManifest) -> None:
-        super()._open(manifest)
+        self._open_data(manifest)
         for fname in self.backends:
             self.digests(fname)           # the digest list against the manifest, now
 
-    def _fetch_small(self, *, refetch: bool) -> None:
+    def load_indexes(self) -> None:
+        """Fetch (or find in the cache), map and check the document and metadata indexes."""
+        with self._index_lock:
+            if self._indexes_loaded:
+                return
+            names = tuple(f for f in ("documents.index", "metadata.index") if f in self.entry.files)
+            self._fetch_small(names, refetch=False)
+            try:
+                Shard._open_indexes(self, self._manifest)
+            except (IntegrityError, CorruptError, TruncatedError):
+                self._fetch_small(names, refetch=True)
+                Shard._open_indexes(self, self._manifest)
+            self._indexes_loaded = True
+
+    def _fetch_small(self, names: tuple[str, ...], *, refetch: bool, data: bool = False) -> None:
         e = self.entry
-        small = [f for f in ("checksums.bin", "documents.index", "metadata.index") if f in e.files]
-        todo = [f for f in small if refetch or not self._whole(f)]
+        todo = [f for f in names if refetch or not self._whole(f)]
 
         def fetch(fname: str) -> None:
             want = e.files[fname].size + T.TRAILER_SIZE
@@ -89,8 +134,9 @@ class RemoteShard(Shard):
             with AtomicFile(os.path.join(self.path, fname)) as f:
                 f.write(data)
         self.remote.fetcher.run_all([lambda f=f: fetch(f) for f in todo])
-        for fname in self.backends:
-            self._sparse_copy(fname)
+        if data:
+            for fname in self.backends:
+                self._sparse_copy(fname)
 
     def _whole(self, fname: str) -> bool:
         try:
@@ -209,14 +255,20 @@ class RemoteShard(Shard):
             except IntegrityError as exc:
                 return [exc.message]
             return []
+        if fname in ("documents.index", "metadata.index"):
+            self.load_indexes()
         return super().check_file(fname)
 
-    def close(self) -> None:
+    def _close_files(self) -> None:
         super().close()
         for fd in self._fds.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds = {}
+
+    def close(self) -> None:
+        self._closed = True
+        self._close_files()
 
     def unlinked(self) -> bool:
         """Whether another process evicted this shard's copy (its files unlinked)."""

@@ -158,6 +158,11 @@ class Shard:
         return idx
 
     def _open(self, manifest: T.DatasetManifest) -> None:
+        self._open_data(manifest)
+        self._open_indexes(manifest)
+
+    def _open_data(self, manifest: T.DatasetManifest) -> None:
+        """The listing, the digests and the data files (what reading tokens needs)."""
         self._check_listing()
         e = self.entry
         self.dtype = np.dtype(T.record_dtype_descr(manifest.token_dtype, manifest.metadata))
@@ -168,6 +173,12 @@ class Shard:
         for fname in self.backends:
             # checked now; the backend maps it, or keeps the descriptor and opens it again on demand
             self._register(fname)
+        if manifest.metadata and self.verify:
+            self._meta_ok = np.zeros(T.num_chunks(e.files["metadata.bin"].size, self.block), np.uint8)
+
+    def _open_indexes(self, manifest: T.DatasetManifest) -> None:
+        """The document and metadata indexes, mapped and checked."""
+        e = self.entry
         self.documents = self._index("documents.index", e.num_documents, e.num_tokens, "num_tokens")
         if self.verify:
             self._check_whole("documents.index")
@@ -177,7 +188,6 @@ class Shard:
                                               "the size of metadata.bin")
             if self.verify:
                 self._check_whole("metadata.index")
-                self._meta_ok = np.zeros(T.num_chunks(e.files["metadata.bin"].size, self.block), np.uint8)
 
     def _register(self, fname: str) -> None:
         """Hand data file ``fname`` to its backend, as file number :attr:`index`."""

@@ -178,7 +178,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         self._decode = decoder(m.codec, self.folder)
         self._shards: list[Shard] | RemoteShards = []
         self._gather: WindowGather | None = None
-        self._gather_shards = -1
+        self._gather_indexes: frozenset[int] | set[int] = frozenset()
         self._backends: dict[str, Backend] = {}
         counts = [e.num_tokens for e in m.shards]
         self.cum_tokens = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
@@ -256,21 +256,24 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         shards = self._shards
         assert isinstance(shards, RemoteShards)
         touched = self._shards_of(starts, stops).tolist() if starts.size else []
-        shards.open_all(touched)
-        opened = {sh.index: sh for sh in shards.opened()}
         gather = self._gather
         assert gather is not None and self._store is not None
-        if self._gather_shards != len(opened) or any(k not in opened for k in touched):
+        need = [k for k in touched if k not in self._gather_indexes]
+        if need:
+            shards.open_all(need)
+            shards.fetcher.run_all([lambda k=k: shards[k].load_indexes() for k in need])
+            loaded = {sh.index: sh for sh in shards.opened() if sh.indexes_loaded}
             m = self.manifest
-            docs = [opened[k].documents if k in opened else placeholder_documents(e.num_tokens)
+            docs = [loaded[k].documents if k in loaded else placeholder_documents(e.num_tokens)
                     for k, e in enumerate(m.shards)]
             meta = None
             if m.metadata:
-                meta = [opened[k].metadata_index if k in opened else np.zeros(1, np.uint64)
+                meta = [loaded[k].metadata_index if k in loaded else np.zeros(1, np.uint64)
                         for k in range(len(m.shards))]
             gather = WindowGather(None, self.cum_tokens, self.itemsize, self.token_dtype.itemsize, self.vocab_size,
                                   gather.paths, docs, meta, num_shards=len(m.shards))
-            self._gather, self._gather_shards = gather, len(opened)
+            self._gather = gather
+            self._gather_indexes = self._gather_indexes | set(loaded)
         return gather
 
     def prefetch(self, starts: Any = None, length: int | None = None, stops: Any = None, *,
