@@ -19,23 +19,48 @@ from zerobatch.adapters.torch import Loader, TokenWindows
 SEQ, G, STEPS, SEED = 16, 8, 300, 1234
 
 
-def torchrun(nproc: int, data: str, ckpt: str, logs: str, die_at: int | None) -> subprocess.CompletedProcess:
+def torchrun(nproc: int, data: str, ckpt: str, logs: str, die_at: int | None,
+             env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
             str(REPO / "examples" / "ddp_train.py"), data, ckpt, "--steps", str(STEPS), "--seq-len", str(SEQ),
             "--global-batch", str(G), "--vocab", "12000", "--ckpt-every", "50", "--seed", str(SEED), "--ids-log", logs]
     if die_at is not None:
         argv += ["--die-at", str(die_at)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHELASTIC_ERROR_FILE": os.path.join(logs, "error.json")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHELASTIC_ERROR_FILE": os.path.join(logs, "error.json"),
+           **(env_extra or {})}
     return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
 
 
+def remote_copy(folder: str, tmp_path: Path) -> tuple[str, dict[str, str]]:
+    """``folder`` uploaded to moto's S3 server on 127.0.0.1: its URL and the environment that
+    reaches it (credentials, endpoint, a cache folder)."""
+    pytest.importorskip("obstore")
+    pytest.importorskip("moto")
+    from s3kit import moto_server, new_bucket, options, upload
+    try:
+        endpoint = moto_server()
+    except Exception as exc:  # noqa: BLE001 - the reason is the skip message
+        pytest.skip(f"moto's S3 server cannot start here: {exc}")
+    url = f"s3://{new_bucket(endpoint)}/data"
+    upload(Path(folder), url, options(endpoint))
+    return url, {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+                 "AWS_ENDPOINT_URL": endpoint, "ZEROBATCH_CACHE_DIR": str(tmp_path / "cache")}
+
+
 @pytest.mark.timeout(900)
-def test_killed_and_resumed_on_other_world_sizes(tmp_path):
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_killed_and_resumed_on_other_world_sizes(tmp_path, where):
     data, _ = token_stream(tmp_path / "data", n_tokens=12000)
+    env_extra = None
+    where_read = data
+    if where == "s3":
+        # every rank reads the dataset from the S3 server; the reference order below reads
+        # the local copy: one build id, one order
+        where_read, env_extra = remote_copy(data, tmp_path)
     ckpt, logs = str(tmp_path / "ckpt"), str(tmp_path / "logs")
     runs = [(2, 130), (1, 210), (2, None)]
     for nproc, die_at in runs:
-        r = torchrun(nproc, data, ckpt, logs, die_at)
+        r = torchrun(nproc, where_read, ckpt, logs, die_at, env_extra)
         if die_at is None:
             assert r.returncode == 0, r.stderr[-3000:]
         else:
