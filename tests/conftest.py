@@ -35,3 +35,17 @@ def batch_file(tmp_path: Path, tokens_small: np.ndarray) -> Path:
     path = tmp_path / "small.batch"
     write_batch_file(path, tokens_small, 8, 64, seed=7)
     return path
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> str:
+    """``http://127.0.0.1:PORT`` of a real S3 API server (moto's, one per test process; see
+    ``tests/s3kit.py``); the test is skipped, with the reason, where it cannot start."""
+    pytest.importorskip("obstore")
+    pytest.importorskip("moto")
+    from s3kit import moto_server
+
+    try:
+        return moto_server()
+    except Exception as exc:  # noqa: BLE001 - the reason is the skip message
+        pytest.skip(f"moto's S3 server cannot start here: {exc}")

@@ -11,7 +11,7 @@ pytest.importorskip("obstore")
 pytest.importorskip("moto")
 torch = pytest.importorskip("torch")
 
-from s3kit import moto_server, new_bucket, options, upload  # noqa: E402
+from s3kit import new_bucket, options, upload  # noqa: E402
 
 from zerobatch.adapters.torch import Loader, TokenDocuments, TokenWindows  # noqa: E402
 from zerobatch.readers.tokstream import TokenStreamReader  # noqa: E402
@@ -21,11 +21,8 @@ SEQ = 64
 
 
 @pytest.fixture(scope="module")
-def remote(tmp_path_factory):
-    try:
-        endpoint = moto_server()
-    except Exception as exc:  # noqa: BLE001 - the reason is the skip message
-        pytest.skip(f"moto's S3 server cannot start here: {exc}")
+def remote(tmp_path_factory, s3_endpoint):
+    endpoint = s3_endpoint
     tmp = tmp_path_factory.mktemp("rl")
     rng = np.random.default_rng(5)
     with TokenStreamWriter(tmp / "ds", vocab_size=1000, shard_tokens=4000, eod_token=0) as w:
@@ -52,7 +49,7 @@ def test_the_same_batches_state_and_resume_as_the_local_copy(remote):
     want = [b for b in local]
     got = [b for b in far]
     assert len(got) == len(want) > 10
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, want))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, want, strict=False))
     # a state saved on the local copy resumes on the remote one, and the other way round
     it = iter(local)
     head = [next(it) for _ in range(5)]
@@ -71,7 +68,7 @@ def test_documents_from_the_store(remote):
     folder, url, opts, cache = remote
     a = list(Loader(TokenDocuments(folder, 80), batch_size=4, seed=1))
     b = list(Loader(TokenDocuments(reader(url, opts, cache), 80), batch_size=4, seed=1))
-    assert len(a) == len(b) and all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(a, b))
+    assert len(a) == len(b) and all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(a, b, strict=False))
 
 
 def test_dataloader_workers_read_the_store(remote):

@@ -31,16 +31,10 @@ def torchrun(nproc: int, data: str, ckpt: str, logs: str, die_at: int | None,
     return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
 
 
-def remote_copy(folder: str, tmp_path: Path) -> tuple[str, dict[str, str]]:
-    """``folder`` uploaded to moto's S3 server on 127.0.0.1: its URL and the environment that
-    reaches it (credentials, endpoint, a cache folder)."""
-    pytest.importorskip("obstore")
-    pytest.importorskip("moto")
-    from s3kit import moto_server, new_bucket, options, upload
-    try:
-        endpoint = moto_server()
-    except Exception as exc:  # noqa: BLE001 - the reason is the skip message
-        pytest.skip(f"moto's S3 server cannot start here: {exc}")
+def remote_copy(folder: str, tmp_path: Path, endpoint: str) -> tuple[str, dict[str, str]]:
+    """``folder`` uploaded to moto's S3 server on 127.0.0.1 (``endpoint``): its URL and the
+    environment that reaches it (credentials, endpoint, a cache folder)."""
+    from s3kit import new_bucket, options, upload
     url = f"s3://{new_bucket(endpoint)}/data"
     upload(Path(folder), url, options(endpoint))
     return url, {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
@@ -49,14 +43,14 @@ def remote_copy(folder: str, tmp_path: Path) -> tuple[str, dict[str, str]]:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_killed_and_resumed_on_other_world_sizes(tmp_path, where):
+def test_killed_and_resumed_on_other_world_sizes(tmp_path, where, request):
     data, _ = token_stream(tmp_path / "data", n_tokens=12000)
     env_extra = None
     where_read = data
     if where == "s3":
         # every rank reads the dataset from the S3 server; the reference order below reads
         # the local copy: one build id, one order
-        where_read, env_extra = remote_copy(data, tmp_path)
+        where_read, env_extra = remote_copy(data, tmp_path, request.getfixturevalue("s3_endpoint"))
     ckpt, logs = str(tmp_path / "ckpt"), str(tmp_path / "logs")
     runs = [(2, 130), (1, 210), (2, None)]
     for nproc, die_at in runs:

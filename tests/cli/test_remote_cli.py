@@ -14,15 +14,12 @@ import pytest
 pytest.importorskip("obstore")
 pytest.importorskip("moto")
 
-from s3kit import moto_server, new_bucket  # noqa: E402
+from s3kit import new_bucket  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    try:
-        endpoint = moto_server()
-    except Exception as exc:  # noqa: BLE001 - the reason is the skip message
-        pytest.skip(f"moto's S3 server cannot start here: {exc}")
+def env(tmp_path_factory, s3_endpoint):
+    endpoint = s3_endpoint
     return {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint,
             "ZEROBATCH_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}, endpoint

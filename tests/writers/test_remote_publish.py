@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("obstore")
 pytest.importorskip("moto")
 
-from s3kit import moto_server, new_bucket, options  # noqa: E402
+from s3kit import new_bucket, options  # noqa: E402
 
 from zerobatch.core.remote import ObjectStore  # noqa: E402
 from zerobatch.formats.errors import ConfigError, NotFoundError, WriteError  # noqa: E402
@@ -26,11 +26,8 @@ from zerobatch.writers.tokstream import TokenStreamWriter  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def endpoint():
-    try:
-        return moto_server()
-    except Exception as exc:  # noqa: BLE001 - the reason is the skip message
-        pytest.skip(f"moto's S3 server cannot start here: {exc}")
+def endpoint(s3_endpoint):
+    return s3_endpoint
 
 
 def build(folder, seed):

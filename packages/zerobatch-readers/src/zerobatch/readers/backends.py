@@ -168,6 +168,9 @@ class PreadBackend(Backend):
 
     name = "pread"
     kernel_access = "descriptor"
+    #: When every file fits under the limit, the first kernel opens them all and nothing is
+    #: closed again (later kernels skip the pinning).
+    open_all_that_fit: ClassVar[bool] = True
 
     def __init__(self, *, max_open_files: int | None = None) -> None:
         super().__init__()
@@ -259,7 +262,7 @@ class PreadBackend(Backend):
             if self._all_open:
                 yield self.table
                 return
-            if len(self.files) <= self.limit:
+            if self.open_all_that_fit and len(self.files) <= self.limit:
                 for k in range(len(self.files)):
                     self._get(k)
                 self._all_open = True

@@ -244,6 +244,7 @@ class RemoteBackend(PreadBackend):
 
     name = "remote"
     kernel_access = "descriptor"
+    open_all_that_fit = False
 
     def __init__(self, count: int, *, max_open_files: int | None = None) -> None:
         super().__init__(max_open_files=max_open_files)
@@ -271,14 +272,3 @@ class RemoteBackend(PreadBackend):
         if self.files[k] is None:
             raise ConfigError(f"file {k} is read before its shard was fetched", field="backend")
         return super()._get(k, keep)
-
-    @contextlib.contextmanager
-    def pinned(self, files: Iterable[int]) -> Iterator[np.ndarray | None]:
-        with self.lock:
-            keep = frozenset(int(k) for k in files)
-            if len(keep) > self.limit:
-                yield None
-                return
-            for k in keep:
-                self._get(k, keep)
-            yield self.table
