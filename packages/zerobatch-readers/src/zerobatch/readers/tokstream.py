@@ -187,7 +187,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         self.num_tokens = int(self.cum_tokens[-1])
         self.num_documents = int(self.cum_documents[-1])
         if self._store is not None:
-            self._open_remote(max_open_files)
+            self._open_remote(self._store, max_open_files)
             self.closed = False
             return
         options: dict[str, Any] = {}
@@ -219,7 +219,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                                         num_shards=len(self._shards))
         self.closed = False
 
-    def _open_remote(self, max_open_files: int | None) -> None:
+    def _open_remote(self, store: ObjectStore, max_open_files: int | None) -> None:
         """The object-storage backend (see :mod:`zerobatch.readers.remote`): nothing fetched
         but the manifest; every shard on first use."""
         m, opts = self.manifest, self._remote_options
@@ -231,13 +231,18 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         self._checks = ChunkChecks([T.num_chunks(e.files["tokens.bin"].size, m.block) for e in m.shards])
         limit = DEFAULT_CACHE_LIMIT if opts["cache_limit"] is None else opts["cache_limit"]
         threads = DEFAULT_FETCH_THREADS if opts["fetch_threads"] is None else opts["fetch_threads"]
-        assert self._store is not None
-        self._shards = RemoteShards(self._store, m, self._backends, self._checks,  # type: ignore[arg-type]
+        self._shards = RemoteShards(store, m, self._backends, self._checks,  # type: ignore[arg-type]
                                     CacheDir(cache_root(opts["cache_dir"]), limit), Fetcher(threads))
         if n:
             self._gather = WindowGather(None, self.cum_tokens, self.itemsize, self.token_dtype.itemsize,
-                                        self.vocab_size, [self._store.name(f"{e.name}/tokens.bin") for e in m.shards],
+                                        self.vocab_size, [store.name(f"{e.name}/tokens.bin") for e in m.shards],
                                         num_shards=n)
+
+    def _remote_shards(self) -> RemoteShards:
+        shards = self._shards
+        if not isinstance(shards, RemoteShards):
+            raise ConfigError("the dataset is not read from a URL", path=self.folder, field="backend")
+        return shards
 
     @property
     def remote(self) -> bool:
@@ -253,11 +258,9 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
     def _remote_gather(self, starts: np.ndarray, stops: np.ndarray) -> WindowGather:
         """A remote dataset's window kernels with the indexes of every shard the ranges touch
         (fetched now when not yet; the kernels are made again when a shard was added)."""
-        shards = self._shards
-        assert isinstance(shards, RemoteShards)
+        shards = self._remote_shards()
         touched = self._shards_of(starts, stops).tolist() if starts.size else []
-        gather = self._gather
-        assert gather is not None and self._store is not None
+        gather = self._ready()
         need = [k for k in touched if k not in self._gather_indexes]
         if need:
             shards.open_all(need)
@@ -289,8 +292,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         """
         if self._store is None or self._gather is None or self.closed:
             return
-        shards = self._shards
-        assert isinstance(shards, RemoteShards)
+        shards = self._remote_shards()
         if documents is not None:
             docs = as_positions(documents, "documents")
             width = None if length is None else check_count(length, "length")
@@ -313,8 +315,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         """A remote dataset: every ``tokens.bin`` block the ranges touch held in the local
         copies, checked. Blocks another thread is fetching are waited for, not fetched twice;
         runs of blocks of different shards are fetched in parallel. (Under the shared lock.)"""
-        checks, shards, gather = self._checks, self._shards, self._gather
-        assert isinstance(shards, RemoteShards) and gather is not None
+        checks, shards, gather = self._checks, self._remote_shards(), self._ready()
         while True:
             with checks.lock:
                 todo = gather.unchecked_chunks(starts, None, stops, checks.addresses, self.manifest.block, cap=1 << 16)
@@ -353,8 +354,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
 
     def _remote_read(self, starts: np.ndarray, stops: np.ndarray, gather: Callable[[Any], Any],
                      piecewise: Callable[[], Any] | None) -> Any:
-        shards = self._shards
-        assert isinstance(shards, RemoteShards)
+        shards = self._remote_shards()
         try:
             with shards.lock.shared():
                 self._fetch_tokens(starts, stops)
