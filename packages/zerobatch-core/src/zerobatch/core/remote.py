@@ -274,11 +274,13 @@ class ObjectStore:
         policy = self.retry
         t0 = time.monotonic()
         last: BaseException | None = None
+        tries = 0
         for attempt in range(policy.attempts):
             if attempt:
                 time.sleep(policy.delay(attempt - 1, self._rng))
                 if time.monotonic() - t0 > policy.deadline:
                     break
+            tries += 1
             try:
                 return fn()
             except _ShortBody as exc:
@@ -292,7 +294,6 @@ class ObjectStore:
                     cls = WriteError if write else ReadError
                     raise cls(f"{what}: {_first_line(exc)}", path=self.name(key), field=field) from None
                 last = exc
-        tries = attempt + 1
         if isinstance(last, _ShortBody) and not write:
             raise TruncatedError(f"{what}: the object ended early on every one of {tries} tries ({last.got} of "
                                  f"{last.want} bytes): it is shorter than its dataset says", path=self.name(key),
