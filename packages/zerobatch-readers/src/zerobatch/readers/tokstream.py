@@ -107,9 +107,10 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         num_threads: threads a batch of windows is split over (the calling thread plus
             ``num_threads - 1`` workers of the shared pool, all without the GIL); 1 copies
             on the calling thread only.
-        verify: check checksums: index files in full at open, each 16 MiB chunk of token
-            and metadata data the first time a read touches it (``IntegrityError`` naming
-            the file and the chunk). ``False`` skips them (trusted data, or to measure).
+        verify: check checksums: index files in full at open, each checksum block of token
+            and metadata data (1 KiB; 16 MiB in version 1 datasets) the first time a read
+            touches it (``IntegrityError`` naming the file and the block). ``False`` skips
+            them (trusted data, or to measure). Datasets at URLs are always checked.
         max_open_files: pread backend: descriptors kept open at most (least recently used
             closed first); default a quarter of ``RLIMIT_NOFILE``, at most 1024. A batch
             touching more shards than that is read shard piece by shard piece.
@@ -397,7 +398,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         with checks.lock:
             while True:
                 todo = self._gather.unchecked_chunks(starts, length, stops, checks.addresses, self.manifest.block,
-                                                     cap=4096)
+                                                     cap=256)
                 if not len(todo):
                     return
                 # runs of consecutive blocks of one shard: one read and one compiled hash each
@@ -484,6 +485,12 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             # (a warm loop's batches; a few microseconds of Python saved per batch count here)
             return gather.gather(starts, length, out, pool)
         starts = as_positions(starts, "starts")
+        if self._tokens.kernel_access == "address":
+            # mapped files: the blocks these windows touch that no read checked yet are
+            # checked, then one gather (with small blocks a large dataset always has some
+            # unchecked, so this is the common path: kept free of closures and copies)
+            self._check_tokens(starts, length)
+            return gather.gather(starts, length, out, pool)
 
         def piecewise() -> np.ndarray:
             for w, st in enumerate(starts.tolist()):
