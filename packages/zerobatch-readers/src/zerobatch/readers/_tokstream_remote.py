@@ -302,7 +302,7 @@ class RemoteShards:
         self.lock = RWLock()
         self.inflight: dict[tuple[int, int], threading.Event] = {}
         self._used: set[int] = set()
-        self._since = 0
+        self._scan_due = False
 
     def __len__(self) -> int:
         return len(self.manifest.shards)
@@ -334,7 +334,10 @@ class RemoteShards:
             self.fetcher.run_all([lambda k=k: self[k] for k in todo])
 
     def fetched(self, nbytes: int) -> None:
-        self._since += nbytes
+        """``nbytes`` written into the cache (from any request thread: the cache counts under
+        its lock); the folder is measured at the next :meth:`maybe_evict` when it is time."""
+        if self.cache.added(nbytes):
+            self._scan_due = True
 
     def use(self, ks: list[int]) -> None:
         self._used.update(ks)
@@ -343,10 +346,9 @@ class RemoteShards:
 
     def maybe_evict(self) -> None:
         """Keep the cache folder under its limit (between reads: under the exclusive lock)."""
-        if not self.cache.added(self._since):
-            self._since = 0
+        if not self._scan_due:
             return
-        self._since = 0
+        self._scan_due = False
         with self.lock.exclusive():
             for k in self._used:
                 sh = self._open.get(k)
