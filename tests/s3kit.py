@@ -175,7 +175,8 @@ class FaultProxy:
             if k.lower() not in ("connection", "keep-alive", "transfer-encoding", "content-length", "date",
                                  "server"):
                 h.send_header(k, v)
-        h.send_header("Content-Length", str(len(data)))
+        # a HEAD answer has no body but the object's length (the upstream's header)
+        h.send_header("Content-Length", resp.getheader("Content-Length", "0") if method == "HEAD" else str(len(data)))
         h.end_headers()
         if method == "HEAD":
             return

@@ -25,16 +25,13 @@ from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import CorruptError, IntegrityError, TruncatedError, ZerobatchError
 from zerobatch.readers._tokstream_shard import ChunkChecks, Shard, block_digests
 from zerobatch.readers.backends import DataFile
-from zerobatch.readers.remote import CacheDir, Fetcher, RemoteBackend, RWLock
+from zerobatch.readers.remote import FETCH_TRIES, CacheDir, Fetcher, RemoteBackend, RWLock
+from zerobatch.readers.remote import runs as _runs
 
 if TYPE_CHECKING:
     from zerobatch.readers.backends import Backend
 
 __all__ = ["FETCH_TRIES", "RemoteShard", "RemoteShards"]
-
-#: Tries of a block range whose bytes do not match their digests (damaged in flight) before
-#: the read fails with an ``IntegrityError`` naming the URL and the range.
-FETCH_TRIES = 3
 
 
 class RemoteShard(Shard):
@@ -385,17 +382,6 @@ class RemoteShards:
                 sh.close()
         self._open = {}
         self.fetcher.close()
-
-
-def _runs(blocks: list[int]) -> list[tuple[int, int]]:
-    """``[first, stop)`` runs of consecutive numbers of the sorted ``blocks``."""
-    runs: list[tuple[int, int]] = []
-    for k in blocks:
-        if runs and runs[-1][1] == k:
-            runs[-1] = (runs[-1][0], k + 1)
-        else:
-            runs.append((k, k + 1))
-    return runs
 
 
 def placeholder_documents(num_tokens: int) -> np.ndarray:

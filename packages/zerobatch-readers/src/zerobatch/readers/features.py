@@ -23,6 +23,7 @@ import numpy as np
 from zerobatch.core import gather_rows, locate_windows, xxh3_64
 from zerobatch.core.checks import check_count
 from zerobatch.core.io import open_regular_file, pread_exact
+from zerobatch.core.remote import is_url, local_path
 from zerobatch.formats import features as F
 from zerobatch.formats.errors import (ConfigError, CorruptError, IntegrityError, LimitExceededError, ReadError,
                                       TruncatedError)
@@ -35,11 +36,21 @@ class FeatureMatrix(BatchReader):
     """Windows of ``window`` rows of a feature-matrix dataset.
 
     Args:
-        folder: the dataset folder.
+        folder: the dataset folder, or its URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``,
+            ``file://``; ``docs/object-storage.md``).
         window: rows per window (``W``).
         stride: rows between the starts of consecutive windows of a key (default 1).
         horizon: rows after each window handed out as its target (0: none).
-        verify: check each block's checksum the first time a read touches it.
+        verify: check each block's checksum the first time a read touches it (always, for
+            a dataset at a URL).
+        storage_options, cache_dir, cache_limit, fetch_threads: a URL's store configuration,
+            local cache folder, its byte limit and requests in flight (as for
+            :class:`~zerobatch.readers.tokstream.TokenStreamReader`).
+
+    A dataset at a URL costs two requests to open (its metadata and its checksum file); each
+    block of the matrix is fetched by exact byte range the first time a read (or
+    :meth:`prefetch`) touches it, checked, and kept in a sparse local copy in the cache
+    folder.
 
     Key ``k`` with ``n`` rows has ``max(0, (n - W - horizon) // stride + 1)`` windows; window
     ``j`` of it covers rows ``[start + j*stride, start + j*stride + W)`` and its target the
@@ -52,8 +63,19 @@ class FeatureMatrix(BatchReader):
     """
 
     def __init__(self, folder: str | os.PathLike[str], window: int, *, stride: int = 1, horizon: int = 0,
-                 verify: bool = True) -> None:
-        self.folder = os.path.abspath(os.fspath(folder))
+                 verify: bool = True, storage_options: dict[str, Any] | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None, cache_limit: int | None = None,
+                 fetch_threads: int | None = None) -> None:
+        folder = local_path(folder)
+        self._remote_options: dict[str, Any] | None = None
+        if is_url(folder):
+            self._url = folder.rstrip("/")
+            self._remote_options = {"storage_options": storage_options, "cache_dir": cache_dir,
+                                    "cache_limit": cache_limit, "fetch_threads": fetch_threads}
+            self.folder = ""
+            verify = True
+        else:
+            self.folder = os.path.abspath(os.fspath(folder))
         self.window = check_count(window, "window", minimum=1)
         self.stride = check_count(stride, "stride", minimum=1)
         self.horizon = check_count(horizon, "horizon")
@@ -64,8 +86,59 @@ class FeatureMatrix(BatchReader):
 
     # -- opening (lazily, once per process) -----------------------------------------------------
 
+    def _open_remote(self) -> None:
+        """A dataset at a URL: its metadata and checksums fetched and checked, its matrix a
+        sparse local copy in the cache whose blocks are fetched as reads touch them."""
+        from zerobatch.readers.remote import RemoteFile, RemoteOptions
+        assert self._remote_options is not None
+        r = RemoteOptions(f"{self._url}/{F.METADATA}", **self._remote_options)
+        self.folder = r.store.url
+        path = r.url
+        raw = r.store.get(F.METADATA, limit=F.MAX_METADATA_BYTES, field="metadata")
+        meta = F.parse_metadata(raw, path=path, digest=xxh3_64)
+        if self._expected_build is not None and meta.build_id != self._expected_build:
+            raise IntegrityError(f"build_id: the dataset was rebuilt since this reader was made (was "
+                                 f"{self._expected_build}, now {meta.build_id})", path=path, field="build_id")
+        data_name, sums_name = F.data_file_names(meta.build_id)
+        sums_path = r.store.name(sums_name)
+        want = 8 * meta.num_blocks
+        sums_raw = r.store.get(sums_name, limit=want, field="file") if want else b""
+        if len(sums_raw) != want:
+            raise TruncatedError(f"file: {len(sums_raw)} bytes, the checksums of {meta.num_blocks} blocks need {want}",
+                                 path=sums_path, field="file")
+        if f"{xxh3_64(sums_raw):016x}" != meta.sums_xxh3:
+            raise IntegrityError("sums_xxh3: the checksum file does not match the metadata", path=sums_path,
+                                 field="sums_xxh3")
+        old = self.__dict__.get("_copy")
+        if old is not None:
+            old.close()
+        self._copy = copy = None
+        mm = None
+        if meta.data_bytes:
+            folder = r.cache.folder("features", meta.build_id)
+            copy = RemoteFile(r, data_name, os.path.join(folder, data_name), meta.data_bytes)
+            try:
+                mm = mmap.mmap(copy.fd, meta.data_bytes, access=mmap.ACCESS_READ)
+            except OSError as exc:
+                raise ReadError(f"file: cannot map: {exc.strerror}", errno=exc.errno, path=copy.path,
+                                field="file") from exc
+            sums, block, size = np.frombuffer(sums_raw, "<u8"), meta.block_bytes, meta.data_bytes
+            view = memoryview(mm)
+
+            def spans(units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                return units * block, np.minimum((units + 1) * block, size)
+
+            def check(units: list[int]) -> list[int]:
+                return [k for k in units if xxh3_64(view[k * block:min((k + 1) * block, size)]) != int(sums[k])]
+            copy.units(meta.num_blocks, spans, check)
+            self._copy = copy
+        self._opened(meta, r.store.name(data_name), mm, sums_raw)
+
     def _ensure(self) -> None:
         if self._open_pid == os.getpid():
+            return
+        if self._remote_options is not None:
+            self._open_remote()
             return
         path = os.path.join(self.folder, F.METADATA)
         fd, st = open_regular_file(path)
@@ -110,6 +183,10 @@ class FeatureMatrix(BatchReader):
                                     field="file") from exc
         finally:
             os.close(fd)
+        self._copy = None
+        self._opened(meta, data_path, mm, sums_raw)
+
+    def _opened(self, meta: F.FeatureMeta, data_path: str, mm: mmap.mmap | None, sums_raw: bytes) -> None:
         self.meta = meta
         self.data_path = data_path
         self._mm = mm
@@ -188,6 +265,8 @@ class FeatureMatrix(BatchReader):
         todo = np.flatnonzero(~self._verified[first:last + 1])
         if not todo.size:
             return
+        if self._copy is not None:
+            self._copy.ensure(todo + first)
         view = memoryview(self._mm)  # type: ignore[arg-type]
         try:
             for k in (todo + first).tolist():
@@ -210,6 +289,8 @@ class FeatureMatrix(BatchReader):
         lasts = ((rows + span) * self._row_bytes - 1) // block
         if self._verified[firsts].all() and self._verified[lasts].all() and (lasts - firsts <= 1).all():
             return
+        if self._copy is not None:                 # every block of the batch in one fetch
+            self._copy.ensure(_blocks(firsts, lasts))
         for r in rows.tolist():
             self._check_rows(r, r + span)
 
@@ -251,6 +332,28 @@ class FeatureMatrix(BatchReader):
         return out, y
 
     @property
+    def remote(self) -> bool:
+        """Whether the dataset is read from a URL (object storage)."""
+        return self._remote_options is not None
+
+    @property
+    def store(self) -> Any:
+        """The object store of a dataset at a URL (its request and byte counters), else ``None``."""
+        self._ensure()
+        return None if self._copy is None else self._copy.remote.store
+
+    def prefetch(self, indices: Any) -> None:
+        """Read-ahead hint: a dataset at a URL fetches the blocks of windows ``indices`` in the
+        background (errors are left to the read that needs them). Local datasets: nothing."""
+        self._ensure()
+        if self._copy is None:
+            return
+        _, rows = self.locate(indices)
+        block = self.meta.block_bytes
+        self._copy.prefetch(_blocks(rows * self._row_bytes // block,
+                                    ((rows + self.window + self.horizon) * self._row_bytes - 1) // block))
+
+    @property
     def row_bytes(self) -> int:
         """Bytes per row of the matrix."""
         return self._row_bytes
@@ -270,18 +373,20 @@ class FeatureMatrix(BatchReader):
 
     def __getstate__(self) -> dict[str, Any]:
         return {"folder": self.folder, "window": self.window, "stride": self.stride, "horizon": self.horizon,
-                "verify": self.verify_blocks, "build": self._expected_build}
+                "verify": self.verify_blocks, "build": self._expected_build, "remote": self._remote_options,
+                "url": self.__dict__.get("_url")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.folder, self.window, self.stride = state["folder"], state["window"], state["stride"]
         self.horizon, self.verify_blocks = state["horizon"], state["verify"]
         self._expected_build = state["build"]
+        self._remote_options, self._url = state.get("remote"), state.get("url")
         self._open_pid = None         # opened on first use in this process
 
     def __getattr__(self, name: str) -> Any:
         # the lazily opened parts of an unpickled reader
         if name in ("meta", "matrix", "data_path", "key_names", "key_starts", "key_stops", "key_windows", "_mm",
-                    "_sums", "_verified", "_cum", "_row_bytes"):
+                    "_sums", "_verified", "_cum", "_row_bytes", "_copy"):
             self._ensure()
             return self.__dict__[name]
         raise AttributeError(name)
@@ -289,3 +394,12 @@ class FeatureMatrix(BatchReader):
     def __repr__(self) -> str:
         return f"FeatureMatrix({self.folder!r}, window={self.window}, stride={self.stride}, horizon={self.horizon})"
 
+
+
+def _blocks(firsts: np.ndarray, lasts: np.ndarray) -> np.ndarray:
+    """The sorted distinct blocks of the ranges ``[firsts[i], lasts[i]]``."""
+    if not firsts.size:
+        return np.zeros(0, np.int64)
+    counts = (lasts - firsts + 1).astype(np.int64)
+    offsets = np.repeat(np.cumsum(counts) - counts, counts)
+    return np.unique(np.repeat(firsts, counts) + np.arange(int(counts.sum())) - offsets)

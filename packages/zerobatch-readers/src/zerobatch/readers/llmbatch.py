@@ -22,20 +22,25 @@ This module never imports torch: the seed's ``read_batch_torch`` is on the reade
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno as _errno
 import mmap
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from zerobatch.core import LLMBatchSlots, parse_llmbatch_header, xxh3_64
 from zerobatch.core.io import open_regular_file, pread_exact
+from zerobatch.core.remote import is_url, local_path
 from zerobatch.formats import llmbatch as L
 from zerobatch.formats.errors import ConfigError, IntegrityError, ReadError
 from zerobatch.readers.base import BatchReader, OpensOnFirstUse
+
+if TYPE_CHECKING:
+    from zerobatch.readers.remote import RemoteFile, RemoteOptions
 
 __all__ = ["BatchFileReader", "VerifyReport"]
 
@@ -106,9 +111,19 @@ class BatchFileReader(OpensOnFirstUse, BatchReader):
     """Zero-copy, validated access to the batches of an LLMBATCH file.
 
     Args:
-        path: the ``.batch`` file.
+        path: the ``.batch`` file, or its URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``,
+            ``file://``; ``docs/object-storage.md``).
         verify: check each batch against its checksum the first time it is read (files with
-            checksums only). The header and the trailer are always checked on open.
+            checksums only). The header and the trailer are always checked on open; a file
+            at a URL is always checked (a batch's checksum is how its cached copy is known).
+        storage_options, cache_dir, cache_limit, fetch_threads: a URL's store configuration,
+            local cache folder, its byte limit and requests in flight (as for
+            :class:`~zerobatch.readers.tokstream.TokenStreamReader`).
+
+    A file at a URL costs three requests to open (its size, header and checksum trailer);
+    each batch is then fetched by exact byte range the first time a read (or
+    :meth:`prefetch`) needs it, checked against its checksum, and kept in a sparse local copy
+    in the cache folder that every process of the machine shares.
 
     Raises:
         NotFoundError: the file does not exist.
@@ -125,17 +140,50 @@ class BatchFileReader(OpensOnFirstUse, BatchReader):
         i32 = reader.read_batch_numpy(0, dtype=np.int32)   # shares the file's pages
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
-        self.path = os.fspath(path)
-        self.verify_batches = bool(verify)
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True,
+                 storage_options: dict[str, Any] | None = None, cache_dir: str | os.PathLike[str] | None = None,
+                 cache_limit: int | None = None, fetch_threads: int | None = None) -> None:
+        path = local_path(path)
+        self._remote: RemoteOptions | None = None
+        self._copy: RemoteFile | None = None
+        if is_url(path):
+            from zerobatch.readers.remote import RemoteOptions
+            self._remote = RemoteOptions(path, storage_options, cache_dir, cache_limit, fetch_threads)
+            self._url = path
+            self.path = self._remote.url
+        else:
+            self.path = os.fspath(path)
+        self.verify_batches = bool(verify) or self._remote is not None
         self._expected_fingerprint: str | None = None
         self._open()
 
     # ---------------------------------------------------------------------------------------
     # opening
 
+    def _fetch_layout(self) -> str:
+        """A file at a URL: its header and trailer fetched and checked, its sparse local copy
+        made (or found) in the cache; returns the copy's path."""
+        from zerobatch.readers.remote import RemoteFile
+        r = self._remote
+        assert r is not None
+        size = r.size("")
+        head = bytes(r.store.get_range(r.name, 0, min(size, L.HEADER_SIZE)))
+        header = parse_llmbatch_header(head, size, path=self.path)
+        if not header.has_checksums or header.build_id is None:
+            raise ConfigError("checksums: the file has no batch checksums (a file of the seed's writer), and every "
+                              "byte read from a URL is checked: rewrite it with zerobatch convert, or read a local "
+                              "copy", path=self.path, field="checksums")
+        a = header.trailer_offset
+        trailer = r.store.get_range(r.name, a, a + header.trailer_size)
+        folder = r.cache.folder("llmbatch", header.build_id.hex())
+        if self._copy is not None:
+            self._copy.close()
+        self._copy = RemoteFile(r, r.name, os.path.join(folder, "file.batch"), size, [(0, head), (a, trailer)])
+        return self._copy.path
+
     def _open(self) -> None:
-        fd, st = open_regular_file(self.path)
+        local = self.path if self._remote is None else self._fetch_layout()
+        fd, st = open_regular_file(local)
         try:
             size = st.st_size
             head = pread_exact(fd, min(size, L.HEADER_SIZE), 0, path=self.path, field="header")
@@ -185,6 +233,53 @@ class BatchFileReader(OpensOnFirstUse, BatchReader):
         self._view_i32 = self._slots.view_int32
         self._new_i64 = self._slots.new_int64
         self._read_into = self._slots.read_into
+        if self._copy is not None:
+            self._remote_units(header)
+
+    def _remote_units(self, header: Any) -> None:
+        """A file at a URL: its batches are the units of the local copy (each batch's slot
+        fetched and checked before a read of it), and every read goes through them."""
+        copy, slots = self._copy, self._slots
+        assert copy is not None
+        first, slot, end = L.HEADER_SIZE, header.padded_batch_bytes, header.trailer_offset
+
+        def spans(units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            a = first + units * slot
+            return a, np.minimum(a + slot, end)
+
+        def check(units: list[int]) -> list[int]:
+            bad: list[int] = []
+            for u in units:
+                bad += slots.verify_range(u, u + 1)
+            return bad
+        copy.units(header.num_batches, spans, check)
+        ensure = copy.ensure
+
+        def ensuring(read: Callable[..., Any]) -> Callable[..., Any]:
+            def call(i: Any, *args: Any) -> Any:
+                ensure(i)
+                return read(i, *args)
+            return call
+        self._view_u32 = ensuring(slots.view_uint32)
+        self._view_i32 = ensuring(slots.view_int32)
+        self._new_i64 = ensuring(slots.new_int64)
+        self._read_into = ensuring(slots.read_into)
+
+    @property
+    def remote(self) -> bool:
+        """Whether the file is read from a URL (object storage)."""
+        return self._remote is not None
+
+    @property
+    def store(self) -> Any:
+        """The object store of a file at a URL (its request and byte counters), else ``None``."""
+        return None if self._remote is None else self._remote.store
+
+    def prefetch(self, indices: Any) -> None:
+        """Read-ahead hint: a file at a URL fetches batches ``indices`` in the background
+        (errors are left to the read that needs them). Local files: nothing."""
+        if self._copy is not None:
+            self._copy.prefetch(np.array(indices, dtype=np.int64, copy=True))
 
     def _map(self, fd: int, size: int) -> tuple[mmap.mmap, bool]:
         try:
@@ -256,7 +351,10 @@ class BatchFileReader(OpensOnFirstUse, BatchReader):
     __getitem__ = read_batch
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        for i in range(self.header.num_batches):
+        nb = self.header.num_batches
+        for i in range(nb):
+            if self._copy is not None and i % 16 == 0:      # a URL: the next batches fetched ahead
+                self.prefetch(np.arange(i + 16, min(nb, i + 32)) if i else np.arange(0, min(nb, 32)))
             yield self.read_batch(i)
 
     def read_batch_numpy(self, batch_index: int, dtype: Any = np.int64, out: np.ndarray | None = None) -> np.ndarray:
@@ -308,6 +406,8 @@ class BatchFileReader(OpensOnFirstUse, BatchReader):
         idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
         if out is None:
             out = np.empty((idx.size, *self._shape), _numpy_dtype(dtype))
+        if self._copy is not None:
+            self._copy.ensure(idx)
         return self._slots.gather(idx, out)
 
     def read_into(self, items: Any, out: Any) -> Any:
@@ -319,7 +419,10 @@ class BatchFileReader(OpensOnFirstUse, BatchReader):
         Raises:
             OutOfRangeError, IntegrityError, ConfigError: as :meth:`read_batches`.
         """
-        return self._slots.gather(np.ascontiguousarray(items, dtype=np.int64).reshape(-1), out)
+        idx = np.ascontiguousarray(items, dtype=np.int64).reshape(-1)
+        if self._copy is not None:
+            self._copy.ensure(idx)
+        return self._slots.gather(idx, out)
 
     def read_async(self, pool: Any, items: Any, out: Any) -> Any:
         """:meth:`read_into` queued on ``pool`` as one compiled task (checks and conversion
@@ -329,6 +432,8 @@ class BatchFileReader(OpensOnFirstUse, BatchReader):
         Raises:
             OutOfRangeError, ConfigError: now; IntegrityError: from ``wait()``.
         """
+        if self._copy is not None:          # the fetch runs on the pool's thread, then the gather
+            return BatchReader.read_async(self, pool, items, out)
         return self._slots.gather_async(pool, np.ascontiguousarray(items, dtype=np.int64).reshape(-1), out)
 
     def advise(self, start: int, stop: int, advice: str = "willneed") -> None:
@@ -338,6 +443,10 @@ class BatchFileReader(OpensOnFirstUse, BatchReader):
         nb = self.header.num_batches
         start, stop = max(0, min(start, nb)), max(0, min(stop, nb))
         if stop <= start or self._mm is None:
+            return
+        if self._copy is not None:
+            if advice == "willneed":
+                self.prefetch(np.arange(start, stop))
             return
         flag = {"willneed": mmap.MADV_WILLNEED, "sequential": mmap.MADV_SEQUENTIAL,
                 "random": mmap.MADV_RANDOM, "dontneed": mmap.MADV_DONTNEED}.get(advice)
@@ -374,6 +483,9 @@ class BatchFileReader(OpensOnFirstUse, BatchReader):
         max_tok = 0
         for start in range(0, nb, chunk):
             stop = min(nb, start + chunk)
+            if self._copy is not None:      # fetched (and checked) first; what stays bad is reported
+                with contextlib.suppress(IntegrityError):
+                    self._copy.ensure(np.arange(start, stop))
             found = self._slots.verify_range(start, stop)
             num_bad += len(found)
             bad.extend(found[:max(0, 100 - len(bad))])
@@ -402,6 +514,8 @@ class BatchFileReader(OpensOnFirstUse, BatchReader):
         if self._mm is None:
             return
         self._mm = None
+        if self._copy is not None:
+            self._copy.close()
         self._slots = None  # type: ignore[assignment]
         self._view_u32 = self._view_i32 = self._new_i64 = self._read_into = _closed  # type: ignore[assignment]
 
@@ -413,10 +527,19 @@ class BatchFileReader(OpensOnFirstUse, BatchReader):
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickle as the path: each process maps the file itself (spawn / forkserver workers).
-        return {"path": self.path, "verify": self.verify_batches, "fingerprint": self.fingerprint}
+        state = {"path": self.path, "verify": self.verify_batches, "fingerprint": self.fingerprint}
+        if self._remote is not None:
+            state.update(path=self._url, remote=self._remote.options)
+        return state
 
     def _unpickled_attributes(self, state: dict[str, Any]) -> dict[str, Any]:
-        return {"path": state["path"], "verify_batches": state["verify"]}
+        remote, path = None, state["path"]
+        if state.get("remote") is not None:
+            from zerobatch.readers.remote import RemoteOptions
+            remote = RemoteOptions(path, **state["remote"])
+            return {"path": remote.url, "_url": path, "_remote": remote, "_copy": None,
+                    "verify_batches": state["verify"]}
+        return {"path": path, "verify_batches": state["verify"], "_remote": None, "_copy": None}
 
     def _reopen(self, state: dict[str, Any]) -> None:
         self._expected_fingerprint = state["fingerprint"]

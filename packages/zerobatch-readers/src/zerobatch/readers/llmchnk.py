@@ -3,11 +3,12 @@ gathers of any size chosen at read time (``docs/formats/llmchnk.md``)."""
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,9 +16,14 @@ from zerobatch.core import ChunkRecords, xxh3_64
 from zerobatch.core.checks import check_count
 from zerobatch.core.digest import block_digest
 from zerobatch.core.io import open_regular_file, pread_exact
+from zerobatch.core.remote import is_url, local_path
 from zerobatch.formats import llmchnk as C
 from zerobatch.formats.errors import ConfigError, CorruptError, IntegrityError, ReadError, StateError
 from zerobatch.readers.base import BatchReader, OpensOnFirstUse
+from zerobatch.readers.remote import runs as _runs
+
+if TYPE_CHECKING:
+    from zerobatch.readers.remote import RemoteFile, RemoteOptions
 
 __all__ = ["LLMChunkReader", "VerifyReport"]
 
@@ -43,8 +49,18 @@ class LLMChunkReader(OpensOnFirstUse, BatchReader):
     ``verify`` each record is checked against its checksum the first time it is read.
 
     Args:
-        path: the file.
-        verify: check record checksums on first read (files with checksums).
+        path: the file, or its URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``;
+            ``docs/object-storage.md``).
+        verify: check record checksums on first read (files with checksums; a file at a URL
+            is always checked).
+        storage_options, cache_dir, cache_limit, fetch_threads: a URL's store configuration,
+            local cache folder, its byte limit and requests in flight (as for
+            :class:`~zerobatch.readers.tokstream.TokenStreamReader`).
+
+    A file at a URL costs three requests to open (its size, header, then its offset table and
+    checksums); each record is fetched by exact byte range the first time a read (or
+    :meth:`prefetch`) needs it, neighbouring records in one request, checked against its
+    checksum and kept in a sparse local copy in the cache folder.
 
     Raises:
         NotFoundError, ReadError: the file is missing or cannot be opened or mapped.
@@ -59,13 +75,47 @@ class LLMChunkReader(OpensOnFirstUse, BatchReader):
         x, mask = reader.gather([3, 1, 4], 2048)    # int64 (3, 2048), padded rows masked
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
-        self.path = os.fspath(path)
-        self.verify_records = bool(verify)
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True,
+                 storage_options: dict[str, Any] | None = None, cache_dir: str | os.PathLike[str] | None = None,
+                 cache_limit: int | None = None, fetch_threads: int | None = None) -> None:
+        path = local_path(path)
+        self._remote: RemoteOptions | None = None
+        self._copy: RemoteFile | None = None
+        if is_url(path):
+            from zerobatch.readers.remote import RemoteOptions
+            self._remote = RemoteOptions(path, storage_options, cache_dir, cache_limit, fetch_threads)
+            self._url = path
+            self.path = self._remote.url
+        else:
+            self.path = os.fspath(path)
+        self.verify_records = bool(verify) or self._remote is not None
         self._open()
 
+    def _fetch_layout(self) -> str:
+        """A file at a URL: its header, offset table and checksums fetched, its sparse local
+        copy made (or found) in the cache; returns the copy's path (checked as a local file)."""
+        from zerobatch.readers.remote import RemoteFile
+        r = self._remote
+        assert r is not None
+        size = r.size("")
+        head = bytes(r.store.get_range(r.name, 0, min(size, C.HEADER_SIZE)))
+        header = C.parse_header(head, path=self.path)
+        geo = C.geometry(header, size, path=self.path)
+        if not header.checksums:
+            raise ConfigError("checksums: the file has no record checksums, and every byte read from a URL is "
+                              "checked: rewrite it with checksums, or read a local copy", path=self.path,
+                              field="checksums")
+        table, tail = r.store.get_ranges(r.name, [len(head), geo.checksums_offset], [geo.data_start, size])
+        folder = r.cache.folder("llmchnk", bytes(tail[-16:-8]).hex())
+        if self._copy is not None:
+            self._copy.close()
+        self._copy = RemoteFile(r, r.name, os.path.join(folder, "file.chunk"), size,
+                                [(0, head), (len(head), table), (geo.checksums_offset, tail)])
+        return self._copy.path
+
     def _open(self) -> None:
-        fd, st = open_regular_file(self.path)
+        local = self.path if self._remote is None else self._fetch_layout()
+        fd, st = open_regular_file(local)
         try:
             size = st.st_size
             head = pread_exact(fd, min(size, C.HEADER_SIZE), 0, path=self.path, field="header")
@@ -106,6 +156,34 @@ class LLMChunkReader(OpensOnFirstUse, BatchReader):
         self._verified = np.zeros(n, np.uint8) if self.verify_records and header.checksums else None
         self._records = ChunkRecords(self._mm, n, header.itemsize, header.checksums, self._verified, self.path)
         self.closed = False
+        if self._copy is not None:
+            records = self._records
+
+            def spans(units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                return table[units].astype(np.int64), table[units + 1].astype(np.int64)
+
+            def check(units: list[int]) -> list[int]:
+                bad: list[int] = []
+                for a, b in _runs(units):
+                    bad += records.check(a, b)
+                return bad
+            self._copy.units(n, spans, check)
+
+    @property
+    def remote(self) -> bool:
+        """Whether the file is read from a URL (object storage)."""
+        return self._remote is not None
+
+    @property
+    def store(self) -> Any:
+        """The object store of a file at a URL (its request and byte counters), else ``None``."""
+        return None if self._remote is None else self._remote.store
+
+    def prefetch(self, indices: Any) -> None:
+        """Read-ahead hint: a file at a URL fetches records ``indices`` in the background
+        (errors are left to the read that needs them). Local files: nothing."""
+        if self._copy is not None:
+            self._copy.prefetch(np.array(indices, dtype=np.int64, copy=True))
 
     def _check_table(self, table: np.ndarray, h: C.LLMChunkHeader, geo: C.Geometry) -> None:
         if int(table[0]) != geo.data_start:
@@ -175,6 +253,8 @@ class LLMChunkReader(OpensOnFirstUse, BatchReader):
         i = int(i)
         if i < 0:
             i += self.num_records
+        if self._copy is not None:
+            self._copy.ensure(i)
         offset, length = self._records.span(i)
         return np.frombuffer(self._mm, self._dtype, length, offset)
 
@@ -182,7 +262,10 @@ class LLMChunkReader(OpensOnFirstUse, BatchReader):
         return self.read_record(i)
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        for i in range(self.num_records):
+        n = self.num_records
+        for i in range(n):
+            if self._copy is not None and i % 64 == 0:       # a URL: the next records fetched ahead
+                self.prefetch(np.arange(i + 64, min(n, i + 128)) if i else np.arange(0, min(n, 128)))
             yield self.read_record(i)
 
     def gather(self, indices: Any, seq_len: int | None = None, *, out: np.ndarray | None = None,
@@ -221,6 +304,8 @@ class LLMChunkReader(OpensOnFirstUse, BatchReader):
             out = np.empty((idx.size, width), dt)
         elif seq_len is not None and out.ndim == 2 and out.shape[1] != seq_len:
             raise ConfigError(f"out has rows of {out.shape[1]} tokens, seq_len is {seq_len}", field="out")
+        if self._copy is not None:
+            self._copy.ensure(idx)
         lengths = self._records.gather(idx, out, mask, pad_id)
         if mask is not None:
             return out, mask
@@ -243,7 +328,10 @@ class LLMChunkReader(OpensOnFirstUse, BatchReader):
             OutOfRangeError, IntegrityError, ConfigError: as :meth:`gather`.
         """
         self._ready()
-        return self._records.gather(np.ascontiguousarray(items, dtype=np.int64).reshape(-1), out, mask, pad_id)
+        idx = np.ascontiguousarray(items, dtype=np.int64).reshape(-1)
+        if self._copy is not None:
+            self._copy.ensure(idx)
+        return self._records.gather(idx, out, mask, pad_id)
 
     def verify(self, progress: Callable[[int, int], None] | None = None, *, chunk: int = 4096) -> VerifyReport:
         """Check every record against its checksum (the structure was checked on open)."""
@@ -254,6 +342,9 @@ class LLMChunkReader(OpensOnFirstUse, BatchReader):
         n = self.num_records
         for start in range(0, n, chunk):
             stop = min(n, start + chunk)
+            if self._copy is not None:      # fetched (and checked) first; what stays bad is reported
+                with contextlib.suppress(IntegrityError):
+                    self._copy.ensure(np.arange(start, stop))
             report.bad_records.extend(self._records.check(start, stop))
             report.records_checked += stop - start
             if progress is not None:
@@ -268,6 +359,8 @@ class LLMChunkReader(OpensOnFirstUse, BatchReader):
         if self.closed:
             return
         self.closed = True
+        if self._copy is not None:
+            self._copy.close()
         self._records = None  # type: ignore[assignment]
         self._table = None  # type: ignore[assignment]
         try:
@@ -282,10 +375,18 @@ class LLMChunkReader(OpensOnFirstUse, BatchReader):
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "verify": self.verify_records, "fingerprint": self.fingerprint}
+        state = {"path": self.path, "verify": self.verify_records, "fingerprint": self.fingerprint}
+        if self._remote is not None:
+            state.update(path=self._url, remote=self._remote.options)
+        return state
 
     def _unpickled_attributes(self, state: dict[str, Any]) -> dict[str, Any]:
-        return {"path": state["path"], "verify_records": state["verify"]}
+        if state.get("remote") is not None:
+            from zerobatch.readers.remote import RemoteOptions
+            remote = RemoteOptions(state["path"], **state["remote"])
+            return {"path": remote.url, "_url": state["path"], "_remote": remote, "_copy": None,
+                    "verify_records": state["verify"]}
+        return {"path": state["path"], "verify_records": state["verify"], "_remote": None, "_copy": None}
 
     def _reopen(self, state: dict[str, Any]) -> None:
         self._open()
@@ -296,3 +397,4 @@ class LLMChunkReader(OpensOnFirstUse, BatchReader):
 
     def __repr__(self) -> str:
         return f"LLMChunkReader({self.path!r}, num_records={self.num_records}, seq_len={self.seq_len})"
+

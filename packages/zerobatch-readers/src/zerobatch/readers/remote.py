@@ -37,10 +37,12 @@ from typing import Any
 import numpy as np
 
 from zerobatch.core.checks import check_count
-from zerobatch.formats.errors import ConfigError
+from zerobatch.core.io import pwrite_all
+from zerobatch.formats.errors import ConfigError, IntegrityError, NotFoundError
 from zerobatch.readers.backends import DataFile, PreadBackend
 
-__all__ = ["DEFAULT_CACHE_LIMIT", "CacheDir", "Fetcher", "RWLock", "RemoteBackend", "cache_root"]
+__all__ = ["DEFAULT_CACHE_LIMIT", "FETCH_TRIES", "CacheDir", "Fetcher", "RWLock", "RemoteBackend", "RemoteFile",
+           "RemoteOptions", "cache_root", "runs"]
 
 #: Bytes of disk the cache folder is kept under by default.
 DEFAULT_CACHE_LIMIT = 16 << 30
@@ -51,6 +53,20 @@ _IO_PREFIX = "zerobatch-fetch"
 #: the request pool, so two keep it busy; more let later steps' requests queue in front of
 #: the first batch's (measured: first batch 0.67 s with 2, 1.16 s with 4; tools/bench_remote.py).
 DEFAULT_READ_AHEAD = 2
+#: Tries of a range whose bytes do not match their checksums (damaged in flight) before the
+#: read fails with an ``IntegrityError`` naming the URL and the range.
+FETCH_TRIES = 3
+
+
+def runs(units: Iterable[int]) -> list[tuple[int, int]]:
+    """``[first, stop)`` runs of consecutive numbers of the sorted ``units``."""
+    out: list[tuple[int, int]] = []
+    for k in units:
+        if out and out[-1][1] == k:
+            out[-1] = (out[-1][0], k + 1)
+        else:
+            out.append((k, k + 1))
+    return out
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None) -> str:
@@ -272,3 +288,185 @@ class RemoteBackend(PreadBackend):
         if self.files[k] is None:
             raise ConfigError(f"file {k} is read before its shard was fetched", field="backend")
         return super()._get(k, keep)
+
+
+class RemoteOptions:
+    """How a single-file reader (LLMBATCH, LLMCHNK, a feature matrix) reaches a URL: the
+    store, the cache folder and the pools, from the reader's keyword arguments.
+
+    Args:
+        url: the object's (or the dataset folder's) URL.
+        storage_options, cache_dir, cache_limit, fetch_threads: as for
+            :class:`~zerobatch.readers.tokstream.TokenStreamReader`.
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None, cache_limit: int | None = None,
+                 fetch_threads: int | None = None) -> None:
+        from zerobatch.core.remote import ObjectStore, split_url
+        self.options = {"storage_options": storage_options, "cache_dir": cache_dir, "cache_limit": cache_limit,
+                        "fetch_threads": fetch_threads}
+        root, self.key = split_url(url)
+        parent, _, self.name = self.key.rpartition("/")
+        self.store = ObjectStore(f"{root}/{parent}" if parent else root, storage_options)
+        self.url = self.store.name(self.name)
+        self.cache = CacheDir(cache_root(cache_dir), DEFAULT_CACHE_LIMIT if cache_limit is None else cache_limit)
+        self.fetcher = Fetcher(DEFAULT_FETCH_THREADS if fetch_threads is None else fetch_threads)
+
+    def size(self, name: str) -> int:
+        """The size of object ``name`` (next to the URL's object; ``""``: that object).
+
+        Raises:
+            NotFoundError: there is none.
+        """
+        key = name or self.name
+        size = self.store.head(key)
+        if size is None:
+            raise NotFoundError("no such object", path=self.store.name(key), field="path")
+        return size
+
+
+class RemoteFile:
+    """A remote object read through a **sparse local copy** in the cache folder: the copy has
+    the object's size, holds the ``parts`` given (the header, tables and trailer the reader
+    fetched and parsed to open it) and gains the reader's *units* (batches, records, checksum
+    blocks) as reads need them. A unit counts as held once the reader's check of the copy
+    (its checksum) passed, so a damaged or partial copy is fetched again and every byte
+    delivered was checked. Several processes may share one copy: they write only bytes that
+    are the object's, at the object's offsets.
+
+    Args:
+        remote: the store, cache and pools (:class:`RemoteOptions`).
+        key: the object, relative to the store.
+        path: the local copy (made under a temporary name and renamed when missing or of
+            another size).
+        size: the object's size.
+        parts: ``(offset, bytes)`` written into the copy now.
+
+    Call :meth:`units` once the reader can check the copy, then :meth:`ensure` before each
+    read.
+    """
+
+    def __init__(self, remote: RemoteOptions, key: str, path: str, size: int,
+                 parts: Iterable[tuple[int, Any]] = ()) -> None:
+        self.remote, self.key, self.path, self.size = remote, key, path, size
+        self.url = remote.store.name(key)
+        try:
+            ok = os.stat(path).st_size == size
+        except OSError:
+            ok = False
+        if ok:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        else:
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                os.ftruncate(fd, size)
+                os.replace(tmp, path)
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        self.fd = fd
+        try:
+            for offset, data in parts:     # the same bytes again when the copy existed: harmless
+                pwrite_all(fd, data, offset)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._lock = threading.Lock()
+        self._inflight: dict[int, threading.Event] = {}
+        self.held = np.zeros(0, bool)
+        self._spans: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
+        self._check: Callable[[list[int]], list[int]] | None = None
+
+    def units(self, count: int, spans: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+              check: Callable[[list[int]], list[int]]) -> None:
+        """The reader's units: ``count`` of them, ``spans(units)`` their byte ranges
+        ``(starts, stops)`` in the object, ``check(units)`` those whose bytes in the local copy
+        do not match their checksums."""
+        self.held = np.zeros(count, bool)
+        self._spans, self._check = spans, check
+
+    def prefetch(self, units: Any) -> None:
+        """:meth:`ensure` ``units`` in the background (errors are left to the read)."""
+        def run() -> None:
+            with contextlib.suppress(Exception):
+                self.ensure(units)
+        self.remote.fetcher.ahead(run)
+
+    def ensure(self, units: Any) -> None:
+        """Units ``units`` held and checked in the local copy: those another thread is fetching
+        are waited for, the others checked in the copy and the missing ones fetched (each
+        range checked, :data:`FETCH_TRIES` tries). Units outside ``[0, count)`` are left to the
+        reader's own index check.
+
+        Raises:
+            IntegrityError: a range never matched its checksum (naming the URL and range).
+            ReadError, TruncatedError, NotFoundError: the store failed (after retries).
+        """
+        u = np.asarray(units, dtype=np.int64).reshape(-1)
+        held = self.held
+        u = u[(u >= 0) & (u < held.size)]
+        if not u.size or held[u].all():
+            return
+        todo = np.unique(u[~held[u]]).tolist()
+        mine, waits = [], []
+        with self._lock:
+            for k in todo:
+                if held[k]:
+                    continue
+                ev = self._inflight.get(k)
+                if ev is None:
+                    self._inflight[k] = threading.Event()
+                    mine.append(k)
+                else:
+                    waits.append((k, ev))
+        try:
+            if mine:
+                self._load(mine)
+        finally:
+            with self._lock:
+                for k in mine:
+                    self._inflight.pop(k).set()
+        for _, ev in waits:
+            ev.wait()
+        left = [k for k, _ in waits if not held[k]]
+        if left:                          # their fetcher failed: try once more here (its error
+            self._load(left)              # was that thread's to raise)
+
+    def _load(self, units: list[int]) -> None:
+        assert self._check is not None and self._spans is not None
+        bad = self._check(units)
+        self.held[np.setdiff1d(units, bad)] = True
+        for _ in range(FETCH_TRIES):
+            if not bad:
+                return
+            starts, stops = self._spans(np.asarray(bad, np.int64))
+            parts = self.remote.store.get_ranges(self.key, starts.tolist(), stops.tolist())
+            written = 0
+            for a, part in zip(starts.tolist(), parts, strict=True):
+                pwrite_all(self.fd, part, a)
+                written += len(part)
+            if self.remote.cache.added(written):
+                self.maybe_evict()
+            again = self._check(bad)
+            self.held[np.setdiff1d(bad, again)] = True
+            bad = again
+        if bad:
+            starts, stops = self._spans(np.asarray(bad[:1], np.int64))
+            raise IntegrityError(f"bytes [{int(starts[0])}, {int(stops[0])}) did not match their checksum in "
+                                 f"{FETCH_TRIES} fetches (the object differs from the checksums it carries)",
+                                 path=self.url, field="checksum")
+
+    def maybe_evict(self) -> None:
+        """Keep the cache folder under its limit (this copy's folder is kept)."""
+        own = os.path.dirname(self.path)
+        self.remote.cache.evict(lambda path: path == own, lambda path: False)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1

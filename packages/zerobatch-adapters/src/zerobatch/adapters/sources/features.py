@@ -41,6 +41,16 @@ class FeatureWindows(Source):
         self.num_items = len(self.matrix)
         self.fingerprint = self.matrix.build_id
 
+    @property
+    def remote(self) -> bool:
+        return self.matrix.remote
+
+    def prepare(self, items: np.ndarray) -> None:
+        """A dataset at a URL: the blocks of these windows fetched in the background, steps
+        ahead of their read."""
+        if self.matrix.remote:
+            self.matrix.prefetch(items.reshape(-1))
+
     def chunk_steps(self, items_per_step: int) -> int:
         m = self.matrix
         return max(1, CHUNK_BYTES // max(1, items_per_step * (m.window + m.horizon) * m.row_bytes))

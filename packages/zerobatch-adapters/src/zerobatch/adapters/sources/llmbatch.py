@@ -50,7 +50,12 @@ class LLMBatchSource(Source):
         return dtype == np.int32 and items_per_step == 1
 
     def prepare(self, items: np.ndarray) -> None:
-        """``madvise(WILLNEED)`` each block of the file the first time a read reaches it."""
+        """A file at a URL: these batches fetched in the background, steps ahead of their
+        read. A local file: ``madvise(WILLNEED)`` each block of the file the first time a read
+        reaches it."""
+        if self.reader.remote:
+            self.reader.prefetch(items.reshape(-1))
+            return
         bs = self.block_size
         first, last = int(items.flat[0]) // bs, int(items.flat[-1]) // bs
         blocks = (first,) if first == last else np.unique(items // bs).tolist()
