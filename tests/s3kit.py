@@ -14,6 +14,7 @@ Traffic goes to 127.0.0.1 only.
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import socket
 import struct
@@ -80,18 +81,25 @@ class FaultProxy:
     Faults are taken in order from a queue, one per request whose method and path match the
     fault's (default: any GET); requests that match none pass through. Each fault is a dict:
     ``{"kind": "503" | "500" | "429" | "reset" | "short" | "corrupt" | "delay", "method": "GET",
-    "path": "substring", "seconds": 0.5}``. ``latency`` (seconds added to every request) and
-    ``bandwidth`` (bytes per second of each response body) apply to all traffic.
+    "path": "substring", "seconds": 0.5}``. ``latency`` (seconds added to every request),
+    ``bandwidth`` (bytes per second of each response body) and ``link`` (bytes per second of
+    all response bodies together: one network link shared by every connection) apply to all
+    traffic. ``GET /__proxy__/stats`` answers ``{"requests": n, "bytes": b}`` (requests
+    forwarded, body bytes sent) for clients in other processes.
 
     Attributes:
         url: ``http://127.0.0.1:PORT`` of the proxy.
         requests: requests seen, as ``(method, path, range header)``.
+        bytes_sent: response body bytes sent.
         injected: faults injected so far, by kind.
     """
 
-    def __init__(self, upstream: str, *, latency: float = 0.0, bandwidth: float | None = None) -> None:
+    def __init__(self, upstream: str, *, latency: float = 0.0, bandwidth: float | None = None,
+                 link: float | None = None) -> None:
         self.upstream = upstream.removeprefix("http://")
-        self.latency, self.bandwidth = latency, bandwidth
+        self.latency, self.bandwidth, self.link = latency, bandwidth, link
+        self.bytes_sent = 0
+        self._link_free = 0.0
         self.faults: deque[dict[str, Any]] = deque()
         self.requests: list[tuple[str, str, str]] = []
         self.injected: dict[str, int] = {}
@@ -137,6 +145,15 @@ class FaultProxy:
         method, path = h.command, h.path
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""
+        if path == "/__proxy__/stats":
+            with self._lock:
+                payload = json.dumps({"requests": len(self.requests), "bytes": self.bytes_sent}).encode()
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(payload)))
+            h.end_headers()
+            h.wfile.write(payload)
+            return
         with self._lock:
             self.requests.append((method, path, h.headers.get("Range", "")))
         fault = self._take(method, path)
@@ -186,11 +203,20 @@ class FaultProxy:
             h.close_connection = True
             h.connection.shutdown(socket.SHUT_RDWR)
             return
-        if self.bandwidth:
-            step = max(1, int(self.bandwidth // 100))
+        with self._lock:
+            self.bytes_sent += len(data)
+        if self.bandwidth or self.link:
+            step = max(1, int(min(self.bandwidth or self.link, self.link or self.bandwidth) // 100))
             for i in range(0, len(data), step):
-                h.wfile.write(data[i:i + step])
-                time.sleep(len(data[i:i + step]) / self.bandwidth)
+                piece = data[i:i + step]
+                until = time.monotonic() + (len(piece) / self.bandwidth if self.bandwidth else 0.0)
+                if self.link:
+                    # the shared link: each piece takes the next free slot of its length
+                    with self._lock:
+                        self._link_free = max(time.monotonic(), self._link_free) + len(piece) / self.link
+                        until = max(until, self._link_free)
+                time.sleep(max(0.0, until - time.monotonic()))
+                h.wfile.write(piece)
         else:
             h.wfile.write(data)
 

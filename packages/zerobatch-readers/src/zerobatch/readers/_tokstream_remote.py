@@ -330,6 +330,13 @@ class RemoteShards:
         if todo:
             self.fetcher.run_all([lambda k=k: self[k] for k in todo])
 
+    def load_indexes(self, ks: list[int]) -> None:
+        """Shards ``ks`` fetched with their document and metadata indexes, in parallel (one
+        task per shard: its digests, then its indexes)."""
+        todo = [k for k in ks if k not in self._open or not self._open[k].indexes_loaded]
+        if todo:
+            self.fetcher.run_all([lambda k=k: self[k].load_indexes() for k in todo])
+
     def fetched(self, nbytes: int) -> None:
         """``nbytes`` written into the cache (from any request thread: the cache counts under
         its lock); the folder is measured at the next :meth:`maybe_evict` when it is time."""

@@ -264,8 +264,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         gather = self._ready()
         need = [k for k in touched if k not in self._gather_indexes]
         if need:
-            shards.open_all(need)
-            shards.fetcher.run_all([lambda k=k: shards[k].load_indexes() for k in need])
+            shards.load_indexes(need)
             loaded = {sh.index: sh for sh in shards.opened() if sh.indexes_loaded}
             m = self.manifest
             docs = [loaded[k].documents if k in loaded else placeholder_documents(e.num_tokens)
@@ -730,6 +729,8 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_documents):
             raise OutOfRangeError(f"a document index is outside [0, {self.num_documents})")
         shard = np.searchsorted(self.cum_documents, idx, side="right") - 1
+        if isinstance(self._shards, RemoteShards) and idx.size:   # their indexes, fetched in parallel
+            self._shards.load_indexes(np.unique(shard).tolist())
         if idx.size and shard[0] == shard[-1] and (shard == shard[0]).all():   # one shard: no masks
             k = int(shard[0])
             docs, local = self._shards[k].documents, idx - self.cum_documents[k]

@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""zerobatch against MosaicML Streaming and LitData, streaming the same tokens from the same
+S3 API server with the same injected latency and link.
+
+    python tools/bench_remote_peers.py [--shards 1024] [--shard-kib 1024] [--latency 0.02]
+                                       [--link 100e6] [--steps 30] [--json PATH]
+
+It needs the peers beside zerobatch, in a virtual environment of their own (they are not
+zerobatch dependencies)::
+
+    python3 -m venv .venv-peers
+    .venv-peers/bin/pip install -c constraints.txt . "mosaicml-streaming==0.13.0" "litdata==0.2.76" \\
+        "moto[server]>=5" "obstore>=0.8"
+    .venv-peers/bin/python tools/bench_remote_peers.py
+
+Setup. One corpus (documents of log-normal lengths, median about 600 tokens, 16 to 8192,
+uint16 ids) is written five ways, each as ``--shards`` shards of about ``--shard-kib`` KiB:
+a zerobatch TOKSTREAM dataset (both workloads read it); MDS shards of 2049-token samples cut
+from the concatenated stream and MDS shards of whole documents (Streaming); LitData chunks of
+the token stream read with ``TokensLoader(block_size=2049)`` and LitData chunks of whole
+documents. Each is uploaded to moto's S3 server (its own process, 127.0.0.1), and read through
+a proxy (another process) that adds ``--latency`` seconds to every request and sends every
+response body through one shared link of ``--link`` bytes/s.
+
+Each run is a fresh process with an empty cache: the time from making the dataset to the first
+batch (the open included, imports not); then the steady state over ``--steps`` more steps;
+the bytes the proxy sent per byte delivered and the requests per step (the proxy's counters).
+Workloads: shuffled batches of 32 next-token windows of 2049 tokens, and shuffled batches of
+32 whole documents (real tokens counted, padding not). Each peer runs with
+``num_workers`` 0 and 2 and the faster is reported; zerobatch reads with its loader's threads.
+
+Two adjustments to the peers, neither touching how they read: Streaming's ``streaming.vision``
+(imported by ``import streaming``) needs torchvision, whose PyPI wheel is built for CUDA torch
+and fails to load beside this machine's CPU torch, so the benchmark stubs that one module (it
+reads no images); LitData builds its obstore client (its fast path for chunks) without
+``allow_http``, which this benchmark's plain-HTTP endpoint needs, so the benchmark adds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import urllib.request
+from typing import Any
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+BS, SEQ = 32, 2048
+VOCAB = 50257
+MAX_DOC = 8192
+
+
+# -- the corpus -------------------------------------------------------------------------------
+
+def corpus(total: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(tokens, offsets)``: documents of log-normal lengths until ``total`` tokens."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(np.log(600), 1.0, total // 300 + 1000).astype(np.int64), 16, MAX_DOC)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    offsets = offsets[offsets <= total]
+    tokens = rng.integers(0, VOCAB - 1, int(offsets[-1]), dtype=np.uint16)
+    return tokens, offsets
+
+
+def write_zerobatch(folder: str, tokens: np.ndarray, offsets: np.ndarray, shard_tokens: int) -> None:
+    from zerobatch.writers.tokstream import TokenStreamWriter
+    with TokenStreamWriter(folder, vocab_size=VOCAB, shard_tokens=shard_tokens) as w:
+        for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
+            w.add_document(tokens[a:b])
+
+
+def write_mds(folder: str, samples: Any, shard_bytes: int, fixed: bool) -> None:
+    _stub_vision()
+    from streaming import MDSWriter
+    column = f"ndarray:uint16:{SEQ + 1}" if fixed else "ndarray:uint16"
+    with MDSWriter(out=folder, columns={"tokens": column}, size_limit=shard_bytes) as w:
+        for s in samples:
+            w.write({"tokens": s})
+
+
+_CORPUS: dict[str, Any] = {}
+
+
+def _lit_document(item: tuple[str, int, int]) -> Any:
+    path, a, b = item
+    if path not in _CORPUS:           # once per LitData worker process (they are spawned)
+        _CORPUS[path] = np.load(path, mmap_mode="r")
+    return np.array(_CORPUS[path][a:b])
+
+
+def _lit_tokens(item: tuple[str, int, int]) -> Any:
+    import torch
+    return torch.from_numpy(_lit_document(item))
+
+
+def write_litdata(folder: str, corpus_file: str, offsets: np.ndarray, shard_bytes: int, windows: bool) -> None:
+    from litdata import TokensLoader, optimize
+    kw: dict[str, Any] = {"item_loader": TokensLoader()} if windows else {}
+    inputs = [(corpus_file, a, b) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
+    optimize(fn=_lit_tokens if windows else _lit_document, inputs=inputs, output_dir=folder,
+             chunk_bytes=shard_bytes, num_workers=2, verbose=False, reorder_files=False, **kw)
+
+
+def _stub_vision() -> None:
+    sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
+
+
+# -- servers ----------------------------------------------------------------------------------
+
+def serve(kind: str, upstream: str, latency: float, link: float) -> None:
+    """A server process: moto's S3 server, or the proxy in front of it; prints its URL and
+    runs until its standard input closes."""
+    from s3kit import FaultProxy, moto_server
+    if kind == "moto":
+        url = moto_server()
+    else:
+        url = FaultProxy(upstream, latency=latency, link=link).url
+    print(url, flush=True)
+    sys.stdin.read()
+
+
+def start(kind: str, upstream: str = "", latency: float = 0.0, link: float = 0.0) -> tuple[subprocess.Popen, str]:
+    p = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--upstream", upstream, "--latency", str(latency),
+                          "--link", str(link)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    return p, p.stdout.readline().strip()
+
+
+def stats(proxy: str) -> dict[str, int]:
+    with urllib.request.urlopen(f"{proxy}/__proxy__/stats", timeout=30) as r:
+        return json.loads(r.read())
+
+
+# -- clients (each a fresh process) -----------------------------------------------------------
+
+def client(name: str, url: str, cache: str, endpoint: str, steps: int, workers: int, proxy: str) -> dict[str, Any]:
+    """Run one system on one workload; returns its timings and the proxy's counters."""
+    import torch
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
+                      AWS_REGION="us-east-1", AWS_ENDPOINT_URL=endpoint, S3_ENDPOINT_URL=endpoint)
+    system, workload = name.split("-")
+    if system == "zerobatch":
+        from zerobatch.adapters.torch import Loader, TokenDocuments, TokenWindows
+        from zerobatch.readers.tokstream import TokenStreamReader
+    elif system == "streaming":
+        _stub_vision()
+        from streaming import StreamingDataset
+    else:
+        from litdata import StreamingDataLoader, StreamingDataset as LitDataset, TokensLoader
+        from litdata.streaming import downloader
+        # LitData's obstore client (its fast path for chunks) is built without allow_http, which
+        # a plain-HTTP endpoint such as this benchmark's needs (real S3 is HTTPS)
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
+
+    def docs_collate(items: list[Any]) -> list[Any]:
+        return [np.asarray(x["tokens"] if isinstance(x, dict) else x) for x in items]
+
+    before = stats(proxy)
+    t0 = time.perf_counter()
+    if system == "zerobatch":
+        reader = TokenStreamReader(url, cache_dir=cache)
+        src = TokenWindows(reader, SEQ) if workload == "windows" else TokenDocuments(reader, MAX_DOC, next_token=False)
+        it = iter(Loader(src, batch_size=BS, seed=3, shuffle=True, num_threads=2, prefetch=8))
+    elif system == "streaming":
+        ds = StreamingDataset(remote=url, local=cache, shuffle=True, shuffle_seed=3, batch_size=BS)
+        it = iter(torch.utils.data.DataLoader(ds, batch_size=BS, num_workers=workers,
+                                              collate_fn=None if workload == "windows" else docs_collate))
+    else:
+        kw = {"item_loader": TokensLoader(block_size=SEQ + 1)} if workload == "windows" else {}
+        ds = LitDataset(url, cache_dir=cache, shuffle=True, seed=3, **kw)
+        it = iter(StreamingDataLoader(ds, batch_size=BS, num_workers=workers,
+                                      collate_fn=None if workload == "windows" else docs_collate))
+
+    def real_tokens(batch: Any) -> int:
+        if isinstance(batch, dict):
+            if "attention_mask" in batch:
+                return int(batch["attention_mask"].sum())
+            batch = batch.get("tokens", batch.get("input_ids"))
+        if isinstance(batch, tuple):             # (input_ids, labels): count the inputs
+            batch = batch[0]
+        if isinstance(batch, list):
+            return sum(len(x) for x in batch)
+        return int(np.prod(tuple(batch.shape)))
+    first = next(it)
+    t_first = time.perf_counter() - t0
+    mid = stats(proxy)
+    delivered = real_tokens(first)
+    t1 = time.perf_counter()
+    n, steady_tokens = 0, 0
+    for batch in it:
+        steady_tokens += real_tokens(batch)
+        n += 1
+        if n == steps:
+            break
+    t_steady = time.perf_counter() - t1
+    after = stats(proxy)
+    delivered += steady_tokens
+    return {"first_batch_s": t_first, "steady_tokens_per_s": steady_tokens / t_steady, "steps": n,
+            "first_batch_requests": mid["requests"] - before["requests"],
+            "requests_per_step": (after["requests"] - mid["requests"]) / max(n, 1),
+            "fetched_per_delivered": (after["bytes"] - before["bytes"]) / (delivered * 2),
+            "workers": workers}
+
+
+def run_client(name: str, url: str, root: str, endpoint: str, steps: int, workers: int, proxy: str) -> dict[str, Any]:
+    cache = tempfile.mkdtemp(prefix=f"cache-{name}-", dir=root)
+    out = os.path.join(root, f"{name}-{workers}.json")
+    try:
+        done = subprocess.run([sys.executable, __file__, "--client", name, "--url", url, "--cache", cache,
+                               "--endpoint", endpoint, "--steps", str(steps), "--workers", str(workers), "--proxy",
+                               proxy, "--out", out], timeout=1800, stderr=subprocess.PIPE, text=True)
+        if done.returncode:
+            last = [ln for ln in done.stderr.splitlines() if ln and not ln.startswith((" ", "WARNING"))][-1:]
+            print(f"  {name} with {workers} workers failed: {' '.join(last)}", flush=True)
+            return {"workers": workers, "error": " ".join(last)}
+        with open(out) as f:
+            return json.load(f)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shards", type=int, default=1024)
+    ap.add_argument("--shard-kib", type=int, default=1024)
+    ap.add_argument("--latency", type=float, default=0.02)
+    ap.add_argument("--link", type=float, default=100e6, help="bytes/s of all responses together")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--systems", default="zerobatch,streaming,litdata")
+    ap.add_argument("--workloads", default="windows,documents")
+    ap.add_argument("--json")
+    ap.add_argument("--serve", help=argparse.SUPPRESS)
+    ap.add_argument("--upstream", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--client", help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--cache", help=argparse.SUPPRESS)
+    ap.add_argument("--endpoint", help=argparse.SUPPRESS)
+    ap.add_argument("--proxy", help=argparse.SUPPRESS)
+    ap.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.serve:
+        serve(a.serve, a.upstream, a.latency, a.link)
+        return
+    if a.client:
+        res = client(a.client, a.url, a.cache, a.endpoint, a.steps, a.workers, a.proxy)
+        with open(a.out, "w") as f:
+            json.dump(res, f)
+        return
+
+    from s3kit import new_bucket, options, upload
+    root = tempfile.mkdtemp(prefix="zb-bench-peers-")
+    moto, endpoint = start("moto")
+    proxy, proxy_url = start("proxy", endpoint, a.latency, a.link)
+    systems, workloads = a.systems.split(","), a.workloads.split(",")
+    results: dict[str, Any] = {"conditions": {k: v for k, v in vars(a).items() if v is not None and k in (
+        "shards", "shard_kib", "latency", "link", "steps")}}
+    try:
+        shard_bytes = a.shard_kib << 10
+        tokens, offsets = corpus(a.shards * shard_bytes // 2)
+        corpus_file = os.path.join(root, "corpus.npy")
+        np.save(corpus_file, tokens)
+        results["conditions"].update(tokens=int(tokens.size), documents=int(offsets.size - 1))
+        print(f"corpus: {tokens.size:,} tokens, {offsets.size - 1:,} documents; shards of {a.shard_kib} KiB; "
+              f"{a.latency * 1000:.0f} ms per request, link {a.link / 1e6:.0f} MB/s", flush=True)
+        layouts: dict[str, str] = {}
+
+        def put(name: str, folder: str) -> None:
+            url = f"s3://{new_bucket(endpoint)}/{name}"
+            t = time.perf_counter()
+            n = upload(folder, url, options(endpoint))
+            print(f"  {name}: {n} objects uploaded in {time.perf_counter() - t:.0f} s", flush=True)
+            layouts[name] = url
+            shutil.rmtree(folder, ignore_errors=True)
+
+        for system in systems:
+            for workload in workloads:
+                name = f"{system}-{workload}"
+                folder = os.path.join(root, name)
+                if system == "zerobatch":
+                    if "zerobatch" in {k.split("-")[0] for k in layouts}:
+                        layouts[name] = next(v for k, v in layouts.items() if k.startswith("zerobatch"))
+                        continue
+                    write_zerobatch(folder, tokens, offsets, shard_bytes // 2)
+                elif system == "streaming":
+                    if workload == "windows":
+                        n = tokens.size // (SEQ + 1)
+                        samples = (tokens[i * (SEQ + 1):(i + 1) * (SEQ + 1)] for i in range(n))
+                    else:
+                        samples = (tokens[x:y] for x, y in zip(offsets[:-1].tolist(), offsets[1:].tolist(),
+                                                                strict=True))
+                    write_mds(folder, samples, shard_bytes, workload == "windows")
+                else:
+                    write_litdata(folder, corpus_file, offsets, shard_bytes, workload == "windows")
+                put(name, folder)
+        del tokens
+        for system in systems:
+            for workload in workloads:
+                name = f"{system}-{workload}"
+                tries = [0] if system == "zerobatch" else [0, 2]
+                runs = [run_client(name, layouts[name], root, proxy_url, a.steps, w, proxy_url) for w in tries]
+                results[name] = {"runs": runs}
+                runs = [r for r in runs if "error" not in r]
+                if not runs:
+                    continue
+                best = min(runs, key=lambda r: r["first_batch_s"])
+                results[name]["best"] = best
+                print(f"  {name:22s} first batch {best['first_batch_s']:6.2f} s ({best['first_batch_requests']} req)  "
+                      f"steady {max(r['steady_tokens_per_s'] for r in runs) / 1e6:6.3f} M tokens/s  "
+                      f"fetched/delivered {best['fetched_per_delivered']:7.2f}  requests/step "
+                      f"{best['requests_per_step']:6.1f}", flush=True)
+        for workload in workloads:
+            zb = results.get(f"zerobatch-{workload}")
+            peers = [results[k] for k in results if k.endswith(f"-{workload}") and not k.startswith("zerobatch")
+                     and "best" in results[k]]
+            if zb and peers:
+                first = min(p["best"]["first_batch_s"] for p in peers) / zb["best"]["first_batch_s"]
+                steady = zb["best"]["steady_tokens_per_s"] / max(
+                    max(r.get("steady_tokens_per_s", 0) for r in p["runs"]) for p in peers)
+                results[f"ratio-{workload}"] = {"first_batch_sooner": first, "steady_faster": steady}
+                print(f"{workload}: zerobatch's first batch {first:.1f}x sooner than the faster peer's; steady state "
+                      f"{steady:.1f}x the faster peer's", flush=True)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(results, f, indent=1)
+    finally:
+        for p in (proxy, moto):
+            if p.stdin:
+                p.stdin.close()
+            p.wait(timeout=30)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
