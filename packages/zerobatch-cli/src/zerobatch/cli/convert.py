@@ -55,6 +55,9 @@ from zerobatch.formats.errors import (ConfigError, CorruptError, LimitExceededEr
 __all__ = ["ConvertOptions", "Target", "build_folder", "check_destination", "convert", "documents", "find_eod",
            "load_tokenizer", "records", "targets"]
 
+#: The targets a URL destination takes (folder datasets other than TOKSTREAM, and exports of
+#: several files, are written to local paths).
+URL_TARGETS = ("tokstream", "llmbatch", "llmchnk")
 #: Special tokens tried, in order, as the end-of-document token when none is named.
 EOD_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>", "[SEP]", "<eod>")
 #: Special tokens tried, in order, as the beginning-of-document token of ``--add-bos``
@@ -561,11 +564,15 @@ def target_help() -> str:
 def check_target_destination(to: str, dst: str, overwrite: bool) -> None:
     """:func:`check_destination` for every file target ``to`` writes at ``dst``."""
     if is_url(dst):
-        if to != "tokstream":
-            raise ConfigError(f"destination: a URL takes --to tokstream (object storage holds TOKSTREAM datasets; "
-                              f"{to} is written to local paths)", path=redact(dst), field="destination")
-        from zerobatch.writers.remote import check_remote_destination
-        check_remote_destination(dst, overwrite)
+        if to == "tokstream":
+            from zerobatch.writers.remote import check_remote_destination
+            check_remote_destination(dst, overwrite)
+            return
+        if to in EXPORTS or registry.get(to).layout != "file":
+            raise ConfigError(f"destination: a URL takes --to {' or '.join(URL_TARGETS)} ({to} is written to local "
+                              f"paths)", path=redact(dst), field="destination")
+        from zerobatch.writers.remote import check_remote_file
+        check_remote_file(dst, overwrite)
     elif to in EXPORTS:
         for path in EXPORTS[to].files(dst):
             check_destination(path, "file", overwrite)
@@ -606,7 +613,20 @@ def write_target(target: str, dst: str, chunks: Chunks, *, num_tokens: int, max_
         finally:
             bar.close()
     write = EXPORTS[target].write if target in EXPORTS else registry.get(target).resolve("convert")
-    return write(dst, checked, Target(num_tokens, vocab, dtype, eod, args, log, rows))
+    spec = Target(num_tokens, vocab, dtype, eod, args, log, rows)
+    if is_url(dst) and target != "tokstream":
+        # a single-file dataset at a URL: written locally, then uploaded as one object (whole or
+        # not at all); a TOKSTREAM dataset publishes itself (build_folder)
+        from zerobatch.writers.remote import publish_file
+        tmp = tempfile.mkdtemp(prefix="zerobatch-upload-")
+        try:
+            local = os.path.join(tmp, dst.rstrip("/").rsplit("/", 1)[-1] or "dataset")
+            summary = write(local, checked, spec)
+            publish_file(local, dst, overwrite=bool(args.overwrite))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return summary.replace(local, redact(dst))
+    return write(dst, checked, spec)
 
 
 def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, **options: Any) -> str:

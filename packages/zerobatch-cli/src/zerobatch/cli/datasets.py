@@ -131,9 +131,9 @@ def open_dataset(path: str, *, field: str | None = None) -> Dataset:
     path = local_path(path)
     if is_url(path):
         fmt = detect(path)
-        if fmt.name != "tokstream":
-            raise ConfigError(f"{fmt.name}: datasets at URLs are TOKSTREAM datasets; copy a {fmt.title} file to a "
-                              f"local path first", path=path, field="path")
+        if fmt.name == "zrecord":
+            raise ConfigError("zrecord: ZRECORD stores are read from local paths only (copy the store, or convert "
+                              "it to TOKSTREAM for object storage)", path=path, field="path")
         return fmt.resolve("cli")(path, field=field)
     if not os.path.lexists(path):
         raise NotFoundError("no such file or folder", path=path, field="path")

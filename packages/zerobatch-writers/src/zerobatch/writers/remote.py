@@ -25,11 +25,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from zerobatch.core.io import read_document
-from zerobatch.core.remote import ObjectStore
+from zerobatch.core.remote import ObjectStore, split_url
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import ConfigError, FormatError, NotFoundError
 
-__all__ = ["UPLOAD_THREADS", "check_remote_destination", "publish_tokstream", "unique_shard_prefix"]
+__all__ = ["UPLOAD_THREADS", "check_remote_destination", "check_remote_file", "publish_file", "publish_tokstream",
+           "unique_shard_prefix"]
 
 #: Shard uploads in flight.
 UPLOAD_THREADS = 8
@@ -139,3 +140,34 @@ def check_remote_destination(url: str, overwrite: bool, storage_options: dict[st
                           "old one until the new one is complete)", path=store.name(T.MANIFEST_NAME),
                           field="destination")
     return True
+
+
+def check_remote_file(url: str, overwrite: bool, storage_options: dict[str, Any] | None = None) -> bool:
+    """Whether an object is at ``url`` (checked before any work).
+
+    Raises:
+        ConfigError: there is one and not ``overwrite``.
+    """
+    root, key = split_url(url)
+    store = ObjectStore(root, storage_options)
+    if store.head(key) is None:
+        return False
+    if not overwrite:
+        raise ConfigError("destination: an object is already there; pass --overwrite to replace it (readers see the "
+                          "old one until the new one is complete)", path=store.name(key), field="destination")
+    return True
+
+
+def publish_file(path: str, url: str, *, storage_options: dict[str, Any] | None = None,
+                 overwrite: bool = False) -> None:
+    """Upload the single-file dataset ``path`` (an LLMBATCH or LLMCHNK file) to ``url`` as one
+    object: a single PUT, or a multipart upload for large files, which the store makes visible
+    only once complete, so readers see the old object or the new one, never a part.
+
+    Raises:
+        ConfigError: an object is at ``url`` and not ``overwrite``.
+        WriteError: the upload failed after the retry budget.
+    """
+    check_remote_file(url, overwrite, storage_options)
+    root, key = split_url(url)
+    ObjectStore(root, storage_options).put(key, path)

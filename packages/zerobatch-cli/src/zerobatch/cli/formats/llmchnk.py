@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,7 +24,7 @@ class LLMChunk(Dataset):
 
     def info(self) -> list[tuple[str, Any]]:
         h, r = self.r.header, self.r
-        size = os.path.getsize(self.path)
+        size = r.geometry.file_size
         lengths = r.lengths()
         return [
             ("format", f"LLMCHNK v{h.version} (ZeroBatch v1: records behind an offset table)"),
