@@ -20,6 +20,7 @@ import socket
 import struct
 import threading
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections import deque
@@ -219,6 +220,76 @@ class FaultProxy:
                 h.wfile.write(piece)
         else:
             h.wfile.write(data)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class RangeServer:
+    """A static file server over HTTP/1.1 for ``https://``-style dataset URLs (served as
+    ``http://127.0.0.1:PORT/...``): HEAD, GET and single byte-range GETs (206) of the files
+    under ``folder``, as nginx or a CDN answers them.
+
+    Attributes:
+        url: ``http://127.0.0.1:PORT``.
+        requests: requests seen, as ``(method, path, range header)``.
+    """
+
+    def __init__(self, folder: Path | str) -> None:
+        root = Path(folder).resolve()
+        server = self
+        self.requests: list[tuple[str, str, str]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _serve(self, body: bool) -> None:
+                rng = self.headers.get("Range", "")
+                server.requests.append((self.command, self.path, rng))
+                path = (root / urllib.parse.unquote(self.path.split("?")[0]).lstrip("/")).resolve()
+                if root not in path.parents or not path.is_file():
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                data = path.read_bytes()
+                status, part = 200, data
+                if rng.startswith("bytes="):
+                    a, _, b = rng[6:].partition("-")
+                    start, stop = int(a), (int(b) + 1 if b else len(data))
+                    if start >= len(data):
+                        self.send_response(416)
+                        self.send_header("Content-Range", f"bytes */{len(data)}")
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
+                    stop = min(stop, len(data))
+                    status, part = 206, data[start:stop]
+                self.send_response(status)
+                if status == 206:
+                    self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
+                self.send_header("Accept-Ranges", "bytes")
+                self.send_header("Content-Length", str(len(part)))
+                self.send_header("Last-Modified", self.date_time_string(int(path.stat().st_mtime)))
+                self.send_header("ETag", f'"{path.stat().st_mtime_ns:x}-{len(data):x}"')
+                self.end_headers()
+                if body:
+                    self.wfile.write(part)
+
+            def do_GET(self) -> None:
+                self._serve(True)
+
+            def do_HEAD(self) -> None:
+                self._serve(False)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, name="range-server", daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()

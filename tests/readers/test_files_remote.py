@@ -187,3 +187,38 @@ def test_a_file_without_checksums_is_refused_at_a_url_and_local_paths_as_file_ur
     assert not r.remote and r.num_batches == 3
     fm = FeatureMatrix(f"file://{root / 'features'}", 8)
     assert not fm.remote and len(fm) > 0
+
+
+def test_http_urls_read_every_format_from_a_plain_range_server(files, tmp_path):
+    """``http(s)://`` datasets: any server that answers HEAD and byte-range GETs (a CDN,
+    nginx): here a standard-library one on 127.0.0.1."""
+    from s3kit import RangeServer
+
+    from zerobatch.readers.tokstream import TokenStreamReader
+    from zerobatch.writers.tokstream import TokenStreamWriter
+    root, _, _, recs = files
+    with TokenStreamWriter(root / "ts", vocab_size=50257, shard_tokens=4000) as w:
+        for r in recs[:100]:
+            w.add_document(r.astype(np.uint16) % 50257)
+    server = RangeServer(root)
+    try:
+        cache = tmp_path / "cache"
+        ts, lts = TokenStreamReader(f"{server.url}/ts", cache_dir=cache), TokenStreamReader(root / "ts")
+        starts = np.random.default_rng(0).integers(0, lts.num_tokens - 100, 16)
+        np.testing.assert_array_equal(ts.windows(starts, 100), lts.windows(starts, 100))
+        np.testing.assert_array_equal(ts.documents([3, 50, 99])[0], lts.documents([3, 50, 99])[0])
+        b = BatchFileReader(f"{server.url}/train.batch", cache_dir=cache)
+        np.testing.assert_array_equal(b.read_batches([0, 60, 7]), BatchFileReader(root / "train.batch").read_batches(
+            [0, 60, 7]))
+        c = LLMChunkReader(f"{server.url}/train.chunk", cache_dir=cache)
+        np.testing.assert_array_equal(c.gather([5, 400], 128)[0], LLMChunkReader(root / "train.chunk").gather(
+            [5, 400], 128)[0])
+        fm = FeatureMatrix(f"{server.url}/features", 16, cache_dir=cache)
+        np.testing.assert_array_equal(fm.windows([0, 900])[0], FeatureMatrix(root / "features", 16).windows(
+            [0, 900])[0])
+        assert all(m in ("GET", "HEAD") for m, _, _ in server.requests)
+        assert any(rng.startswith("bytes=") for _, _, rng in server.requests)
+        with pytest.raises(NotFoundError):
+            TokenStreamReader(f"{server.url}/nothing", cache_dir=cache)
+    finally:
+        server.close()
