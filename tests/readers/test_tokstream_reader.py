@@ -305,8 +305,11 @@ def sparse_shard(folder, name, num_tokens, vocab):
     tok_digests = np.full(size // T.CHECKSUM_CHUNK, ZERO_CHUNK_DIGEST, dtype="<u8")
     idx_digests = np.array([xxh3_64(index)], dtype="<u8")
     sums = np.concatenate([tok_digests, idx_digests]).tobytes()
+    assert len(sums) <= T.CHECKSUM_CHUNK          # one page of digests: one top-level digest
+    top = np.array([xxh3_64(sums)], dtype="<u8")
     with open(d / "checksums.bin", "wb") as f:
         f.write(sums)
+        f.write(top.tobytes())
         f.write(T.pack_trailer(build_id, T.FILE_KINDS["checksums.bin"]))
 
     def hexsum(digests):
@@ -315,7 +318,7 @@ def sparse_shard(folder, name, num_tokens, vocab):
     entry = T.ShardEntry(name, build_id.hex(), num_tokens, 1, 0, {
         "tokens.bin": T.FileEntry(size, hexsum(tok_digests)),
         "documents.index": T.FileEntry(16, hexsum(idx_digests)),
-        "checksums.bin": T.FileEntry(len(sums), hexsum([xxh3_64(sums)]))})
+        "checksums.bin": T.FileEntry(len(sums) + top.nbytes, hexsum(top))})
     record = {"format": T.FORMAT_NAME, "version": 2, "token_dtype": "uint16", "vocab_size": vocab,
               "metadata": False, "eod_token": None, "codec": None, "checksum_block": T.CHECKSUM_CHUNK,
               "shard": entry.to_dict()}

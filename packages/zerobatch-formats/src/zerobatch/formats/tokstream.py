@@ -42,6 +42,7 @@ __all__ = [
     "VERSIONS",
     "DATA_FILES",
     "FILE_KINDS",
+    "digest_sizes",
     "FORMAT_NAME",
     "MANIFEST_NAME",
     "MAX_INDEX_ENTRIES_PER_SHARD",
@@ -221,6 +222,11 @@ class DatasetManifest:
         return CHECKSUM_CHUNK if self.checksum_block is None else self.checksum_block
 
     @property
+    def top_digests(self) -> bool:
+        """Whether ``checksums.bin`` ends with top-level digests (version 2)."""
+        return self.checksum_block is not None
+
+    @property
     def num_tokens(self) -> int:
         return sum(s.num_tokens for s in self.shards)
 
@@ -374,6 +380,16 @@ def num_chunks(size: int, block: int = CHECKSUM_CHUNK) -> int:
     return max(1, -(-size // block))
 
 
+def digest_sizes(files: dict[str, FileEntry], metadata: bool, block: int = CHECKSUM_CHUNK,
+                 top: bool = False) -> tuple[int, int]:
+    """``(D, T)``: the bytes of ``checksums.bin``'s block digests of the data files, and of the
+    top-level digests after them (version 2: the digest of each ``block`` bytes of the first
+    part, so that a reader checks a page of digests without fetching them all; version 1:
+    none)."""
+    d = 8 * sum(num_chunks(files[f].size, block) for f in data_files(metadata))
+    return d, (8 * num_chunks(d, block) if top else 0)
+
+
 def data_files(metadata: bool) -> tuple[str, ...]:
     """The data files of a shard, in ``checksums.bin`` order."""
     return DATA_FILES if metadata else DATA_FILES[:2]
@@ -396,7 +412,7 @@ def record_itemsize(token_dtype: str, metadata: bool) -> int:
     return (2 if token_dtype == "uint16" else 4) + (4 if metadata else 0)
 
 
-def _shard(d: Any, path: Any, prefix: str, metadata: bool, itemsize: int, block: int) -> ShardEntry:
+def _shard(d: Any, path: Any, prefix: str, metadata: bool, itemsize: int, block: int, top: bool) -> ShardEntry:
     if not isinstance(d, dict):
         raise CorruptError(f"{prefix}: must be an object", path=path, field=prefix.rstrip("."))
     f = _Fields(d, path, prefix)
@@ -420,7 +436,7 @@ def _shard(d: Any, path: Any, prefix: str, metadata: bool, itemsize: int, block:
     expected = {"tokens.bin": num_tokens * itemsize, "documents.index": (num_documents + 1) * 8}
     if metadata:
         expected["metadata.index"] = (num_metadata + 1) * 8
-    expected["checksums.bin"] = 8 * sum(num_chunks(files[f].size, block) for f in data_files(metadata))
+    expected["checksums.bin"] = sum(digest_sizes(files, metadata, block, top))
     for fname, size in expected.items():
         if files[fname].size != size:
             raise CorruptError(f"{prefix}files.{fname}.size: {files[fname].size} bytes does not match the "
@@ -439,7 +455,7 @@ def parse_shard_manifest(raw: bytes, *, path: Any = None) -> tuple[dict[str, Any
     options = _options(f, _check_header(f))
     itemsize = record_itemsize(options["token_dtype"], options["metadata"])
     return options, _shard(f.dict("shard"), path, "shard.", options["metadata"], itemsize,
-                           options.get("checksum_block", CHECKSUM_CHUNK))
+                           options.get("checksum_block", CHECKSUM_CHUNK), "checksum_block" in options)
 
 
 def parse_manifest(raw: bytes, *, path: Any = None) -> DatasetManifest:
@@ -460,7 +476,7 @@ def parse_manifest(raw: bytes, *, path: Any = None) -> DatasetManifest:
         raise LimitExceededError(f"shards: {len(raw_shards)} exceeds {MAX_SHARDS}", path=path, field="shards")
     itemsize = record_itemsize(options["token_dtype"], options["metadata"])
     block = options.get("checksum_block", CHECKSUM_CHUNK)
-    shards = tuple(_shard(s, path, f"shards[{i}].", options["metadata"], itemsize, block)
+    shards = tuple(_shard(s, path, f"shards[{i}].", options["metadata"], itemsize, block, "checksum_block" in options)
                    for i, s in enumerate(raw_shards))
     names = [s.name for s in shards]
     if len(set(names)) != len(names):

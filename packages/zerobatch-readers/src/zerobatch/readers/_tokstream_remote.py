@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zerobatch.core import xxh3_64
 from zerobatch.core.io import AtomicFile, pwrite_all
 from zerobatch.core.remote import ObjectStore
 from zerobatch.formats import tokstream as T
@@ -43,11 +44,14 @@ class RemoteShard(Shard):
     """
 
     def __init__(self, shards: RemoteShards, entry: T.ShardEntry, manifest: T.DatasetManifest, index: int,
-                 backends: dict[str, Backend]) -> None:
+                 backends: dict[str, Backend], want: list[tuple[str, int, int]] | None = None) -> None:
         self.remote = shards
         self.key = entry.name
         self.url = shards.store.name(entry.name)
         self._fds: dict[str, int] = {}
+        # blocks ``[first, stop)`` of files a read is about to need: their pages of digests
+        # come with the top level, in the same request when they are near it
+        self._want = want or []
         path = shards.cache.folder("tokstream", entry.build_id)
         super().__init__(path, entry, manifest, index, backends, True, path=path)
 
@@ -89,20 +93,134 @@ class RemoteShard(Shard):
         self._indexes_loaded, self._closed = False, False
         self._documents = self._metadata_index = None
         self._index_lock = threading.Lock()
-        self._fetch_small(("checksums.bin",), refetch=False, data=True)
+        self._pages_lock = threading.Lock()
+        e = self.entry
+        self.digest_bytes, self.top_bytes = T.digest_sizes(e.files, manifest.metadata, manifest.block,
+                                                           manifest.top_digests)
+        self._fetch_digests(refetch=False)
         try:
             self._open_cached(manifest)
         except (IntegrityError, CorruptError, TruncatedError):
             # a damaged cache entry (a disk fault, a file edited by hand): fetched again once;
             # a second failure is the remote object's and is raised
             self._close_files()
-            self._fetch_small(("checksums.bin",), refetch=True, data=True)
+            self._fetch_digests(refetch=True)
             self._open_cached(manifest)
+
+    def _fetch_digests(self, *, refetch: bool) -> None:
+        """Version 1: ``checksums.bin`` whole. Version 2: its top-level digests only (checked
+        against the manifest; ``8 / block`` of the digest list, itself ``8 / block`` of the
+        data), written into a sparse copy whose pages of digests are fetched as reads need
+        them (:meth:`_digests_of`)."""
+        if not self.top_bytes:
+            self._fetch_small(("checksums.bin",), refetch=refetch, data=True)
+            return
+        e, d, t = self.entry, self.digest_bytes, self.top_bytes
+        path = os.path.join(self.path, "checksums.bin")
+        top = None
+        if not refetch and self._whole("checksums.bin"):
+            with open(path, "rb") as f:
+                f.seek(d)
+                local = np.frombuffer(f.read(t), dtype="<u8")
+            if local.nbytes == t and f"{xxh3_64(local.tobytes()):016x}" == e.files["checksums.bin"].xxh3:
+                top = local
+        pages: list[int] = []
+        if top is None:
+            block = self._manifest.block
+            ranges = T.chunk_digest_ranges(e.files, self._manifest.metadata, block)
+            for fname, first, stop in self._want:
+                a = ranges[fname][0]
+                pages += range((a + first) * 8 // block, ((a + stop) * 8 - 1) // block + 1)
+            pages = sorted(set(pages))
+            runs = _runs(pages)
+            starts = [d] + [r[0] * block for r in runs]
+            stops = [d + t] + [min(r[1] * block, d) for r in runs]
+            for _ in range(FETCH_TRIES):
+                parts = self.remote.store.get_ranges(f"{self.key}/checksums.bin", starts, stops)
+                got = np.frombuffer(bytes(parts[0]), "<u8")
+                if f"{xxh3_64(got.tobytes()):016x}" == e.files["checksums.bin"].xxh3:
+                    top = got
+                    break
+            else:
+                raise IntegrityError(f"checksums.bin: bytes [{d}, {d + t}) (the top-level digests) did not match the "
+                                     f"manifest in {FETCH_TRIES} fetches", path=f"{self.url}/checksums.bin",
+                                     field="checksums.bin.xxh3")
+            if refetch:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        for fname in (*self.backends, "checksums.bin"):
+            self._sparse_copy(fname)
+        sums_fd = self._fds.pop("checksums.bin")
+        self._sums_fd = sums_fd
+        pwrite_all(sums_fd, top.tobytes(), d)
+        self._top = top.copy()
+        self._page_ok = np.zeros(top.size, bool)
+        if pages:                          # the pages fetched with the top level, checked now
+            for (r0, _), s0, part in zip(runs, starts[1:], parts[1:], strict=True):
+                ok = block_digests(part, block) == self._top[r0:r0 + -(-len(part) // block)]
+                if ok.all():
+                    pwrite_all(sums_fd, part, s0)
+                    self._page_ok[r0:r0 + ok.size] = True
 
     def _open_cached(self, manifest: T.DatasetManifest) -> None:
         self._open_data(manifest)
-        for fname in self.backends:
-            self.digests(fname)           # the digest list against the manifest, now
+        if not self.top_bytes:
+            for fname in self.backends:
+                self.digests(fname)       # the digest list against the manifest, now
+
+    # -- digests (version 2: by pages, each checked against the top level) -------------------
+
+    def digests(self, fname: str) -> np.ndarray:
+        """The whole digest list of ``fname`` (version 2: every page of it fetched and checked)."""
+        if not self.top_bytes:
+            return super().digests(fname)
+        a, b = self._ranges[fname]
+        return self._digests_of(fname, 0, b - a)
+
+    def _digests_of(self, fname: str, first: int, stop: int) -> np.ndarray:
+        """Digests ``[first, stop)`` of ``fname``'s list, their pages held and checked."""
+        if not self.top_bytes:
+            return super().digests(fname)[first:stop]
+        a, _ = self._ranges[fname]
+        block = self.block
+        p0, p1 = (a + first) * 8 // block, ((a + stop) * 8 - 1) // block + 1
+        if not self._page_ok[p0:p1].all():
+            self._fetch_pages(p0, p1)
+        return self.sums[a + first:a + stop]
+
+    def _fetch_pages(self, p0: int, p1: int) -> None:
+        """Pages ``[p0, p1)`` of the digest list held: those the local copy holds (checked
+        against the top level) kept, the others fetched and checked."""
+        block, d, fd = self.block, self.digest_bytes, self._sums_fd
+        with self._pages_lock:
+            todo = [p for p in range(p0, p1) if not self._page_ok[p]]
+            if not todo:
+                return
+            a, b = todo[0] * block, min((todo[-1] + 1) * block, d)
+            have = block_digests(os.pread(fd, b - a, a), block)
+            for p in todo:
+                if have[p - todo[0]] == self._top[p]:
+                    self._page_ok[p] = True
+            missing = [p for p in todo if not self._page_ok[p]]
+            for _ in range(FETCH_TRIES):
+                if not missing:
+                    return
+                runs = _runs(missing)
+                starts = [r[0] * block for r in runs]
+                stops = [min(r[1] * block, d) for r in runs]
+                parts = self.remote.store.get_ranges(f"{self.key}/checksums.bin", starts, stops)
+                for (r0, _), s0, part in zip(runs, starts, parts, strict=True):
+                    ok = block_digests(part, block) == self._top[r0:r0 + -(-len(part) // block)]
+                    if ok.all():
+                        pwrite_all(fd, part, s0)
+                        self.remote.fetched(len(part))
+                        self._page_ok[r0:r0 + ok.size] = True
+                missing = [p for p in missing if not self._page_ok[p]]
+            if missing:
+                a = missing[0] * block
+                raise IntegrityError(f"checksums.bin: bytes [{a}, {min(a + block, d)}) did not match their top-level "
+                                     f"digest in {FETCH_TRIES} fetches", path=f"{self.url}/checksums.bin",
+                                     field="checksums.bin")
 
     def load_indexes(self) -> None:
         """Fetch (or find in the cache), map and check the document and metadata indexes."""
@@ -189,7 +307,7 @@ class RemoteShard(Shard):
             super().check_chunk(fname, c, count)
             return
         size, block = self.entry.files[fname].size, self.block
-        want = self.digests(fname)[c:c + count]
+        want = self._digests_of(fname, c, c + count)
         a, b = c * block, min((c + count) * block, size)
         have = block_digests(os.pread(fd, b - a, a), block)
         missing = np.flatnonzero(have != want)
@@ -201,12 +319,11 @@ class RemoteShard(Shard):
         local copy read once per run of consecutive blocks, the missing ones fetched at once."""
         fd = self._fds[fname]
         size, block = self.entry.files[fname].size, self.block
-        digests = self.digests(fname)
         missing: list[int] = []
         for first, stop in _runs(blocks):
             a, b = first * block, min(stop * block, size)
             have = block_digests(os.pread(fd, b - a, a), block)
-            missing += (first + np.flatnonzero(have != digests[first:stop])).tolist()
+            missing += (first + np.flatnonzero(have != self._digests_of(fname, first, stop))).tolist()
         if missing:
             self.fetch(fname, missing)
 
@@ -215,7 +332,6 @@ class RemoteShard(Shard):
         as ranges of one request (obstore merges close ones), each checked against its
         digests and written into the local copy."""
         size, block = self.entry.files[fname].size, self.block
-        digests = self.digests(fname)
         runs = _runs(blocks)
         fd = self._fds[fname]
         written = 0
@@ -225,7 +341,7 @@ class RemoteShard(Shard):
             parts = self.remote.store.get_ranges(f"{self.key}/{fname}", starts, stops)
             bad = []
             for run, a, part in zip(runs, starts, parts, strict=True):
-                if (block_digests(part, block) == digests[run[0]:run[1]]).all():
+                if (block_digests(part, block) == self._digests_of(fname, run[0], run[1])).all():
                     pwrite_all(fd, part, a)
                     written += len(part)
                 else:
@@ -254,10 +370,16 @@ class RemoteShard(Shard):
             return []
         if fname in ("documents.index", "metadata.index"):
             self.load_indexes()
+        if fname == "checksums.bin" and self.top_bytes:
+            self._digests_of(T.data_files(self._manifest.metadata)[0], 0, self.digest_bytes // 8)
         return super().check_file(fname)
 
     def _close_files(self) -> None:
         super().close()
+        fd = self.__dict__.pop("_sums_fd", None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         for fd in self._fds.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -305,6 +427,10 @@ class RemoteShards:
         return len(self.manifest.shards)
 
     def __getitem__(self, k: int) -> RemoteShard:
+        return self.get(k)
+
+    def get(self, k: int, want: list[tuple[str, int, int]] | None = None) -> RemoteShard:
+        """Shard ``k``, fetched now if not yet (``want``: as for :meth:`open_all`)."""
         sh = self._open.get(k)
         if sh is not None:
             return sh
@@ -313,7 +439,8 @@ class RemoteShards:
         with self._locks[k % len(self._locks)]:
             sh = self._open.get(k)
             if sh is None:
-                sh = RemoteShard(self, self.manifest.shards[k], self.manifest, k, self.backends)  # type: ignore[arg-type]
+                sh = RemoteShard(self, self.manifest.shards[k], self.manifest, k, self.backends,  # type: ignore[arg-type]
+                                 want)
                 self._open[k] = sh
         return sh
 
@@ -324,18 +451,27 @@ class RemoteShards:
     def opened(self) -> list[RemoteShard]:
         return list(self._open.values())
 
-    def open_all(self, ks: list[int]) -> None:
-        """Fetch the shards ``ks`` not fetched yet, in parallel."""
+    def open_all(self, ks: list[int], want: dict[int, list[tuple[str, int, int]]] | None = None) -> None:
+        """Fetch the shards ``ks`` not fetched yet, in parallel; ``want[k]``: the blocks
+        ``(file, first, stop)`` of shard ``k`` a read is about to need (their digests come in
+        the shard's first request)."""
         todo = [k for k in ks if k not in self._open]
         if todo:
-            self.fetcher.run_all([lambda k=k: self[k] for k in todo])
+            want = want or {}
+            self.fetcher.run_all([lambda k=k: self.get(k, want.get(k)) for k in todo])
 
     def load_indexes(self, ks: list[int]) -> None:
         """Shards ``ks`` fetched with their document and metadata indexes, in parallel (one
         task per shard: its digests, then its indexes)."""
         todo = [k for k in ks if k not in self._open or not self._open[k].indexes_loaded]
         if todo:
-            self.fetcher.run_all([lambda k=k: self[k].load_indexes() for k in todo])
+            self.fetcher.run_all([lambda k=k: self.get(k, self._index_blocks(k)).load_indexes() for k in todo])
+
+    def _index_blocks(self, k: int) -> list[tuple[str, int, int]]:
+        """Every block of shard ``k``'s index files (their digests fetched with the shard's)."""
+        e, block = self.manifest.shards[k], self.manifest.block
+        return [(f, 0, T.num_chunks(e.files[f].size, block)) for f in ("documents.index", "metadata.index")
+                if f in e.files]
 
     def fetched(self, nbytes: int) -> None:
         """``nbytes`` written into the cache (from any request thread: the cache counts under

@@ -170,6 +170,8 @@ class Shard:
         self.block = manifest.block
         self.sums = np.frombuffer(self._map_file("checksums.bin"), dtype="<u8")
         self._ranges = T.chunk_digest_ranges(e.files, manifest.metadata, self.block)
+        self.digest_bytes, self.top_bytes = T.digest_sizes(e.files, manifest.metadata, self.block,
+                                                           manifest.top_digests)
         for fname in self.backends:
             # checked now; the backend maps it, or keeps the descriptor and opens it again on demand
             self._register(fname)
@@ -304,9 +306,15 @@ class Shard:
         """
         size = self.entry.files[fname].size
         if fname == "checksums.bin":
-            got = f"{xxh3_64(block_digests(self.sums.view(np.uint8), self.block).tobytes()):016x}"
+            raw = self.sums.view(np.uint8)
+            top = block_digests(raw[:self.digest_bytes], self.block)
+            got = f"{xxh3_64(top.tobytes()):016x}"
             want = self.entry.files[fname].xxh3
-            return [] if got == want else [f"checksums.bin: hashes to {got}, the manifest records {want}"]
+            if got != want:
+                return [f"checksums.bin: hashes to {got}, the manifest records {want}"]
+            if self.top_bytes and not np.array_equal(self.sums[self.digest_bytes // 8:], top):
+                return ["checksums.bin: its top-level digests do not match the digests before them"]
+            return []
         self.digests(fname)
         out = []
         n, step = T.num_chunks(size, self.block), max(1, VERIFY_BYTES // self.block)

@@ -57,6 +57,7 @@ from zerobatch.formats.errors import (ConfigError, CorruptError, LimitExceededEr
 from zerobatch.readers._tokstream_metadata import MetadataObjects, WindowMetadata, decoder
 from zerobatch.readers._tokstream_shard import ChunkChecks, Shard
 from zerobatch.readers._tokstream_remote import RemoteShards, placeholder_documents
+from zerobatch.readers.remote import runs as _runs
 from zerobatch.readers.backends import Backend, open_backend
 from zerobatch.readers.remote import DEFAULT_CACHE_LIMIT, DEFAULT_FETCH_THREADS, CacheDir, Fetcher, RemoteBackend, \
     cache_root
@@ -336,7 +337,8 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                     by_shard: dict[int, list[int]] = {}
                     for k, b in sorted(mine):
                         by_shard.setdefault(k, []).append(b)
-                    shards.open_all(list(by_shard))
+                    shards.open_all(list(by_shard), {k: [("tokens.bin", r0, r1) for r0, r1 in _runs(bl)]
+                                                     for k, bl in by_shard.items()})
                     shards.use(list(by_shard))
                     shards.fetcher.run_all([lambda k=k, bl=bl: shards[k].ensure("tokens.bin", bl)
                                             for k, bl in by_shard.items()])

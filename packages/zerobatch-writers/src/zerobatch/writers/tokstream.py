@@ -106,8 +106,15 @@ class _HashedFile:
     def checksum(self) -> str:
         return f"{xxh3_64(self.digests().tobytes()):016x}"
 
-    def commit(self) -> T.FileEntry:
-        entry = T.FileEntry(self.size, self.checksum())
+    def commit(self, *, top: bool = False) -> T.FileEntry:
+        """Finish the file: with ``top`` (``checksums.bin``), the digests of its payload's
+        blocks are written after it (the top level of the digests: a reader checks one page of
+        digests against them without fetching the rest); the entry's checksum is their hash
+        either way."""
+        digests = self.digests()
+        entry = T.FileEntry(self.size + (digests.nbytes if top else 0), f"{xxh3_64(digests.tobytes()):016x}")
+        if top:
+            self.file.write(digests.tobytes())
         self.file.write(T.pack_trailer(self.build_id, self.kind))
         self.file.commit()
         return entry
@@ -288,7 +295,7 @@ class ShardWriter:
             self._files["checksums.bin"] = sums
             for fname in T.data_files(self.metadata):
                 sums.write(self._files[fname].digests())
-            files["checksums.bin"] = sums.commit()
+            files["checksums.bin"] = sums.commit(top=True)
         except BaseException:
             self.abort()
             raise
