@@ -22,12 +22,17 @@ documents. Each is uploaded to moto's S3 server (its own process, 127.0.0.1), an
 a proxy (another process) that adds ``--latency`` seconds to every request and sends every
 response body through one shared link of ``--link`` bytes/s.
 
+Workloads, each with the peers whose shuffle matches: batches of 32 next-token windows of 2049
+tokens shuffled over the whole dataset (zerobatch, Streaming: its default py1e shuffle spans
+262,144 samples, the whole dataset here), the same windows shuffled within one shard at a time
+with the shards in random order (zerobatch's ``BlockShuffleOrder`` with a block per shard,
+LitData: its shuffle), and whole documents both ways (real tokens counted, padding not).
+
 Each run is a fresh process with an empty cache: the time from making the dataset to the first
 batch (the open included, imports not); then the steady state over ``--steps`` more steps;
 the bytes the proxy sent per byte delivered and the requests per step (the proxy's counters).
-Workloads: shuffled batches of 32 next-token windows of 2049 tokens, and shuffled batches of
-32 whole documents (real tokens counted, padding not). Each peer runs with
-``num_workers`` 0 and 2 and the faster is reported; zerobatch reads with its loader's threads.
+Each peer runs with ``num_workers`` 0 and 2 and the faster is reported; zerobatch reads with
+its loader's threads, over ``--zerobatch-steps`` steps (its read-ahead amortized).
 
 Two adjustments to the peers, neither touching how they read: Streaming's ``streaming.vision``
 (imported by ``import streaming``) needs torchvision, whose PyPI wheel is built for CUDA torch
@@ -169,17 +174,26 @@ def client(name: str, url: str, cache: str, endpoint: str, steps: int, workers: 
     t0 = time.perf_counter()
     if system == "zerobatch":
         reader = TokenStreamReader(url, cache_dir=cache)
-        src = TokenWindows(reader, SEQ) if workload == "windows" else TokenDocuments(reader, MAX_DOC, next_token=False)
-        it = iter(Loader(src, batch_size=BS, seed=3, shuffle=True, num_threads=2, prefetch=8))
+        src = (TokenWindows(reader, SEQ) if workload.endswith("windows") else
+               TokenDocuments(reader, MAX_DOC, next_token=False))
+        order = None
+        if workload.startswith("chunk"):
+            # LitData's shuffle: shards in random order, the items of one shard shuffled among
+            # themselves (not across the dataset)
+            from zerobatch.samplers import BlockShuffleOrder
+            first = reader.manifest.shards[0]
+            per = first.num_tokens // SEQ if workload == "chunkwindows" else first.num_documents
+            order = BlockShuffleOrder(src.num_items, per, seed=3)
+        it = iter(Loader(src, batch_size=BS, seed=3, shuffle=True, order=order, num_threads=2, prefetch=8))
     elif system == "streaming":
         ds = StreamingDataset(remote=url, local=cache, shuffle=True, shuffle_seed=3, batch_size=BS)
         it = iter(torch.utils.data.DataLoader(ds, batch_size=BS, num_workers=workers,
-                                              collate_fn=None if workload == "windows" else docs_collate))
+                                              collate_fn=None if workload.endswith("windows") else docs_collate))
     else:
-        kw = {"item_loader": TokensLoader(block_size=SEQ + 1)} if workload == "windows" else {}
+        kw = {"item_loader": TokensLoader(block_size=SEQ + 1)} if workload.endswith("windows") else {}
         ds = LitDataset(url, cache_dir=cache, shuffle=True, seed=3, **kw)
         it = iter(StreamingDataLoader(ds, batch_size=BS, num_workers=workers,
-                                      collate_fn=None if workload == "windows" else docs_collate))
+                                      collate_fn=None if workload.endswith("windows") else docs_collate))
 
     def real_tokens(batch: Any) -> int:
         if isinstance(batch, dict):
@@ -212,6 +226,34 @@ def client(name: str, url: str, cache: str, endpoint: str, steps: int, workers: 
             "workers": workers}
 
 
+#: The workloads: shuffled windows over the whole dataset, windows shuffled within one shard at a
+#: time (shards in random order: LitData's shuffle), whole documents likewise.
+WORKLOADS = {"windows": "32 x 2049-token windows, global shuffle",
+             "chunkwindows": "32 x 2049-token windows, shuffled within shards",
+             "documents": "32 whole documents, global shuffle",
+             "chunkdocuments": "32 whole documents, shuffled within shards"}
+#: What each system runs: Streaming's default shuffle (py1e over blocks of 262,144 samples)
+#: spans the whole dataset; LitData's shuffles the order of chunks and the items within each.
+PLAN = {"zerobatch": ("windows", "chunkwindows", "documents", "chunkdocuments"),
+        "streaming": ("windows", "documents"), "litdata": ("chunkwindows", "chunkdocuments")}
+#: The layout each run reads (zerobatch reads one dataset for every workload).
+LAYOUTS = {("zerobatch", w): "zerobatch" for w in PLAN["zerobatch"]} | {
+    ("streaming", "windows"): "streaming-windows", ("streaming", "documents"): "streaming-documents",
+    ("litdata", "chunkwindows"): "litdata-windows", ("litdata", "chunkdocuments"): "litdata-documents"}
+
+
+def report(name: str, res: dict[str, Any], earlier: bool = False) -> None:
+    """Print one system's line (the best of its runs), and keep the best in ``res``."""
+    runs = [r for r in res["runs"] if "error" not in r]
+    if not runs:
+        return
+    best = res["best"] = min(runs, key=lambda r: r["first_batch_s"])
+    print(f"  {name:26s} first batch {best['first_batch_s']:6.2f} s ({best['first_batch_requests']:4d} req)  steady "
+          f"{max(r['steady_tokens_per_s'] for r in runs) / 1e6:7.3f} M tokens/s  fetched/delivered "
+          f"{best['fetched_per_delivered']:7.2f}  requests/step {best['requests_per_step']:6.1f}  "
+          f"workers {best['workers']}{'  (earlier run)' if earlier else ''}", flush=True)
+
+
 def run_client(name: str, url: str, root: str, endpoint: str, steps: int, workers: int, proxy: str) -> dict[str, Any]:
     cache = tempfile.mkdtemp(prefix=f"cache-{name}-", dir=root)
     out = os.path.join(root, f"{name}-{workers}.json")
@@ -238,8 +280,11 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.02)
     ap.add_argument("--link", type=float, default=100e6, help="bytes/s of all responses together")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--zerobatch-steps", type=int, default=120,
+                    help="steps of zerobatch's steady state (its read-ahead of about 16 steps is amortized over them "
+                         "in the fetched/delivered figure)")
     ap.add_argument("--systems", default="zerobatch,streaming,litdata")
-    ap.add_argument("--workloads", default="windows,documents")
+    ap.add_argument("--results", help="a JSON of an earlier run: the peers not named in --systems are taken from it")
     ap.add_argument("--json")
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     ap.add_argument("--upstream", default="", help=argparse.SUPPRESS)
@@ -264,7 +309,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="zb-bench-peers-")
     moto, endpoint = start("moto")
     proxy, proxy_url = start("proxy", endpoint, a.latency, a.link)
-    systems, workloads = a.systems.split(","), a.workloads.split(",")
+    systems = a.systems.split(",")
     results: dict[str, Any] = {"conditions": {k: v for k, v in vars(a).items() if v is not None and k in (
         "shards", "shard_kib", "latency", "link", "steps")}}
     try:
@@ -276,6 +321,15 @@ def main() -> None:
         print(f"corpus: {tokens.size:,} tokens, {offsets.size - 1:,} documents; shards of {a.shard_kib} KiB; "
               f"{a.latency * 1000:.0f} ms per request, link {a.link / 1e6:.0f} MB/s", flush=True)
         layouts: dict[str, str] = {}
+        if a.results:                     # peers measured by an earlier run of the same corpus
+            with open(a.results) as f:
+                earlier = json.load(f)
+            renamed = {"litdata-windows": "litdata-chunkwindows", "litdata-documents": "litdata-chunkdocuments"}
+            for name, res in earlier.items():
+                name = renamed.get(name, name)
+                if name.split("-")[0] in ("streaming", "litdata") and name.split("-")[0] not in systems:
+                    results[name] = res
+                    report(name, res, earlier=True)
 
         def put(name: str, folder: str) -> None:
             url = f"s3://{new_bucket(endpoint)}/{name}"
@@ -286,13 +340,12 @@ def main() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
         for system in systems:
-            for workload in workloads:
-                name = f"{system}-{workload}"
-                folder = os.path.join(root, name)
+            for workload in PLAN[system]:
+                name, layout = f"{system}-{workload}", LAYOUTS[(system, workload)]
+                if layout in layouts:
+                    continue
+                folder = os.path.join(root, layout)
                 if system == "zerobatch":
-                    if "zerobatch" in {k.split("-")[0] for k in layouts}:
-                        layouts[name] = next(v for k, v in layouts.items() if k.startswith("zerobatch"))
-                        continue
                     write_zerobatch(folder, tokens, offsets, shard_bytes // 2)
                 elif system == "streaming":
                     if workload == "windows":
@@ -303,34 +356,28 @@ def main() -> None:
                                                                 strict=True))
                     write_mds(folder, samples, shard_bytes, workload == "windows")
                 else:
-                    write_litdata(folder, corpus_file, offsets, shard_bytes, workload == "windows")
-                put(name, folder)
+                    write_litdata(folder, corpus_file, offsets, shard_bytes, workload == "chunkwindows")
+                put(layout, folder)
         del tokens
         for system in systems:
-            for workload in workloads:
+            for workload in PLAN[system]:
                 name = f"{system}-{workload}"
                 tries = [0] if system == "zerobatch" else [0, 2]
-                runs = [run_client(name, layouts[name], root, proxy_url, a.steps, w, proxy_url) for w in tries]
+                runs = [run_client(name, layouts[LAYOUTS[(system, workload)]], root, proxy_url,
+                                   a.zerobatch_steps if system == "zerobatch" else a.steps, w, proxy_url)
+                        for w in tries]
                 results[name] = {"runs": runs}
-                runs = [r for r in runs if "error" not in r]
-                if not runs:
-                    continue
-                best = min(runs, key=lambda r: r["first_batch_s"])
-                results[name]["best"] = best
-                print(f"  {name:22s} first batch {best['first_batch_s']:6.2f} s ({best['first_batch_requests']} req)  "
-                      f"steady {max(r['steady_tokens_per_s'] for r in runs) / 1e6:6.3f} M tokens/s  "
-                      f"fetched/delivered {best['fetched_per_delivered']:7.2f}  requests/step "
-                      f"{best['requests_per_step']:6.1f}", flush=True)
-        for workload in workloads:
+                report(name, results[name])
+        for workload, what in WORKLOADS.items():
             zb = results.get(f"zerobatch-{workload}")
             peers = [results[k] for k in results if k.endswith(f"-{workload}") and not k.startswith("zerobatch")
                      and "best" in results[k]]
-            if zb and peers:
+            if zb and "best" in zb and peers:
                 first = min(p["best"]["first_batch_s"] for p in peers) / zb["best"]["first_batch_s"]
                 steady = zb["best"]["steady_tokens_per_s"] / max(
                     max(r.get("steady_tokens_per_s", 0) for r in p["runs"]) for p in peers)
                 results[f"ratio-{workload}"] = {"first_batch_sooner": first, "steady_faster": steady}
-                print(f"{workload}: zerobatch's first batch {first:.1f}x sooner than the faster peer's; steady state "
+                print(f"{what}: zerobatch's first batch {first:.1f}x sooner than the faster peer's; steady state "
                       f"{steady:.1f}x the faster peer's", flush=True)
         if a.json:
             with open(a.json, "w") as f:

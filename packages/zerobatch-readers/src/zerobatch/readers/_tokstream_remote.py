@@ -27,6 +27,7 @@ from zerobatch.formats.errors import CorruptError, IntegrityError, TruncatedErro
 from zerobatch.readers._tokstream_shard import ChunkChecks, Shard, block_digests
 from zerobatch.readers.backends import DataFile
 from zerobatch.readers.remote import FETCH_TRIES, CacheDir, Fetcher, RemoteBackend, RWLock
+from zerobatch.readers.remote import open_sparse
 from zerobatch.readers.remote import runs as _runs
 
 if TYPE_CHECKING:
@@ -264,22 +265,8 @@ class RemoteShard(Shard):
         renamed, when missing or of the wrong size): its payload's blocks are fetched on
         demand; its trailer is written now (the remote object's bytes are checked by their
         digests, not by their trailer)."""
-        path = os.path.join(self.path, fname)
         size = self.entry.files[fname].size
-        if self._whole(fname):
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        else:
-            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
-                os.ftruncate(fd, size)
-                pwrite_all(fd, T.pack_trailer(self.build_id, T.FILE_KINDS[fname]), size)
-                os.replace(tmp, path)
-            except BaseException:
-                os.close(fd)
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+        fd = open_sparse(os.path.join(self.path, fname), size, T.pack_trailer(self.build_id, T.FILE_KINDS[fname]))
         old = self._fds.pop(fname, None)
         if old is not None:
             os.close(old)

@@ -28,19 +28,16 @@ import errno as _errno
 import mmap
 import os
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from zerobatch.core import LLMBatchSlots, parse_llmbatch_header, xxh3_64
 from zerobatch.core.io import open_regular_file, pread_exact
-from zerobatch.core.remote import is_url, local_path
 from zerobatch.formats import llmbatch as L
 from zerobatch.formats.errors import ConfigError, IntegrityError, ReadError
 from zerobatch.readers.base import BatchReader, OpensOnFirstUse
-
-if TYPE_CHECKING:
-    from zerobatch.readers.remote import RemoteFile, RemoteOptions
+from zerobatch.readers.remote import RemoteItems
 
 __all__ = ["BatchFileReader", "VerifyReport"]
 
@@ -107,7 +104,7 @@ class VerifyReport:
         return self.num_bad_batches == 0 and self.padding_ok and self.max_token_ok
 
 
-class BatchFileReader(OpensOnFirstUse, BatchReader):
+class BatchFileReader(RemoteItems, OpensOnFirstUse, BatchReader):
     """Zero-copy, validated access to the batches of an LLMBATCH file.
 
     Args:
@@ -143,16 +140,7 @@ class BatchFileReader(OpensOnFirstUse, BatchReader):
     def __init__(self, path: str | os.PathLike[str], *, verify: bool = True,
                  storage_options: dict[str, Any] | None = None, cache_dir: str | os.PathLike[str] | None = None,
                  cache_limit: int | None = None, fetch_threads: int | None = None) -> None:
-        path = local_path(path)
-        self._remote: RemoteOptions | None = None
-        self._copy: RemoteFile | None = None
-        if is_url(path):
-            from zerobatch.readers.remote import RemoteOptions
-            self._remote = RemoteOptions(path, storage_options, cache_dir, cache_limit, fetch_threads)
-            self._url = path
-            self.path = self._remote.url
-        else:
-            self.path = os.fspath(path)
+        self._locate(path, storage_options, cache_dir, cache_limit, fetch_threads)
         self.verify_batches = bool(verify) or self._remote is not None
         self._expected_fingerprint: str | None = None
         self._open()
@@ -264,22 +252,6 @@ class BatchFileReader(OpensOnFirstUse, BatchReader):
         self._view_i32 = ensuring(slots.view_int32)
         self._new_i64 = ensuring(slots.new_int64)
         self._read_into = ensuring(slots.read_into)
-
-    @property
-    def remote(self) -> bool:
-        """Whether the file is read from a URL (object storage)."""
-        return self._remote is not None
-
-    @property
-    def store(self) -> Any:
-        """The object store of a file at a URL (its request and byte counters), else ``None``."""
-        return None if self._remote is None else self._remote.store
-
-    def prefetch(self, indices: Any) -> None:
-        """Read-ahead hint: a file at a URL fetches batches ``indices`` in the background
-        (errors are left to the read that needs them). Local files: nothing."""
-        if self._copy is not None:
-            self._copy.prefetch(np.array(indices, dtype=np.int64, copy=True))
 
     def _map(self, fd: int, size: int) -> tuple[mmap.mmap, bool]:
         try:

@@ -8,7 +8,7 @@ import mmap
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -16,14 +16,11 @@ from zerobatch.core import ChunkRecords, xxh3_64
 from zerobatch.core.checks import check_count
 from zerobatch.core.digest import block_digest
 from zerobatch.core.io import open_regular_file, pread_exact
-from zerobatch.core.remote import is_url, local_path
 from zerobatch.formats import llmchnk as C
 from zerobatch.formats.errors import ConfigError, CorruptError, IntegrityError, ReadError, StateError
 from zerobatch.readers.base import BatchReader, OpensOnFirstUse
+from zerobatch.readers.remote import RemoteItems
 from zerobatch.readers.remote import runs as _runs
-
-if TYPE_CHECKING:
-    from zerobatch.readers.remote import RemoteFile, RemoteOptions
 
 __all__ = ["LLMChunkReader", "VerifyReport"]
 
@@ -41,7 +38,7 @@ class VerifyReport:
         return not self.bad_records
 
 
-class LLMChunkReader(OpensOnFirstUse, BatchReader):
+class LLMChunkReader(RemoteItems, OpensOnFirstUse, BatchReader):
     """Zero-copy, validated access to the records of an LLMCHNK file.
 
     On open the header, the offset table (from the data start to the data end, never
@@ -78,16 +75,7 @@ class LLMChunkReader(OpensOnFirstUse, BatchReader):
     def __init__(self, path: str | os.PathLike[str], *, verify: bool = True,
                  storage_options: dict[str, Any] | None = None, cache_dir: str | os.PathLike[str] | None = None,
                  cache_limit: int | None = None, fetch_threads: int | None = None) -> None:
-        path = local_path(path)
-        self._remote: RemoteOptions | None = None
-        self._copy: RemoteFile | None = None
-        if is_url(path):
-            from zerobatch.readers.remote import RemoteOptions
-            self._remote = RemoteOptions(path, storage_options, cache_dir, cache_limit, fetch_threads)
-            self._url = path
-            self.path = self._remote.url
-        else:
-            self.path = os.fspath(path)
+        self._locate(path, storage_options, cache_dir, cache_limit, fetch_threads)
         self.verify_records = bool(verify) or self._remote is not None
         self._open()
 
@@ -168,22 +156,6 @@ class LLMChunkReader(OpensOnFirstUse, BatchReader):
                     bad += records.check(a, b)
                 return bad
             self._copy.units(n, spans, check)
-
-    @property
-    def remote(self) -> bool:
-        """Whether the file is read from a URL (object storage)."""
-        return self._remote is not None
-
-    @property
-    def store(self) -> Any:
-        """The object store of a file at a URL (its request and byte counters), else ``None``."""
-        return None if self._remote is None else self._remote.store
-
-    def prefetch(self, indices: Any) -> None:
-        """Read-ahead hint: a file at a URL fetches records ``indices`` in the background
-        (errors are left to the read that needs them). Local files: nothing."""
-        if self._copy is not None:
-            self._copy.prefetch(np.array(indices, dtype=np.int64, copy=True))
 
     def _check_table(self, table: np.ndarray, h: C.LLMChunkHeader, geo: C.Geometry) -> None:
         if int(table[0]) != geo.data_start:

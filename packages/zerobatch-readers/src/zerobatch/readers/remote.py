@@ -42,7 +42,7 @@ from zerobatch.formats.errors import ConfigError, IntegrityError, NotFoundError
 from zerobatch.readers.backends import DataFile, PreadBackend
 
 __all__ = ["DEFAULT_CACHE_LIMIT", "FETCH_TRIES", "CacheDir", "Fetcher", "RWLock", "RemoteBackend", "RemoteFile",
-           "RemoteOptions", "cache_root", "runs"]
+           "RemoteItems", "RemoteOptions", "cache_root", "open_sparse", "runs"]
 
 #: Bytes of disk the cache folder is kept under by default.
 DEFAULT_CACHE_LIMIT = 16 << 30
@@ -56,6 +56,69 @@ DEFAULT_READ_AHEAD = 2
 #: Tries of a range whose bytes do not match their checksums (damaged in flight) before the
 #: read fails with an ``IntegrityError`` naming the URL and the range.
 FETCH_TRIES = 3
+
+
+def open_sparse(path: str, size: int, tail: bytes = b"") -> int:
+    """A read-write descriptor of the sparse local copy ``path``: ``size`` bytes (zeros that take
+    no disk until written) then ``tail``; made under a temporary name and renamed when missing
+    or of another size, so another process sees no half-made copy."""
+    try:
+        if os.stat(path).st_size == size + len(tail):
+            return os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        pass
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.ftruncate(fd, size)
+        if tail:
+            pwrite_all(fd, tail, size)
+        os.replace(tmp, path)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return fd
+
+
+class RemoteItems:
+    """What a single-file reader (LLMBATCH, LLMCHNK) offers about its URL: :attr:`remote`,
+    :attr:`store` and :meth:`prefetch` of items (its ``_remote`` options and ``_copy``)."""
+
+    _remote: RemoteOptions | None
+    _copy: RemoteFile | None
+    path: str
+
+    def _locate(self, path: Any, storage_options: dict[str, Any] | None, cache_dir: Any, cache_limit: int | None,
+                fetch_threads: int | None) -> None:
+        """``path`` (a local path, a ``file://`` URL or an object-store URL) as :attr:`path`
+        (the URL without secrets, for messages) and, for a URL, the store and cache."""
+        from zerobatch.core.remote import is_url, local_path
+        path = local_path(path)
+        self._remote, self._copy = None, None
+        if is_url(path):
+            self._remote = RemoteOptions(path, storage_options, cache_dir, cache_limit, fetch_threads)
+            self._url = path
+            self.path = self._remote.url
+        else:
+            self.path = os.fspath(path)
+
+    @property
+    def remote(self) -> bool:
+        """Whether the file is read from a URL (object storage)."""
+        return self._remote is not None
+
+    @property
+    def store(self) -> Any:
+        """The object store of a file at a URL (its request and byte counters), else ``None``."""
+        return None if self._remote is None else self._remote.store
+
+    def prefetch(self, indices: Any) -> None:
+        """Read-ahead hint: a file at a URL fetches items ``indices`` (batches, records) in the
+        background (errors are left to the read that needs them). Local files: nothing."""
+        if self._copy is not None:
+            self._copy.prefetch(np.array(indices, dtype=np.int64, copy=True))
 
 
 def runs(units: Iterable[int]) -> list[tuple[int, int]]:
@@ -351,23 +414,7 @@ class RemoteFile:
                  parts: Iterable[tuple[int, Any]] = ()) -> None:
         self.remote, self.key, self.path, self.size = remote, key, path, size
         self.url = remote.store.name(key)
-        try:
-            ok = os.stat(path).st_size == size
-        except OSError:
-            ok = False
-        if ok:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        else:
-            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
-                os.ftruncate(fd, size)
-                os.replace(tmp, path)
-            except BaseException:
-                os.close(fd)
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+        fd = open_sparse(path, size)
         self.fd = fd
         try:
             for offset, data in parts:     # the same bytes again when the copy existed: harmless
