@@ -230,3 +230,27 @@ def test_retry_budget_then_a_typed_error(dataset, endpoint, tmp_path):
         r.close()
     finally:
         proxy.close()
+
+
+def test_documents_fetch_their_index_entries_not_whole_indexes(dataset, tmp_path):
+    folder, url, opts = dataset
+    local = TokenStreamReader(folder)
+    with open_remote(url, opts, tmp_path) as r:
+        ids = np.random.default_rng(7).choice(r.num_documents, 40, replace=False)
+        a, b = r.document_spans(ids)
+        la, lb = local.document_spans(ids)
+        np.testing.assert_array_equal(a, la)
+        np.testing.assert_array_equal(b, lb)
+        shards = np.unique(np.searchsorted(r.cum_documents, ids, side="right") - 1)
+        whole = sum(r.manifest.shards[k].files["documents.index"].size for k in shards)
+        before = r.store.bytes_fetched
+        flat, offsets = r.documents(ids)
+        lflat, loffsets = local.documents(ids)
+        np.testing.assert_array_equal(flat, lflat)
+        np.testing.assert_array_equal(offsets, loffsets)
+        # no shard's document index was fetched whole: a block of entries per document
+        assert not any(r._shards[k].indexes_loaded for k in shards.tolist())
+        assert r.store.bytes_fetched - before <= int((lb - la).sum()) * r.itemsize + 2 * len(ids) * r.manifest.block
+        assert whole > 0
+        # later reads that need whole indexes still get them
+        np.testing.assert_array_equal(r.boundaries([int(a[0])], 50)[0], local.boundaries([int(la[0])], 50)[0])

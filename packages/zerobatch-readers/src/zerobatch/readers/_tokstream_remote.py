@@ -301,10 +301,49 @@ class RemoteShard(Shard):
         if missing.size:
             self.fetch(fname, (c + missing).tolist())
 
-    def ensure(self, fname: str, blocks: list[int]) -> None:
+    def document_bounds(self, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, stops)``: token offsets in the shard of its documents ``local``. From the
+        whole index once it is loaded; before that, from the blocks of ``documents.index``
+        under those entries alone, fetched into a sparse copy of their own and each checked
+        against its digest (a batch of documents then costs a block of index per document,
+        not the shard's whole index).
+
+        Raises:
+            CorruptError: an entry out of order or past the shard's tokens.
+        """
+        if self._indexes_loaded:
+            docs = self._documents
+            return docs[local].astype(np.int64), docs[local + 1].astype(np.int64)
+        fname, block = "documents.index", self.block
+        with self._pages_lock:
+            fd = self.__dict__.get("_part_fd")
+            if fd is None:
+                fd = self._part_fd = open_sparse(os.path.join(self.path, f"{fname}.part"),
+                                                 self.entry.files[fname].size)
+                self._part_ok = np.zeros(T.num_chunks(self.entry.files[fname].size, block), bool)
+        first, last = local * 8 // block, (local * 8 + 15) // block
+        blocks = np.unique(np.concatenate([first, last]))
+        todo = blocks[~self._part_ok[blocks]]
+        if todo.size:
+            self.ensure(fname, todo.tolist(), fd=fd)
+            self._part_ok[todo] = True
+        entries = np.empty((local.size, 2), dtype="<u8")
+        for i, j in enumerate(local.tolist()):
+            entries[i] = np.frombuffer(os.pread(fd, 16, 8 * j), dtype="<u8")
+        starts, stops = entries[:, 0].astype(np.int64), entries[:, 1].astype(np.int64)
+        bad = np.flatnonzero((starts > stops) | (stops > self.entry.num_tokens))
+        if bad.size:
+            j = int(local[bad[0]])
+            raise CorruptError(f"documents.index[{j}]: document {j} spans [{int(starts[bad[0]])}, "
+                               f"{int(stops[bad[0]])}), outside the shard's {self.entry.num_tokens} tokens",
+                               path=f"{self.url}/{fname}", field=fname)
+        return starts, stops
+
+    def ensure(self, fname: str, blocks: list[int], *, fd: int | None = None) -> None:
         """:meth:`check_chunk` for the sorted blocks ``blocks`` of data file ``fname``: the
-        local copy read once per run of consecutive blocks, the missing ones fetched at once."""
-        fd = self._fds[fname]
+        local copy read once per run of consecutive blocks, the missing ones fetched at once
+        (``fd``: another local copy than the data file's)."""
+        fd = self._fds[fname] if fd is None else fd
         size, block = self.entry.files[fname].size, self.block
         missing: list[int] = []
         for first, stop in _runs(blocks):
@@ -312,15 +351,15 @@ class RemoteShard(Shard):
             have = block_digests(os.pread(fd, b - a, a), block)
             missing += (first + np.flatnonzero(have != self._digests_of(fname, first, stop))).tolist()
         if missing:
-            self.fetch(fname, missing)
+            self.fetch(fname, missing, fd=fd)
 
-    def fetch(self, fname: str, blocks: list[int]) -> None:
+    def fetch(self, fname: str, blocks: list[int], *, fd: int | None = None) -> None:
         """Fetch blocks ``blocks`` (sorted) of data file ``fname``: runs of consecutive blocks
         as ranges of one request (obstore merges close ones), each checked against its
         digests and written into the local copy."""
         size, block = self.entry.files[fname].size, self.block
         runs = _runs(blocks)
-        fd = self._fds[fname]
+        fd = self._fds[fname] if fd is None else fd
         written = 0
         for _ in range(FETCH_TRIES):
             starts = [r[0] * block for r in runs]
@@ -363,10 +402,11 @@ class RemoteShard(Shard):
 
     def _close_files(self) -> None:
         super().close()
-        fd = self.__dict__.pop("_sums_fd", None)
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        for name in ("_sums_fd", "_part_fd"):
+            fd = self.__dict__.pop(name, None)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         for fd in self._fds.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -453,6 +493,22 @@ class RemoteShards:
         todo = [k for k in ks if k not in self._open or not self._open[k].indexes_loaded]
         if todo:
             self.fetcher.run_all([lambda k=k: self.get(k, self._index_blocks(k)).load_indexes() for k in todo])
+
+    def document_bounds(self, shard: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, stops)`` in each shard's tokens of the documents ``local`` of shards
+        ``shard``, every shard's entries fetched in parallel (:meth:`RemoteShard.document_bounds`)."""
+        starts, stops = np.empty(local.size, np.int64), np.empty(local.size, np.int64)
+        ks = np.unique(shard).tolist()
+        block = self.manifest.block
+
+        def one(k: int) -> None:
+            sel = shard == k
+            mine = local[sel]
+            want = [("documents.index", int(b), int(b) + 1) for b in np.unique(np.concatenate(
+                [mine * 8 // block, (mine * 8 + 15) // block]))]
+            starts[sel], stops[sel] = self.get(k, want).document_bounds(mine)
+        self.fetcher.run_all([lambda k=k: one(k) for k in ks])
+        return starts, stops
 
     def _index_blocks(self, k: int) -> list[tuple[str, int, int]]:
         """Every block of shard ``k``'s index files (their digests fetched with the shard's)."""

@@ -731,8 +731,12 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_documents):
             raise OutOfRangeError(f"a document index is outside [0, {self.num_documents})")
         shard = np.searchsorted(self.cum_documents, idx, side="right") - 1
-        if isinstance(self._shards, RemoteShards) and idx.size:   # their indexes, fetched in parallel
-            self._shards.load_indexes(np.unique(shard).tolist())
+        if isinstance(self._shards, RemoteShards) and idx.size:
+            # the entries of these documents alone, every shard's in parallel
+            local = idx - self.cum_documents[shard]
+            a, b = self._shards.document_bounds(shard, local)
+            base = self.cum_tokens[shard]
+            return base + a, base + b
         if idx.size and shard[0] == shard[-1] and (shard == shard[0]).all():   # one shard: no masks
             k = int(shard[0])
             docs, local = self._shards[k].documents, idx - self.cum_documents[k]
