@@ -397,6 +397,10 @@ class _Pass:
             self.pool = shared_pool(loader.num_threads, READ_AHEAD_POOL)
             self.pool.attach()
         self._tickets: collections.deque[tuple[Any, list[Any]]] = collections.deque()
+        # a source at a URL: the first read alone until it is in, its requests ahead of any
+        # read-ahead's (the first batch is what the training loop waits for; later steps'
+        # fetches start once it arrives, still well ahead of their turn)
+        self._first_alone = bool(getattr(self.source, "remote", False))
         self._plan = self._reads()
         if not self.inline:
             self._fill()
@@ -428,7 +432,7 @@ class _Pass:
         return self.pool.call(functools.partial(self.source.read, *args)), after
 
     def _fill(self) -> None:
-        while len(self._tickets) < self.depth:
+        while len(self._tickets) < (1 if self._first_alone else self.depth):
             plan = next(self._plan, None)
             if plan is None:
                 return
@@ -443,6 +447,7 @@ class _Pass:
         while tickets:
             ticket, after = tickets.popleft()
             result = ticket.wait()
+            self._first_alone = False
             self._fill()
             yield _Ready(result), after
 

@@ -792,17 +792,38 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             width = check_count(pad_to, "pad_to")
             stops = np.minimum(stops, starts + width)
         lengths = stops - starts
-        flat = np.empty(int(lengths.sum()), dtype=dt)
-        if self._gather is not None and flat.size:
-            gather = self._gather
-            self._read(starts, stops, lambda fds: gather.gather_ranges(starts, stops, flat, fds=fds),
-                       lambda: self._ranges_piecewise(starts.tolist(), stops.tolist(), flat))
+        flat = self.ranges(starts, stops, dtype=dt)
         if pad_to is None:
             return flat, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         out = np.full((starts.size, width), pad_id, dtype=dt)
         mask = np.arange(width)[None, :] < lengths[:, None]
         out[mask] = flat
         return out, mask
+
+    def ranges(self, starts: Any, stops: Any, *, dtype: Any = np.int64) -> np.ndarray:
+        """The tokens of the ranges ``[starts[i], stops[i])`` back to back (any lengths; a range
+        may cross shards), in one compiled gather: exactly these tokens are read (and, at a
+        URL, fetched), nothing around them.
+
+        Raises:
+            OutOfRangeError: a range outside ``[0, num_tokens)`` or ending before it starts.
+            ConfigError: a ``dtype`` other than ``int64`` / ``int32``.
+        """
+        self._check_open()
+        a, b = as_positions(starts, "starts"), as_positions(stops, "stops")
+        if a.shape != b.shape:
+            raise ConfigError(f"starts and stops differ in length ({a.size} and {b.size})", field="stops")
+        if a.size and (a.min() < 0 or (b < a).any() or b.max() > self.num_tokens):
+            raise OutOfRangeError(f"a range is outside [0, {self.num_tokens}) or ends before it starts")
+        dt = np.dtype(dtype)
+        if dt not in (np.int64, np.int32):
+            raise ConfigError(f"dtype must be int64 or int32, got {dt}", field="dtype")
+        flat = np.empty(int((b - a).sum()), dtype=dt)
+        if self._gather is not None and flat.size:
+            gather = self._gather
+            self._read(a, b, lambda fds: gather.gather_ranges(a, b, flat, fds=fds),
+                       lambda: self._ranges_piecewise(a.tolist(), b.tolist(), flat))
+        return flat
 
     @staticmethod
     def _stride(length: int, stride: int | None) -> tuple[int, int]:

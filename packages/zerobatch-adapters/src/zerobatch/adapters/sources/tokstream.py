@@ -169,7 +169,11 @@ class TokenDocuments(Source):
         # the overrun, the mask and the labels. Rows of documents too near the end for a whole
         # window are copied one by one.
         fits = starts + width <= reader.num_tokens
-        if fits.all():
+        if reader.remote:
+            # at a URL the overrun would be fetched too: each document's own tokens, exactly
+            flat_tokens = reader.ranges(starts, starts + lengths, dtype=dtype)
+            tokens[np.arange(width)[None, :] < lengths[:, None]] = flat_tokens
+        elif fits.all():
             reader.windows(starts, width, out=tokens)
         else:
             rows = np.flatnonzero(fits)
