@@ -49,10 +49,12 @@ DEFAULT_CACHE_LIMIT = 16 << 30
 #: Requests in flight per process at most (each a ranged GET of one object).
 DEFAULT_FETCH_THREADS = 32
 _IO_PREFIX = "zerobatch-fetch"
-#: Steps whose blocks are fetched ahead at once: each step's requests all run in parallel on
-#: the request pool, so two keep it busy; more let later steps' requests queue in front of
-#: the first batch's (measured: first batch 0.67 s with 2, 1.16 s with 4; tools/bench_remote.py).
-DEFAULT_READ_AHEAD = 2
+#: Read-ahead tasks run at once (each a step's fetches, which wait on the request pool). The
+#: loader reads a remote source's first step alone, so these never delay the first batch;
+#: with steps that each cost a round trip or two (windows shuffled within shards), 8 pipeline
+#: them: 17 -> 33 steps/s against 2 (tools/bench_remote_peers.py's server, 20 ms per request);
+#: on a request-bound server (windows shuffled over 1,024 shards) it changes nothing.
+DEFAULT_READ_AHEAD = 8
 #: Tries of a range whose bytes do not match their checksums (damaged in flight) before the
 #: read fails with an ``IntegrityError`` naming the URL and the range.
 FETCH_TRIES = 3
