@@ -90,7 +90,8 @@ class FeatureMatrix(BatchReader):
         """A dataset at a URL: its metadata and checksums fetched and checked, its matrix a
         sparse local copy in the cache whose blocks are fetched as reads touch them."""
         from zerobatch.readers.remote import RemoteFile, RemoteOptions
-        assert self._remote_options is not None
+        if self._remote_options is None:
+            raise ConfigError("the dataset is not read from a URL", path=self.folder, field="path")
         r = RemoteOptions(f"{self._url}/{F.METADATA}", **self._remote_options)
         self.folder = r.store.url
         path = r.url

@@ -153,7 +153,8 @@ class BatchFileReader(RemoteItems, OpensOnFirstUse, BatchReader):
         made (or found) in the cache; returns the copy's path."""
         from zerobatch.readers.remote import RemoteFile
         r = self._remote
-        assert r is not None
+        if r is None:
+            raise ConfigError("the file is not read from a URL", path=self.path, field="path")
         size = r.size("")
         head = bytes(r.store.get_range(r.name, 0, min(size, L.HEADER_SIZE)))
         header = parse_llmbatch_header(head, size, path=self.path)
@@ -228,7 +229,8 @@ class BatchFileReader(RemoteItems, OpensOnFirstUse, BatchReader):
         """A file at a URL: its batches are the units of the local copy (each batch's slot
         fetched and checked before a read of it), and every read goes through them."""
         copy, slots = self._copy, self._slots
-        assert copy is not None
+        if copy is None:
+            raise ConfigError("the file is not read from a URL", path=self.path, field="path")
         first, slot, end = L.HEADER_SIZE, header.padded_batch_bytes, header.trailer_offset
 
         def spans(units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -84,7 +84,8 @@ class LLMChunkReader(RemoteItems, OpensOnFirstUse, BatchReader):
         copy made (or found) in the cache; returns the copy's path (checked as a local file)."""
         from zerobatch.readers.remote import RemoteFile
         r = self._remote
-        assert r is not None
+        if r is None:
+            raise StateError("the file is not read from a URL", path=self.path, field="path")
         size = r.size("")
         head = bytes(r.store.get_range(r.name, 0, min(size, C.HEADER_SIZE)))
         header = C.parse_header(head, path=self.path)

@@ -486,7 +486,8 @@ class RemoteFile:
             self._load(left)              # was that thread's to raise)
 
     def _load(self, units: list[int]) -> None:
-        assert self._check is not None and self._spans is not None
+        if self._check is None or self._spans is None:
+            raise ConfigError("RemoteFile.units() must be called before a read", path=self.url, field="units")
         bad = self._check(units)
         self.held[np.setdiff1d(units, bad)] = True
         for _ in range(FETCH_TRIES):
