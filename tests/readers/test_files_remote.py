@@ -222,3 +222,19 @@ def test_http_urls_read_every_format_from_a_plain_range_server(files, tmp_path):
             TokenStreamReader(f"{server.url}/nothing", cache_dir=cache)
     finally:
         server.close()
+
+
+def test_worker_processes_read_single_files_from_the_store(files, tmp_path):
+    """LLMBATCH, LLMCHNK and feature-matrix sources at a URL in DataLoader worker processes
+    (forkserver, which the loader picks for remote sources): the same batches as locally."""
+    root, url, opts, _ = files
+    for make, name in ((lambda p, **kw: LLMBatchSource(BatchFileReader(p, **kw)), "train.batch"),
+                       (lambda p, **kw: LLMChunkSource(LLMChunkReader(p, **kw), 64), "train.chunk"),
+                       (lambda p, **kw: FeatureWindows(FeatureMatrix(p, 8, stride=5, **kw)), "features")):
+        first = [b for b in Loader(make(root / name), batch_size=16, seed=4)]
+        want = [(b[0] if isinstance(b, tuple) else b).clone() for b in first]
+        ld = Loader(make(f"{url}/{name}", storage_options=opts, cache_dir=tmp_path / "cache"), batch_size=16, seed=4)
+        dl = ld.dataloader(num_workers=2)
+        assert dl.multiprocessing_context.get_start_method() == "forkserver"
+        got = [(b[0] if isinstance(b, tuple) else b).clone() for b in dl]
+        assert len(got) == len(want) and all((x == y).all() for x, y in zip(got, want, strict=True)), name

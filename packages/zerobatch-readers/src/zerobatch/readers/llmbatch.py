@@ -165,12 +165,17 @@ class BatchFileReader(RemoteItems, OpensOnFirstUse, BatchReader):
         a = header.trailer_offset
         trailer = r.store.get_range(r.name, a, a + header.trailer_size)
         folder = r.cache.folder("llmbatch", header.build_id.hex())
-        if self._copy is not None:
-            self._copy.close()
+        old = self.__dict__.get("_copy")
+        if old is not None:
+            old.close()
         self._copy = RemoteFile(r, r.name, os.path.join(folder, "file.batch"), size, [(0, head), (a, trailer)])
         return self._copy.path
 
     def _open(self) -> None:
+        if self._remote is None:
+            self._copy = None
+        # a reader unpickled in a worker has no _copy until this open: reads check for one
+        # only after touching the reader (which opens it), never before
         local = self.path if self._remote is None else self._fetch_layout()
         fd, st = open_regular_file(local)
         try:
@@ -511,9 +516,9 @@ class BatchFileReader(RemoteItems, OpensOnFirstUse, BatchReader):
         if state.get("remote") is not None:
             from zerobatch.readers.remote import RemoteOptions
             remote = RemoteOptions(path, **state["remote"])
-            return {"path": remote.url, "_url": path, "_remote": remote, "_copy": None,
+            return {"path": remote.url, "_url": path, "_remote": remote,
                     "verify_batches": state["verify"]}
-        return {"path": path, "verify_batches": state["verify"], "_remote": None, "_copy": None}
+        return {"path": path, "verify_batches": state["verify"], "_remote": None}
 
     def _reopen(self, state: dict[str, Any]) -> None:
         self._expected_fingerprint = state["fingerprint"]

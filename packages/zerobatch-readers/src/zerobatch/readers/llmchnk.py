@@ -96,13 +96,18 @@ class LLMChunkReader(RemoteItems, OpensOnFirstUse, BatchReader):
                               field="checksums")
         table, tail = r.store.get_ranges(r.name, [len(head), geo.checksums_offset], [geo.data_start, size])
         folder = r.cache.folder("llmchnk", bytes(tail[-16:-8]).hex())
-        if self._copy is not None:
-            self._copy.close()
+        old = self.__dict__.get("_copy")
+        if old is not None:
+            old.close()
         self._copy = RemoteFile(r, r.name, os.path.join(folder, "file.chunk"), size,
                                 [(0, head), (len(head), table), (geo.checksums_offset, tail)])
         return self._copy.path
 
     def _open(self) -> None:
+        if self._remote is None:
+            self._copy = None
+        # a reader unpickled in a worker has no _copy until this open: reads check for one
+        # only after touching the reader (which opens it), never before
         local = self.path if self._remote is None else self._fetch_layout()
         fd, st = open_regular_file(local)
         try:
@@ -357,9 +362,9 @@ class LLMChunkReader(RemoteItems, OpensOnFirstUse, BatchReader):
         if state.get("remote") is not None:
             from zerobatch.readers.remote import RemoteOptions
             remote = RemoteOptions(state["path"], **state["remote"])
-            return {"path": remote.url, "_url": state["path"], "_remote": remote, "_copy": None,
+            return {"path": remote.url, "_url": state["path"], "_remote": remote,
                     "verify_records": state["verify"]}
-        return {"path": state["path"], "verify_records": state["verify"], "_remote": None, "_copy": None}
+        return {"path": state["path"], "verify_records": state["verify"], "_remote": None}
 
     def _reopen(self, state: dict[str, Any]) -> None:
         self._open()
