@@ -157,11 +157,7 @@ class RemoteShard(Shard):
         self._top = top.copy()
         self._page_ok = np.zeros(top.size, bool)
         if pages:                          # the pages fetched with the top level, checked now
-            for (r0, _), s0, part in zip(runs, starts[1:], parts[1:], strict=True):
-                ok = block_digests(part, block) == self._top[r0:r0 + -(-len(part) // block)]
-                if ok.all():
-                    pwrite_all(sums_fd, part, s0)
-                    self._page_ok[r0:r0 + ok.size] = True
+            self._accept_pages(runs, starts[1:], parts[1:])
 
     def _open_cached(self, manifest: T.DatasetManifest) -> None:
         self._open_data(manifest)
@@ -189,6 +185,17 @@ class RemoteShard(Shard):
             self._fetch_pages(p0, p1)
         return self.sums[a + first:a + stop]
 
+    def _accept_pages(self, runs: list[tuple[int, int]], starts: list[int], parts: list[Any]) -> None:
+        """Pages of digests fetched as ``runs``: those matching the top level written into the
+        local copy and marked held (the others stay missing)."""
+        block = self._manifest.block
+        for (r0, _), s0, part in zip(runs, starts, parts, strict=True):
+            ok = block_digests(part, block) == self._top[r0:r0 + -(-len(part) // block)]
+            if ok.all():
+                pwrite_all(self._sums_fd, part, s0)
+                self.remote.fetched(len(part))
+                self._page_ok[r0:r0 + ok.size] = True
+
     def _fetch_pages(self, p0: int, p1: int) -> None:
         """Pages ``[p0, p1)`` of the digest list held: those the local copy holds (checked
         against the top level) kept, the others fetched and checked."""
@@ -210,12 +217,7 @@ class RemoteShard(Shard):
                 starts = [r[0] * block for r in runs]
                 stops = [min(r[1] * block, d) for r in runs]
                 parts = self.remote.store.get_ranges(f"{self.key}/checksums.bin", starts, stops)
-                for (r0, _), s0, part in zip(runs, starts, parts, strict=True):
-                    ok = block_digests(part, block) == self._top[r0:r0 + -(-len(part) // block)]
-                    if ok.all():
-                        pwrite_all(fd, part, s0)
-                        self.remote.fetched(len(part))
-                        self._page_ok[r0:r0 + ok.size] = True
+                self._accept_pages(runs, starts, parts)
                 missing = [p for p in missing if not self._page_ok[p]]
             if missing:
                 a = missing[0] * block
