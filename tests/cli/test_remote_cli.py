@@ -53,9 +53,18 @@ def test_convert_to_a_url_then_every_reading_command(env, tmp_path):
     # nothing there; another format at a URL; no secret in any message
     r = zb(environ, "inspect", url + "-missing")
     assert r.returncode == 1 and "no dataset at this URL" in r.stderr
-    r = zb(environ, "convert", str(tmp_path / "tok.npy"), f"{url}.zr", "--to", "zrecord", "--eod-id", "0")
-    assert r.returncode == 1 and "--to tokstream or llmbatch or llmchnk" in r.stderr
+    r = zb(environ, "convert", str(tmp_path / "tok.npy"), f"{url}.bin", "--to", "megatron", "--eod-id", "0")
+    assert r.returncode == 1 and "--to tokstream or zrecord or llmbatch or llmchnk" in r.stderr
     assert "testing" not in r.stderr
+    # a ZRECORD store goes up write-once (commit.zr last) and every reading command takes it
+    r = zb(environ, "convert", str(tmp_path / "tok.npy"), f"{url}.zr", "--to", "zrecord", "--eod-id", "0", "--quiet")
+    assert r.returncode == 0 and f"{url}.zr" in r.stdout, r.stdout + r.stderr
+    r = zb(environ, "convert", str(tmp_path / "tok.npy"), f"{url}.zr", "--to", "zrecord", "--eod-id", "0", "--quiet")
+    assert r.returncode == 1 and "write-once" in r.stderr
+    for cmd in (["inspect"], ["verify"], ["head", "-n", "2"], ["stats"]):
+        r = zb(environ, cmd[0], f"{url}.zr", *cmd[1:])
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert "OK: 398 records" in zb(environ, "verify", f"{url}.zr").stdout   # 397 EOD tokens
     # single-file formats go up as one object each, and read back from there
     for to, suffix in (("llmbatch", "batch"), ("llmchnk", "chunk")):
         dst = f"{url}.{suffix}"

@@ -57,7 +57,7 @@ __all__ = ["ConvertOptions", "Target", "build_folder", "check_destination", "con
 
 #: The targets a URL destination takes (folder datasets other than TOKSTREAM, and exports of
 #: several files, are written to local paths).
-URL_TARGETS = ("tokstream", "llmbatch", "llmchnk")
+URL_TARGETS = ("tokstream", "zrecord", "llmbatch", "llmchnk")
 #: Special tokens tried, in order, as the end-of-document token when none is named.
 EOD_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>", "[SEP]", "<eod>")
 #: Special tokens tried, in order, as the beginning-of-document token of ``--add-bos``
@@ -513,12 +513,13 @@ def build_folder(dst: str, build: Callable[[str], str], *, overwrite: bool = Fal
         ConfigError: ``dst`` exists and is not an empty folder (and not ``overwrite``).
     """
     if is_url(dst):
-        # a dataset at a URL: built locally, then published (shards first, manifest last)
-        from zerobatch.writers.remote import publish_tokstream
+        # a dataset at a URL: built locally, then published (shards first, manifest last; a
+        # ZRECORD store's chunks and tables first, commit.zr last)
+        from zerobatch.writers.remote import publish_folder
         tmp = tempfile.mkdtemp(prefix="zerobatch-upload-")
         try:
             summary = build(os.path.join(tmp, "dataset"))
-            publish_tokstream(os.path.join(tmp, "dataset"), dst, overwrite=overwrite)
+            publish_folder(os.path.join(tmp, "dataset"), dst, overwrite=overwrite)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return summary
@@ -568,6 +569,10 @@ def check_target_destination(to: str, dst: str, overwrite: bool) -> None:
             from zerobatch.writers.remote import check_remote_destination
             check_remote_destination(dst, overwrite)
             return
+        if to == "zrecord":
+            from zerobatch.writers.remote import check_remote_zrecord
+            check_remote_zrecord(dst, overwrite)
+            return
         if to in EXPORTS or registry.get(to).layout != "file":
             raise ConfigError(f"destination: a URL takes --to {' or '.join(URL_TARGETS)} ({to} is written to local "
                               f"paths)", path=redact(dst), field="destination")
@@ -614,9 +619,9 @@ def write_target(target: str, dst: str, chunks: Chunks, *, num_tokens: int, max_
             bar.close()
     write = EXPORTS[target].write if target in EXPORTS else registry.get(target).resolve("convert")
     spec = Target(num_tokens, vocab, dtype, eod, args, log, rows)
-    if is_url(dst) and target != "tokstream":
+    if is_url(dst) and target not in EXPORTS and registry.get(target).layout == "file":
         # a single-file dataset at a URL: written locally, then uploaded as one object (whole or
-        # not at all); a TOKSTREAM dataset publishes itself (build_folder)
+        # not at all); folder datasets (TOKSTREAM, ZRECORD) publish themselves (build_folder)
         from zerobatch.writers.remote import publish_file
         tmp = tempfile.mkdtemp(prefix="zerobatch-upload-")
         try:

@@ -130,11 +130,7 @@ def open_dataset(path: str, *, field: str | None = None) -> Dataset:
 
     path = local_path(path)
     if is_url(path):
-        fmt = detect(path)
-        if fmt.name == "zrecord":
-            raise ConfigError("zrecord: ZRECORD stores are read from local paths only (copy the store, or convert "
-                              "it to TOKSTREAM for object storage)", path=path, field="path")
-        return fmt.resolve("cli")(path, field=field)
+        return detect(path).resolve("cli")(path, field=field)
     if not os.path.lexists(path):
         raise NotFoundError("no such file or folder", path=path, field="path")
     return detect(path).resolve("cli")(path, field=field)

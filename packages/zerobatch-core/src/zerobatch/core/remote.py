@@ -44,7 +44,7 @@ import random
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from zerobatch.formats.errors import ConfigError, NotFoundError, ReadError, TruncatedError, WriteError
@@ -388,15 +388,25 @@ class ObjectStore:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def put(self, key: str, data: Any) -> None:
+    def put(self, key: str, data: Any, *, size: int | None = None) -> None:
         """Write object ``key`` from bytes or a local file path (large files go up in
-        parts, obstore's multipart upload); the object appears whole or not at all."""
+        parts, obstore's multipart upload); the object appears whole or not at all.
+        ``size``: a file's first ``size`` bytes only (a file grown in sparse steps)."""
         obs = _obstore()
+
+        def prefix(f: Any, n: int) -> Iterator[bytes]:
+            while n > 0:
+                piece = f.read(min(n, PART_BYTES))
+                if not piece:
+                    raise _ShortBody(0, n)      # the file is shorter than said
+                n -= len(piece)
+                yield piece
 
         def once() -> None:
             if isinstance(data, (str, os.PathLike)):
                 with open(data, "rb") as f:
-                    obs.put(self.client, key, f, chunk_size=PART_BYTES, max_concurrency=8)
+                    body = f if size is None else prefix(f, size)
+                    obs.put(self.client, key, body, chunk_size=PART_BYTES, max_concurrency=8)
             else:
                 obs.put(self.client, key, bytes(data) if not isinstance(data, bytes) else data)
             self._count(1, 0)

@@ -23,6 +23,7 @@ after ``release()`` is still memory-safe, but the batch itself refuses further u
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -37,6 +38,7 @@ from zerobatch.core import (FileMapping, buffer_views, check_records, inflate_re
 from zerobatch.core._status import STATUS, raise_for_status
 from zerobatch.core.io import open_regular_file
 from zerobatch.core.pool import shared_pool
+from zerobatch.readers.remote import FETCH_TRIES
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import (
     ConfigError,
@@ -248,13 +250,18 @@ class ZRecordStore:
     """A ZRECORD store open for reading.
 
     Args:
-        path: the store's folder.
+        path: the store's folder, or its URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``,
+            ``file://``): a store in object storage is read-only, through a local mirror that
+            gains the table pages and records gathers need (:mod:`zerobatch.readers._zrecord_remote`).
         num_threads: threads a gather splits over (the caller and ``num_threads - 1`` pool
             workers, shared by every reader in the process). 2 on a 2-core machine.
         verify: check every record's xxh3 checksum on every read (the cost is a hash of the
             stored bytes; ``tools/compare_zrecord.py`` measures it).
         max_record_bytes: the largest record (after inflating) a variable-length field may
             declare: a record claiming more is refused before any memory is allocated.
+        storage_options, cache_dir, cache_limit, fetch_threads: a store at a URL: as for
+            :class:`~zerobatch.readers.tokstream.TokenStreamReader` (records are then always
+            checked, whatever ``verify`` says).
 
     Raises:
         NotFoundError: not a store.
@@ -262,8 +269,19 @@ class ZRecordStore:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, num_threads: int = 2, verify: bool = True,
-                 max_record_bytes: int = 1 << 30) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+                 max_record_bytes: int = 1 << 30, storage_options: dict[str, Any] | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None, cache_limit: int | None = None,
+                 fetch_threads: int | None = None) -> None:
+        from zerobatch.core.remote import is_url, local_path
+        path = local_path(path)
+        self._mirror: Any = None
+        if is_url(path):
+            from zerobatch.readers._zrecord_remote import StoreMirror
+            self._mirror = StoreMirror(path, storage_options, cache_dir, cache_limit, fetch_threads)
+            self.path, self._root = self._mirror.url, self._mirror.folder
+            verify = True
+        else:
+            self.path = self._root = os.path.abspath(os.fspath(path))
         if not 1 <= num_threads <= 64:
             raise ConfigError(f"num_threads must be 1 to 64, got {num_threads}", path=self.path,
                               field="num_threads")
@@ -284,16 +302,16 @@ class ZRecordStore:
     # Opening
 
     def _open(self) -> None:
-        mpath = os.path.join(self.path, Z.META_NAME)
-        if not os.path.isdir(self.path):
+        mpath = os.path.join(self._root, Z.META_NAME)
+        if not os.path.isdir(self._root):
             raise NotFoundError("path: no such folder", path=self.path, field="path")
         if not os.path.lexists(mpath):
             raise NotFoundError("meta.json: not a ZRECORD store (no meta.json)", path=self.path, field="meta.json")
-        cpath = os.path.join(self.path, Z.COMMIT_NAME)
+        cpath = os.path.join(self._root, Z.COMMIT_NAME)
         for _ in range(3):
-            if os.path.lexists(os.path.join(self.path, Z.JOURNAL_NAME)):
+            if os.path.lexists(os.path.join(self._root, Z.JOURNAL_NAME)):
                 self._maybe_recover()
-            sfd = zrstore.lock(os.path.join(self.path, Z.SWITCH_LOCK_NAME), exclusive=False, blocking=True)
+            sfd = zrstore.lock(os.path.join(self._root, Z.SWITCH_LOCK_NAME), exclusive=False, blocking=True)
             try:
                 if self._rebalance_journal():
                     continue
@@ -313,7 +331,7 @@ class ZRecordStore:
                 if commit is None:
                     zrstore.unlock(sfd)
                     sfd = None
-                    zrstore.read_commit_waiting(commit_map, self.path, path=cpath, key=key)
+                    zrstore.read_commit_waiting(commit_map, self._root, path=cpath, key=key)
                     continue
                 meta = self._read_meta(mpath, commit)
                 if meta.key != key:
@@ -321,7 +339,7 @@ class ZRecordStore:
                 gen = _Generation(commit_map, commit.epoch, meta.first_chunk, len(meta.fields))
                 for k, f in enumerate(meta.fields):
                     self._map_table(gen, k, f, commit.length)
-                gen.epoch_fd = zrstore.lock(os.path.join(self.path, Z.epoch_lock_name(commit.epoch)),
+                gen.epoch_fd = zrstore.lock(os.path.join(self._root, Z.epoch_lock_name(commit.epoch)),
                                             exclusive=False, blocking=True)
             finally:
                 zrstore.unlock(sfd)
@@ -336,6 +354,36 @@ class ZRecordStore:
             return
         raise StateError("switch.lock: the store kept changing under the reader", path=self.path, field="switch.lock")
 
+    def _name(self, rel: str) -> str:
+        """A file of the store, for messages (its URL for a store at a URL)."""
+        return f"{self.path}/{rel}" if self._mirror is not None else os.path.join(self.path, rel)
+
+    @property
+    def remote(self) -> bool:
+        """Whether the store is read from a URL (object storage; read-only)."""
+        return self._mirror is not None
+
+    @property
+    def store(self) -> Any:
+        """The object store of a store at a URL (its request and byte counters), else ``None``."""
+        return None if self._mirror is None else self._mirror.store
+
+    def prefetch(self, indices: Any, fields: Sequence[str] | None = None) -> None:
+        """Read-ahead hint: a store at a URL fetches the entries and records of ``indices``
+        (of ``fields``, default all) in the background (errors are left to the gather that
+        needs them). A local store: nothing."""
+        if self._mirror is None:
+            return
+        idx = np.array(indices, dtype=np.int64, copy=True).reshape(-1)
+        fnos = self._fnos(self.keys() if fields is None else list(fields))
+
+        def run() -> None:
+            with contextlib.suppress(Exception):
+                _, entries, _, _ = self._snapshot(idx, fnos)
+                for j, k in enumerate(fnos):
+                    self._mirror.ensure_records(k, idx, entries[:, j])
+        self._mirror.remote.fetcher.ahead(run)
+
     @property
     def fingerprint(self) -> str:
         """The store's identity (``store_id`` in hex): constant while records are appended,
@@ -345,7 +393,7 @@ class ZRecordStore:
 
     def _rebalance_journal(self) -> bool:
         """Under switch.lock (shared): a journal now is a rebalance whose writer died."""
-        jpath = os.path.join(self.path, Z.JOURNAL_NAME)
+        jpath = os.path.join(self._root, Z.JOURNAL_NAME)
         if not os.path.lexists(jpath):
             return False
         try:
@@ -362,7 +410,7 @@ class ZRecordStore:
 
     def _maybe_recover(self) -> None:
         """A journal exists: a live writer is finishing it (wait), or a dead one left it (apply)."""
-        zrstore.recover(self.path)
+        zrstore.recover(self._root)
 
     def _read_meta(self, mpath: str, commit: Z.Commit) -> Z.StoreMeta:
         for attempt in range(100):
@@ -384,7 +432,7 @@ class ZRecordStore:
     def _map_table(self, gen: _Generation, k: int, f: Z.FieldSpec, length: int) -> None:
         maps = []
         for name, unit in ((Z.offset_name(f.name), Z.ENTRY_SIZE), (Z.check_name(f.name), Z.CHECK_SIZE)):
-            tpath = os.path.join(self.path, name)
+            tpath = os.path.join(self._root, name)
             try:
                 fd, st = open_regular_file(tpath)
             except NotFoundError:
@@ -404,7 +452,7 @@ class ZRecordStore:
     def _map_chunk(self, gen: _Generation, c: int, field: str, index: int, maps_before: int) -> None:
         """Map chunk c (again, if it grew) in ``gen``, for a check that started when
         ``gen.maps`` was ``maps_before``."""
-        cpath = os.path.join(self.path, Z.chunk_name(c))
+        cpath = os.path.join(self._root, Z.chunk_name(c))
         with self._lock:
             if gen.maps != maps_before:
                 return  # another thread mapped meanwhile: check again first
@@ -432,7 +480,7 @@ class ZRecordStore:
 
     def __len__(self) -> int:
         self._check_open()
-        return zrstore.read_commit_waiting(self._commit_map, self.path, path=self.path, key=self._key).length
+        return zrstore.read_commit_waiting(self._commit_map, self._root, path=self.path, key=self._key).length
 
     def keys(self) -> list[str]:
         return [f.name for f in self.fields]
@@ -458,6 +506,9 @@ class ZRecordStore:
         too short: map it; a rebalance: reopen), its errors raised."""
         deadline = None
         entries = np.empty((idx.size, len(fnos)), Z.ENTRY_DTYPE)
+        mirror, tries = self._mirror, 1
+        if mirror is not None:
+            mirror.ensure_entries(idx, fnos)
         while True:
             gen = self._gen
             if gen is None:
@@ -467,10 +518,15 @@ class ZRecordStore:
                                                             self._key32)
             if status == STATUS.ZB_OK:
                 return gen, entries, length, nchunks
+            if status == STATUS.ZB_E_CHECKSUM and mirror is not None and tries < FETCH_TRIES:
+                tries += 1                # damaged in flight or in the mirror: fetch the page again
+                mirror.forget_entries(fnos[bad % len(fnos)], int(idx[bad // len(fnos)]))
+                mirror.ensure_entries(idx, fnos)
+                continue
             if status == STATUS.ZB_E_CHECKSUM:
                 name = self.fields[fnos[bad % len(fnos)]].name
                 raise_for_status(status, f"{name}.offset: the entry of record {int(idx[bad // len(fnos)])} fails its "
-                                 f"check (CRC-32 in {name}.check)", path=os.path.join(self.path, Z.offset_name(name)),
+                                 f"check (CRC-32 in {name}.check)", path=self._name(Z.offset_name(name)),
                                  field="offset")
             if status == STATUS.ZB_E_INDEX:
                 raise_for_status(status, f"index {int(idx[bad])} is out of range for a store of {length} records",
@@ -478,7 +534,7 @@ class ZRecordStore:
             if status == STATUS.ZB_NEED_TABLE:
                 k = fnos[bad]
                 with self._lock:
-                    c = zrstore.read_commit_waiting(gen.commit_map, self.path, path=self.path, key=self._key)
+                    c = zrstore.read_commit_waiting(gen.commit_map, self._root, path=self.path, key=self._key)
                     self._map_table(gen, k, self.fields[k], c.length)
             elif status == STATUS.ZB_STALE:
                 with self._lock:
@@ -488,7 +544,7 @@ class ZRecordStore:
                 if deadline is None:
                     deadline = time.monotonic() + 0.05
                 elif time.monotonic() > deadline:
-                    zrstore.read_commit_waiting(gen.commit_map, self.path, path=self.path, key=self._key)
+                    zrstore.read_commit_waiting(gen.commit_map, self._root, path=self.path, key=self._key)
                     deadline = None
                 time.sleep(0)
             else:
@@ -511,12 +567,7 @@ class ZRecordStore:
         if idx.dtype.kind not in "iu" and idx.size:
             raise ConfigError(f"indices must be integers, got {idx.dtype}", path=self.path, field="indices")
         idx = np.ascontiguousarray(idx.reshape(-1), dtype=np.int64)
-        names = self.keys() if fields is None else list(fields)
-        fnos = []
-        for name in names:
-            if name not in self._field_no:
-                raise KeyError(f"no field {name!r} (fields: {self.keys()})")
-            fnos.append(self._field_no[name])
+        fnos = self._fnos(self.keys() if fields is None else list(fields))
         gen, entries, length, nchunks = self._snapshot(idx, fnos)
         data: dict[str, Any] = {}
         present: dict[str, np.ndarray] = {}
@@ -527,9 +578,20 @@ class ZRecordStore:
             data[spec.name], present[spec.name] = self._field(gen, idx, col, nchunks, k, spec, zero_copy, buffers)
         return RecordBatch(idx, data, present, buffers)
 
+    def _fnos(self, names: list[str]) -> list[int]:
+        fnos = []
+        for name in names:
+            if name not in self._field_no:
+                raise KeyError(f"no field {name!r} (fields: {self.keys()})")
+            fnos.append(self._field_no[name])
+        return fnos
+
     def _check(self, gen: _Generation, idx: np.ndarray, col: np.ndarray, nchunks: int, k: int,
                spec: Z.FieldSpec, out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         max_len = spec.fixed_bytes or self.max_record_bytes
+        mirror, tries = self._mirror, {}
+        if mirror is not None:
+            mirror.ensure_records(k, idx, col)
         while True:
             maps_before = gen.maps
             status, bad, need, payload, lens = check_records(
@@ -537,6 +599,15 @@ class ZRecordStore:
                 spec.np_dtype.itemsize, self.verify, out, self._pool, self.num_threads, self._key, gen.first_chunk)
             if status == STATUS.ZB_NEED_CHUNK:
                 self._map_chunk(gen, need, spec.name, int(idx[bad]), maps_before)
+                continue
+            if status != STATUS.ZB_OK and mirror is not None and status in _RECORD_FAULTS:
+                # damaged in flight or in the mirror: fetch the record again, then give up
+                i = int(idx[bad])
+                tries[i] = tries.get(i, 1) + 1
+                if tries[i] > FETCH_TRIES:
+                    raise mirror.record_error(k, i, col[bad], _RECORD_FAULTS[status])
+                mirror.forget_record(k, i)
+                mirror.ensure_records(k, idx[bad:bad + 1], col[bad:bad + 1])
                 continue
             if status != STATUS.ZB_OK:
                 self._raise(status, bad, idx, col, spec)
@@ -549,7 +620,7 @@ class ZRecordStore:
         if status == STATUS.ZB_E_LIMIT:
             what = f"declares more than max_record_bytes ({self.max_record_bytes})"
         raise_for_status(status, f"{spec.name}: record {int(idx[pos])} (chunk {c}, offset {off}, {ln} bytes): {what}",
-                         path=os.path.join(self.path, Z.chunk_name(c)), field=spec.name)
+                         path=self._name(Z.chunk_name(c)), field=spec.name)
 
     def _field(self, gen: _Generation, idx: np.ndarray, col: np.ndarray, nchunks: int, k: int,
                spec: Z.FieldSpec, zero_copy: bool, buffers: list[Any]) -> tuple[Any, np.ndarray]:
@@ -598,6 +669,8 @@ class ZRecordStore:
         gen, self._gen = self._gen, None
         if gen is not None:
             gen.release()
+        if self._mirror is not None:
+            self._mirror.close()
 
     def __enter__(self) -> ZRecordStore:
         return self
@@ -617,11 +690,20 @@ class ZRecordStore:
         spawned DataLoader worker) opens the store itself, on first use (so an error reaches
         the caller as a typed error, not as a worker dying in unpickling), and refuses a store
         replaced since."""
-        return {"path": self.path, "num_threads": self.num_threads, "verify": self.verify,
-                "max_record_bytes": self.max_record_bytes, "store_id": self._store_id}
+        state = {"path": self.path, "num_threads": self.num_threads, "verify": self.verify,
+                 "max_record_bytes": self.max_record_bytes, "store_id": self._store_id}
+        if self._mirror is not None:
+            state.update(path=self._mirror.source_url, remote=self._mirror.options)
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.path = state["path"]
+        self._mirror = None
+        if state.get("remote") is not None:
+            from zerobatch.readers._zrecord_remote import StoreMirror
+            self._mirror = StoreMirror(state["path"], **state["remote"])
+            self.path, self._root = self._mirror.url, self._mirror.folder
+        else:
+            self.path = self._root = state["path"]
         self.num_threads, self.verify = state["num_threads"], state["verify"]
         self.max_record_bytes = state["max_record_bytes"]
         self._pool = shared_pool(self.num_threads - 1) if self.num_threads > 1 else None

@@ -29,8 +29,8 @@ from zerobatch.core.remote import ObjectStore, split_url
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import ConfigError, FormatError, NotFoundError
 
-__all__ = ["UPLOAD_THREADS", "check_remote_destination", "check_remote_file", "publish_file", "publish_tokstream",
-           "unique_shard_prefix"]
+__all__ = ["UPLOAD_THREADS", "check_remote_destination", "check_remote_file", "check_remote_zrecord", "publish_file",
+           "publish_folder", "publish_tokstream", "publish_zrecord", "unique_shard_prefix"]
 
 #: Shard uploads in flight.
 UPLOAD_THREADS = 8
@@ -171,3 +171,102 @@ def publish_file(path: str, url: str, *, storage_options: dict[str, Any] | None 
     check_remote_file(url, overwrite, storage_options)
     root, key = split_url(url)
     ObjectStore(root, storage_options).put(key, path)
+
+
+def check_remote_zrecord(url: str, overwrite: bool = False, storage_options: dict[str, Any] | None = None) -> bool:
+    """Refuse a ZRECORD destination at ``url`` that holds a store (or the start of one).
+
+    A store at a URL is write-once: its readers fetch table pages and records as they go,
+    and a store replaced under them could give one gather records of two commits; publish a
+    new store to a new prefix instead.
+
+    Raises:
+        ConfigError: ``meta.json`` or ``commit.zr`` is there (``overwrite`` too).
+    """
+    from zerobatch.formats import zrecord as Z
+    store = ObjectStore(url, storage_options)
+    if store.head(Z.COMMIT_NAME) is None:
+        return False
+    how = " (--overwrite does not apply: readers fetch a store's records as they go)" if overwrite else ""
+    raise ConfigError(f"destination: a ZRECORD store is already there; stores at a URL are write-once: publish to a "
+                      f"new prefix{how}", path=store.name(Z.COMMIT_NAME), field="destination")
+
+
+def publish_zrecord(folder: str | os.PathLike[str], url: str, *, storage_options: dict[str, Any] | None = None,
+                    overwrite: bool = False, log: Callable[[str], None] | None = None) -> int:
+    """Upload the closed ZRECORD store at ``folder`` to ``url``, for readers
+    (:class:`~zerobatch.readers.zrecord.ZRecordStore` at a URL, read-only).
+
+    What readers need goes up, in parallel: each field's offset table and check file (the
+    committed entries) and each live chunk up to its last record (chunk files grow in sparse
+    steps locally); then ``meta.json`` and last ``commit.zr``, the object a reader's open
+    needs, so a killed upload leaves nothing a reader opens (``commit.zr`` missing) and a
+    rerun uploads again. Returns the bytes uploaded.
+
+    Raises:
+        ConfigError: a writer holds the store (or left a journal: open it once to recover),
+            or a store is at ``url`` already (:func:`check_remote_zrecord`).
+        CorruptError: ``meta.json`` and ``commit.zr`` disagree.
+        WriteError: an upload failed after the retry budget.
+    """
+    import numpy as np
+
+    from zerobatch.core import xxh3_64, zrstore
+    from zerobatch.formats import zrecord as Z
+    from zerobatch.formats.errors import CorruptError
+
+    folder = os.fspath(folder)
+    if zrstore.writer_alive(folder) or os.path.lexists(os.path.join(folder, Z.JOURNAL_NAME)):
+        raise ConfigError("source: a writer holds the store or left a journal; close the writer (or open the store "
+                          "once, which recovers) before publishing", path=folder, field="writer.lock")
+    meta = zrstore.read_meta(os.path.join(folder, Z.META_NAME))
+    with open(os.path.join(folder, Z.COMMIT_NAME), "rb") as f:
+        commit_raw = f.read(Z.COMMIT_SIZE)
+    commit = Z.unpack_commit(commit_raw, xxh3_64, path=os.path.join(folder, Z.COMMIT_NAME), key=meta.key)
+    if commit.seq & 1 or (meta.generation, meta.length, meta.num_chunks) != (commit.generation, commit.length,
+                                                                            commit.num_chunks):
+        raise CorruptError("commit.zr and meta.json disagree (a commit in progress?)", path=folder, field="generation")
+    check_remote_zrecord(url, overwrite, storage_options)
+    store = ObjectStore(url, storage_options)
+    n = commit.length
+    uploads: list[tuple[str, int]] = []
+    extent: dict[int, int] = {}
+    for f in meta.fields:
+        uploads.append((Z.offset_name(f.name), max(n, 1) * Z.ENTRY_SIZE))
+        uploads.append((Z.check_name(f.name), max(n, 1) * Z.CHECK_SIZE))
+        entries = np.fromfile(os.path.join(folder, Z.offset_name(f.name)), Z.ENTRY_DTYPE, count=n)
+        live = entries[entries["length"] > 0]
+        if live.size:
+            ends = live["offset"].astype(np.int64) + live["length"].astype(np.int64)
+            chunks = live["chunk"].astype(np.int64)
+            top = np.zeros(int(chunks.max()) + 1, np.int64)
+            np.maximum.at(top, chunks, ends)
+            for c in np.flatnonzero(top).tolist():
+                extent[c] = max(extent.get(c, 0), int(top[c]))
+    uploads += [(Z.chunk_name(c), size) for c, size in sorted(extent.items())]
+    for name, size in uploads:
+        have = os.path.getsize(os.path.join(folder, name))
+        if have < size:
+            raise CorruptError(f"{name}: {have} bytes, the committed entries need {size}", path=folder, field=name)
+
+    def upload(item: tuple[str, int]) -> None:
+        name, size = item
+        store.put(name, os.path.join(folder, name), size=size)
+        if log is not None:
+            log(f"uploaded {name} ({size} bytes)")
+    with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+        list(pool.map(upload, uploads))
+    with open(os.path.join(folder, Z.META_NAME), "rb") as f:
+        store.put(Z.META_NAME, f.read())
+    store.put(Z.COMMIT_NAME, commit_raw)     # last: the store exists for readers from here on
+    return sum(size for _, size in uploads) + Z.COMMIT_SIZE
+
+
+def publish_folder(folder: str | os.PathLike[str], url: str, *, storage_options: dict[str, Any] | None = None,
+                   overwrite: bool = False, log: Callable[[str], None] | None = None) -> None:
+    """Publish the dataset folder ``folder`` (TOKSTREAM or ZRECORD) to ``url``."""
+    from zerobatch.formats import zrecord as Z
+    if os.path.lexists(os.path.join(folder, Z.COMMIT_NAME)):
+        publish_zrecord(folder, url, storage_options=storage_options, overwrite=overwrite, log=log)
+    else:
+        publish_tokstream(folder, url, storage_options=storage_options, overwrite=overwrite, log=log)

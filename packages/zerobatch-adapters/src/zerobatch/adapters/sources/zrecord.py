@@ -18,7 +18,8 @@ class RecordFields(Source):
     """Records of a ZRECORD store, by field.
 
     Args:
-        store: the store folder or an open :class:`~zerobatch.readers.zrecord.ZRecordStore`.
+        store: the store folder (or its URL: object storage, read-only) or an open
+            :class:`~zerobatch.readers.zrecord.ZRecordStore`.
         fields: the fields to read (default: all).
         pad_to: for variable-length fields, the row width of a padded ``[batch, pad_to]``
             array (longer records are cut) with a ``<field>_mask``; an int for every such
@@ -76,6 +77,17 @@ class RecordFields(Source):
         # one field is handed out as itself, several (or a padded one and its mask) as a dict
         self.output = next(iter(outputs.values())) if len(outputs) == 1 else outputs
         self.num_items = len(self.store)
+
+    @property
+    def remote(self) -> bool:
+        """Whether the store is read from a URL (object storage)."""
+        return self.store.remote
+
+    def prepare(self, items: np.ndarray) -> None:
+        """A store at a URL: the entries and records of these items fetched in the
+        background, steps ahead of their read."""
+        if self.store.remote:
+            self.store.prefetch(items.reshape(-1), self.fields)
 
     def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any] | list[dict[str, Any]]:
         steps, per = items.shape

@@ -34,13 +34,16 @@ class ZRecord(Dataset):
         fields = ", ".join(f"{f.name} ({f.dtype}, "
                            f"{'shape ' + str(list(f.shape)) if f.shape is not None else 'variable'}"
                            f", {f.compress})" for f in self.r.fields)
-        size = folder_size(self.path)
-        return [
-            ("format", "ZRECORD (multi-field record store)"),
+        remote = self.r.remote
+        size = None if remote else folder_size(self.path)    # a store at a URL is never listed
+        rows: list[tuple[str, Any]] = [
+            ("format", "ZRECORD (multi-field record store)" + (" at a URL (read-only)" if remote else "")),
             ("records", len(self.r)), ("fields", fields),
             ("checksums", "XXH3-64 per record container, CRC-32 per offset entry, checked commit record"),
-            ("size", f"{size} ({human(size)})"),
         ]
+        if size is not None:
+            rows.append(("size", f"{size} ({human(size)})"))
+        return rows
 
     def verify(self, progress: Progress | None) -> tuple[list[str], str]:
         n = len(self.r)
