@@ -29,7 +29,9 @@ with the shards in random order (zerobatch's ``BlockShuffleOrder`` with a block 
 LitData: its shuffle), and whole documents both ways (real tokens counted, padding not).
 
 Each run is a fresh process with an empty cache: the time from making the dataset to the first
-batch (the open included, imports not); then the steady state over ``--steps`` more steps;
+batch (the open included, imports not); then the steady state over ``--steps`` more steps and
+at least ``--seconds`` (8: LitData downloads whole shards ahead while the first batch is made,
+and served 30 steps from its disk in an earlier version of this benchmark);
 the bytes the proxy sent per byte delivered and the requests per step (the proxy's counters).
 Each peer runs with ``num_workers`` 0 and 2 and the faster is reported; zerobatch reads with
 its loader's threads, over ``--zerobatch-steps`` steps (its read-ahead amortized).
@@ -148,7 +150,8 @@ def stats(proxy: str) -> dict[str, int]:
 
 # -- clients (each a fresh process) -----------------------------------------------------------
 
-def client(name: str, url: str, cache: str, endpoint: str, steps: int, workers: int, proxy: str) -> dict[str, Any]:
+def client(name: str, url: str, cache: str, endpoint: str, steps: int, workers: int, proxy: str,
+           seconds: float = 0.0) -> dict[str, Any]:
     """Run one system on one workload; returns its timings and the proxy's counters."""
     import torch
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
@@ -214,7 +217,7 @@ def client(name: str, url: str, cache: str, endpoint: str, steps: int, workers: 
     for batch in it:
         steady_tokens += real_tokens(batch)
         n += 1
-        if n == steps:
+        if n >= steps and time.perf_counter() - t1 >= seconds:
             break
     t_steady = time.perf_counter() - t1
     after = stats(proxy)
@@ -254,13 +257,14 @@ def report(name: str, res: dict[str, Any], earlier: bool = False) -> None:
           f"workers {best['workers']}{'  (earlier run)' if earlier else ''}", flush=True)
 
 
-def run_client(name: str, url: str, root: str, endpoint: str, steps: int, workers: int, proxy: str) -> dict[str, Any]:
+def run_client(name: str, url: str, root: str, endpoint: str, steps: int, workers: int, proxy: str,
+               seconds: float) -> dict[str, Any]:
     cache = tempfile.mkdtemp(prefix=f"cache-{name}-", dir=root)
     out = os.path.join(root, f"{name}-{workers}.json")
     try:
         done = subprocess.run([sys.executable, __file__, "--client", name, "--url", url, "--cache", cache,
                                "--endpoint", endpoint, "--steps", str(steps), "--workers", str(workers), "--proxy",
-                               proxy, "--out", out], timeout=1800, stderr=subprocess.PIPE, text=True)
+                               proxy, "--seconds", str(seconds), "--out", out], timeout=1800, stderr=subprocess.PIPE, text=True)
         if done.returncode:
             last = [ln for ln in done.stderr.splitlines() if ln and not ln.startswith((" ", "WARNING"))][-1:]
             print(f"  {name} with {workers} workers failed: {' '.join(last)}", flush=True)
@@ -280,6 +284,9 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.02)
     ap.add_argument("--link", type=float, default=100e6, help="bytes/s of all responses together")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--seconds", type=float, default=8.0,
+                    help="the steady state lasts at least this long too (a peer that downloaded whole shards "
+                         "ahead during its first batch would otherwise serve a few steps from its disk)")
     ap.add_argument("--zerobatch-steps", type=int, default=120,
                     help="steps of zerobatch's steady state (its read-ahead of about 16 steps is amortized over them "
                          "in the fetched/delivered figure)")
@@ -300,7 +307,7 @@ def main() -> None:
         serve(a.serve, a.upstream, a.latency, a.link)
         return
     if a.client:
-        res = client(a.client, a.url, a.cache, a.endpoint, a.steps, a.workers, a.proxy)
+        res = client(a.client, a.url, a.cache, a.endpoint, a.steps, a.workers, a.proxy, a.seconds)
         with open(a.out, "w") as f:
             json.dump(res, f)
         return
@@ -364,7 +371,7 @@ def main() -> None:
                 name = f"{system}-{workload}"
                 tries = [0] if system == "zerobatch" else [0, 2]
                 runs = [run_client(name, layouts[LAYOUTS[(system, workload)]], root, proxy_url,
-                                   a.zerobatch_steps if system == "zerobatch" else a.steps, w, proxy_url)
+                                   a.zerobatch_steps if system == "zerobatch" else a.steps, w, proxy_url, a.seconds)
                         for w in tries]
                 results[name] = {"runs": runs}
                 report(name, results[name])

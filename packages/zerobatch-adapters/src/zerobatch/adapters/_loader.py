@@ -409,14 +409,30 @@ class _Pass:
         """``(items (steps, k), sources or None, position after each step)`` per read, in
         order: the schedule's pages cut into reads of 1, 2, 4... steps up to the chunk."""
         size = 1
+        # a source at a URL hears of steps ``prefetch`` at a time, up to AHEAD_GROUPS times that
+        # beyond the reads in flight: one hint covers many steps, so the ranges of neighbouring
+        # steps (windows shuffled within a shard) go out as one request, not one per step
+        # (2.3 -> 0.8 requests per step). The very first read is hinted alone (the first batch
+        # waits on nothing else).
+        group = self.loader.prefetch if self._first_alone else 0
+        first = True
         for page in self.schedule.plan(self.worker + self.num_workers * self.skip, self.num_workers):
-            at = 0
+            at, hinted = 0, 0
             while at < page.steps:
                 count = min(size, self.chunk, page.steps - at)
                 items = page.items[at:at + count]
                 sources = None if page.sources is None else page.sources[at:at + count]
-                if items.size:
-                    self.source.prepare(items)
+                if not group or first:
+                    if items.size:
+                        self.source.prepare(items)
+                    hinted = at + count
+                    first = False
+                else:
+                    while hinted < min(page.steps, at + count + AHEAD_GROUPS * group):
+                        stop = min(page.steps, hinted + group)
+                        if page.items[hinted:stop].size:
+                            self.source.prepare(page.items[hinted:stop])
+                        hinted = stop
                 yield items, sources, page.after[at:at + count]
                 at += count
                 size *= 2
@@ -506,6 +522,13 @@ def _check_share(state: Any) -> dict[str, Any]:
         raise StateError(f"a bad zerobatch worker state: worker {share['worker']!r} of {share['num_workers']!r}, "
                          f"{share['delivered']!r} delivered", field="worker")
     return share
+
+
+#: How far ahead of the reads in flight a source at a URL hears of steps: this many times
+#: ``prefetch`` (their bytes go to the cache on disk, not to memory). Windows shuffled within
+#: shards, tools/bench_remote_peers.py's server (20 ms per request): 1 -> 9.6, 2 -> 13.7,
+#: 4 -> 16.2 M tokens/s; 8 adds little more.
+AHEAD_GROUPS = 4
 
 
 class _Ready:
