@@ -537,3 +537,58 @@ def test_one_set_of_defaults():
     assert inspect.signature(TokenStreamWriter.__init__).parameters["shard_tokens"].default == DEFAULT_SHARD_TOKENS
     args = build_parser().parse_args(["convert", "a", "b", "--to", "tokstream"])
     assert args.shard_tokens == ConvertOptions(to="tokstream").shard_tokens == DEFAULT_SHARD_TOKENS == 2**28
+
+
+class HintedSource(Source):
+    """A source at a "URL": records its read-ahead hints and its reads, in order."""
+
+    kind = "hinted"
+
+    def __init__(self, n: int = 3000, remote: bool = True) -> None:
+        super().__init__()
+        self.num_items = n
+        self._remote = remote
+        self.events: list[tuple[str, list[int]]] = []
+        self.lock = threading.Lock()
+
+    @property
+    def remote(self) -> bool:
+        return self._remote
+
+    def prepare(self, items):
+        with self.lock:
+            self.events.append(("hint", items[:, 0].tolist()))
+
+    def read(self, items, dtype):
+        with self.lock:
+            self.events.append(("read", items[:, 0].tolist()))
+        return {"tokens": items.astype(dtype)}
+
+
+def test_read_ahead_hints_of_a_remote_source_cover_every_step_once_in_groups_ahead_of_its_read():
+    """A source at a URL hears of the first step alone (the first batch waits on nothing
+    else), then of ``prefetch`` steps per hint, each step once, in order, every step hinted
+    before it is read and never more than 5 x ``prefetch`` steps ahead of the reads; a local
+    source hears of each read as it is planned."""
+    from zerobatch.adapters._loader import AHEAD_GROUPS
+    for threads in (0, 2):
+        src = HintedSource()
+        ld = Loader(src, batch_size=4, num_threads=threads, prefetch=8, seed=1, shuffle=True)
+        firsts = [int(b[0]) for b in ld]                       # each step's first item
+        hints = [e[1] for e in src.events if e[0] == "hint"]
+        assert len(firsts) == 750 and len(hints[0]) == 1
+        assert all(len(h) == 8 for h in hints[1:-1])
+        hinted = [x for h in hints for x in h]
+        assert hinted == firsts                                 # every step once, in order
+        seen_hint, seen_read = 0, 0
+        for kind, steps in src.events:
+            if kind == "hint":
+                seen_hint += len(steps)
+                assert seen_hint <= seen_read + len(steps) + (AHEAD_GROUPS + 1) * 8 + 8
+            else:
+                seen_read += len(steps)
+                assert seen_read <= seen_hint                   # hinted before read
+    local = HintedSource(remote=False)
+    list(Loader(local, batch_size=4, num_threads=2, prefetch=8))
+    reads = [e[1] for e in local.events if e[0] == "read"]
+    assert sorted([e[1] for e in local.events if e[0] == "hint"]) == sorted(reads)   # one hint per read

@@ -196,19 +196,21 @@ class RemoteShard(Shard):
                 self.remote.fetched(len(part))
                 self._page_ok[r0:r0 + ok.size] = True
 
-    def _fetch_pages(self, p0: int, p1: int) -> None:
-        """Pages ``[p0, p1)`` of the digest list held: those the local copy holds (checked
-        against the top level) kept, the others fetched and checked."""
+    def _fetch_pages(self, p0: int, p1: int, pages: list[int] | None = None) -> None:
+        """Pages ``[p0, p1)`` (or the sorted ``pages``) of the digest list held: those the
+        local copy holds (checked against the top level) kept, the others fetched (one
+        request) and checked."""
         block, d, fd = self.block, self.digest_bytes, self._sums_fd
         with self._pages_lock:
-            todo = [p for p in range(p0, p1) if not self._page_ok[p]]
+            todo = [p for p in (range(p0, p1) if pages is None else pages) if not self._page_ok[p]]
             if not todo:
                 return
-            a, b = todo[0] * block, min((todo[-1] + 1) * block, d)
-            have = block_digests(os.pread(fd, b - a, a), block)
-            for p in todo:
-                if have[p - todo[0]] == self._top[p]:
-                    self._page_ok[p] = True
+            for r0, r1 in _runs(todo):
+                a, b = r0 * block, min(r1 * block, d)
+                have = block_digests(os.pread(fd, b - a, a), block)
+                for p in range(r0, r1):
+                    if have[p - r0] == self._top[p]:
+                        self._page_ok[p] = True
             missing = [p for p in todo if not self._page_ok[p]]
             for _ in range(FETCH_TRIES):
                 if not missing:
@@ -341,11 +343,34 @@ class RemoteShard(Shard):
                                path=f"{self.url}/{fname}", field=fname)
         return starts, stops
 
-    def ensure(self, fname: str, blocks: list[int], *, fd: int | None = None) -> None:
+    def data_fd(self, fname: str) -> int | None:
+        """The descriptor of data file ``fname``'s local copy (``None``: not open)."""
+        return self._fds.get(fname)
+
+    def fetch_digests(self, fname: str, runs: list[tuple[int, int]]) -> None:
+        """The pages of digests of blocks ``runs`` (``(first, stop)``) of data file ``fname``
+        held: the missing ones fetched in one request."""
+        if not self.top_bytes:
+            return                        # version 1: the digests came whole with the shard
+        a, block = self._ranges[fname][0], self.block
+        pages = sorted({p for r0, r1 in runs for p in range((a + r0) * 8 // block, ((a + r1) * 8 - 1) // block + 1)})
+        if not self._page_ok[pages].all():
+            self._fetch_pages(0, 0, pages)
+
+    def ensure(self, fname: str, blocks: list[int], *, fd: int | None = None,
+               fetched: dict[tuple[int, int], Any] | None = None) -> None:
         """:meth:`check_chunk` for the sorted blocks ``blocks`` of data file ``fname``: the
         local copy read once per run of consecutive blocks, the missing ones fetched at once
-        (``fd``: another local copy than the data file's)."""
+        (``fd``: another local copy than the data file's; ``fetched``: runs already fetched,
+        by ``(first, stop)``, checked here before any new request)."""
         fd = self._fds[fname] if fd is None else fd
+        if fetched:
+            block, written = self.block, 0
+            for (r0, r1), part in fetched.items():
+                if (block_digests(part, block) == self._digests_of(fname, r0, r1)).all():
+                    pwrite_all(fd, part, r0 * block)
+                    written += len(part)
+            self.remote.fetched(written)
         size, block = self.entry.files[fname].size, self.block
         missing: list[int] = []
         for first, stop in _runs(blocks):
@@ -488,6 +513,52 @@ class RemoteShards:
         if todo:
             want = want or {}
             self.fetcher.run_all([lambda k=k: self.get(k, want.get(k)) for k in todo])
+
+    def fetch_blocks(self, by_shard: dict[int, list[int]], fname: str = "tokens.bin") -> None:
+        """Blocks ``by_shard[k]`` (sorted) of data file ``fname`` of shards ``k`` held and
+        checked in the local copies. What can be known missing without the digests (a shard
+        with no local copy yet, runs that are holes in its copy) is fetched *at the same time*
+        as the shards' top-level digests and pages of digests, all in one round of requests,
+        and checked once both are in: a shard touched for the first time costs one round
+        trip, not two (not three when its next blocks need a new page of digests)."""
+        want = {k: [(fname, r0, r1) for r0, r1 in _runs(bl)] for k, bl in by_shard.items()}
+        fresh = {k: bl for k, bl in by_shard.items() if self._missing_for_sure(k, fname, bl)}
+        got: dict[int, dict[tuple[int, int], Any]] = {}
+
+        def opened(k: int) -> None:
+            # the shard's top level (with the pages near it), then any other page the blocks need
+            self.get(k, want[k]).fetch_digests(fname, _runs(by_shard[k]))
+
+        def raw(k: int) -> None:
+            entry, block = self.manifest.shards[k], self.manifest.block
+            size = entry.files[fname].size
+            runs = _runs(fresh[k])
+            parts = self.store.get_ranges(f"{entry.name}/{fname}", [a * block for a, _ in runs],
+                                          [min(b * block, size) for _, b in runs])
+            got[k] = dict(zip(runs, parts, strict=True))
+        self.fetcher.run_all([lambda k=k: opened(k) for k in by_shard] + [lambda k=k: raw(k) for k in fresh])
+        self.use(list(by_shard))
+        self.fetcher.run_all([lambda k=k, bl=bl: self[k].ensure(fname, bl, fetched=got.get(k))
+                              for k, bl in by_shard.items()])
+
+    def _missing_for_sure(self, k: int, fname: str, blocks: list[int]) -> bool:
+        """Whether none of ``blocks`` of shard ``k``'s ``fname`` can be in the cache: the shard
+        has no local copy, or every run of them is a hole in it (never written)."""
+        sh = self._open.get(k)
+        if sh is None:
+            entry = self.manifest.shards[k]
+            return not os.path.lexists(os.path.join(self.cache.root, "tokstream", entry.build_id, fname))
+        fd = sh.data_fd(fname)
+        if fd is None:
+            return False
+        block = self.manifest.block
+        for r0, r1 in _runs(blocks):
+            try:
+                if os.lseek(fd, r0 * block, os.SEEK_DATA) < r1 * block:
+                    return False
+            except OSError:               # ENXIO: no data after the offset (a hole to the end)
+                continue
+        return True
 
     def load_indexes(self, ks: list[int]) -> None:
         """Shards ``ks`` fetched with their document and metadata indexes, in parallel (one

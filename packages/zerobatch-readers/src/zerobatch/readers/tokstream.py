@@ -337,11 +337,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                     by_shard: dict[int, list[int]] = {}
                     for k, b in sorted(mine):
                         by_shard.setdefault(k, []).append(b)
-                    shards.open_all(list(by_shard), {k: [("tokens.bin", r0, r1) for r0, r1 in _runs(bl)]
-                                                     for k, bl in by_shard.items()})
-                    shards.use(list(by_shard))
-                    shards.fetcher.run_all([lambda k=k, bl=bl: shards[k].ensure("tokens.bin", bl)
-                                            for k, bl in by_shard.items()])
+                    shards.fetch_blocks(by_shard)
                     with checks.lock:
                         for k, b in mine:
                             checks.mark(k, b)
