@@ -57,7 +57,6 @@ from zerobatch.formats.errors import (ConfigError, CorruptError, LimitExceededEr
 from zerobatch.readers._tokstream_metadata import MetadataObjects, WindowMetadata, decoder
 from zerobatch.readers._tokstream_shard import ChunkChecks, Shard
 from zerobatch.readers._tokstream_remote import RemoteShards, placeholder_documents
-from zerobatch.readers.remote import runs as _runs
 from zerobatch.readers.backends import Backend, open_backend
 from zerobatch.readers.remote import DEFAULT_CACHE_LIMIT, DEFAULT_FETCH_THREADS, CacheDir, Fetcher, RemoteBackend, \
     cache_root
