@@ -85,8 +85,9 @@ def test_every_gather_of_a_shuffled_epoch_equals_the_local_store(store, tmp_path
     page = Z.ENTRY_SIZE + Z.CHECK_SIZE
     assert r2.store.bytes_fetched <= 8192 + 2 * 4096 * page + sum(t.nbytes + 48 for t in tok)
     # pickled (spawned workers): opened again from the URL with its options
-    r3 = pickle.loads(pickle.dumps(r))
-    assert r3.path == url and r3["tokens"][2999].tolist() == local["tokens"][2999].tolist()
+    r3 = pickle.loads(pickle.dumps(r))           # opened on first use, not in unpickling
+    assert r3.remote and r3.path == url and r3.__dict__.get("_mirror") is None
+    assert r3["tokens"][2999].tolist() == local["tokens"][2999].tolist()
     for s in (r, r2, r3, local):
         s.close()
 

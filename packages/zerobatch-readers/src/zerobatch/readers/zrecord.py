@@ -38,7 +38,6 @@ from zerobatch.core import (FileMapping, buffer_views, check_records, inflate_re
 from zerobatch.core._status import STATUS, raise_for_status
 from zerobatch.core.io import open_regular_file
 from zerobatch.core.pool import shared_pool
-from zerobatch.readers.remote import FETCH_TRIES
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import (
     ConfigError,
@@ -47,6 +46,7 @@ from zerobatch.formats.errors import (
     StateError,
     TruncatedError,
 )
+from zerobatch.readers.remote import FETCH_TRIES
 
 __all__ = ["FieldView", "RecordBatch", "ZRecordStore"]
 
@@ -275,6 +275,7 @@ class ZRecordStore:
         from zerobatch.core.remote import is_url, local_path
         path = local_path(path)
         self._mirror: Any = None
+        self._remote_args: tuple[str, dict[str, Any]] | None = None
         if is_url(path):
             from zerobatch.readers._zrecord_remote import StoreMirror
             self._mirror = StoreMirror(path, storage_options, cache_dir, cache_limit, fetch_threads)
@@ -361,19 +362,22 @@ class ZRecordStore:
     @property
     def remote(self) -> bool:
         """Whether the store is read from a URL (object storage; read-only)."""
-        return self._mirror is not None
+        return self._mirror is not None or self.__dict__.get("_remote_args") is not None
 
     @property
     def store(self) -> Any:
         """The object store of a store at a URL (its request and byte counters), else ``None``."""
+        if self.remote:
+            self._check_open()
         return None if self._mirror is None else self._mirror.store
 
     def prefetch(self, indices: Any, fields: Sequence[str] | None = None) -> None:
         """Read-ahead hint: a store at a URL fetches the entries and records of ``indices``
         (of ``fields``, default all) in the background (errors are left to the gather that
         needs them). A local store: nothing."""
-        if self._mirror is None:
+        if not self.remote:
             return
+        self._check_open()
         idx = np.array(indices, dtype=np.int64, copy=True).reshape(-1)
         fnos = self._fnos(self.keys() if fields is None else list(fields))
 
@@ -698,10 +702,12 @@ class ZRecordStore:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._mirror = None
+        self._remote_args = None
         if state.get("remote") is not None:
-            from zerobatch.readers._zrecord_remote import StoreMirror
-            self._mirror = StoreMirror(state["path"], **state["remote"])
-            self.path, self._root = self._mirror.url, self._mirror.folder
+            # the mirror is made (two requests) on first use, like the open, not in unpickling
+            from zerobatch.core.remote import redact
+            self._remote_args = (state["path"], state["remote"])
+            self.path = redact(state["path"].rstrip("/"))
         else:
             self.path = self._root = state["path"]
         self.num_threads, self.verify = state["num_threads"], state["verify"]
@@ -717,6 +723,12 @@ class ZRecordStore:
         """Open an unpickled reader (once, on first use)."""
         with self._lock:
             if self._pending:
+                if self._remote_args is not None:
+                    from zerobatch.readers._zrecord_remote import StoreMirror
+                    url, options = self._remote_args
+                    self._mirror = StoreMirror(url, **options)
+                    self.path, self._root = self._mirror.url, self._mirror.folder
+                    self._remote_args = None
                 self._open()
                 self._pending = False
 
