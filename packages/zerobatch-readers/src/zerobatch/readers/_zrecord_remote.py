@@ -23,7 +23,12 @@ The mirror's folder is named by a digest of ``meta.json`` and ``commit.zr``, so 
 replaced at the URL (a new commit uploaded) gets a new mirror, and several processes of the
 machine share one: they write only the object's own bytes at its own offsets. The mirror is
 one entry of the cache folder (evicted whole, least recently used first, never while this
-process reads it); its disk use is the records read.
+process reads it); its disk use is the records read. Once the records this process wrote
+into it take half the cache limit on disk (counted in file-system blocks), the next gather
+**rotates** it: the chunk copies are
+unlinked (a batch's zero-copy views, and other processes, keep the copies they hold until
+they let them go), the reader maps the store afresh and fetches records again as gathers need
+them, so a store larger than the cache is read within it.
 """
 
 from __future__ import annotations
@@ -39,12 +44,14 @@ from zerobatch.core import xxh3_64
 from zerobatch.core.io import pwrite_all
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import CorruptError, IntegrityError, StateError
-from zerobatch.readers.remote import FETCH_TRIES, RemoteOptions, open_sparse, runs
+from zerobatch.readers.remote import FETCH_TRIES, RemoteOptions, RWLock, open_sparse, runs
 
 __all__ = ["PAGE_ENTRIES", "StoreMirror"]
 
 #: Offset-table entries fetched per request unit (64 KiB of entries, 16 KiB of checks).
 PAGE_ENTRIES = 4096
+#: The file-system block a write into a sparse copy allocates (4 KiB on ext4, xfs, tmpfs).
+_FS_BLOCK = 4096
 
 
 def _write_whole(path: str, data: bytes) -> None:
@@ -97,24 +104,61 @@ class StoreMirror:
                                f"(generation {commit.generation}, {commit.length} records) are of different "
                                "commits: the store was copied while a writer ran, or is being replaced (upload a "
                                "closed store, commit.zr last)", path=self.url, field="generation")
-        self.meta, self.length = meta, commit.length
+        self.meta, self.length, self._raw = meta, commit.length, (meta_raw, commit_raw, commit.epoch)
         digest = xxh3_64(meta_raw + commit_raw)
         self.folder = self.remote.cache.folder("zrecord", f"{digest:016x}")
+        self._tables: list[tuple[int, int]] = []
+        self._chunks: dict[int, int] = {}
+        self._lock = threading.Lock()
+        #: held shared while records are fetched and written and until the kernels have read
+        #: them; exclusive to rotate
+        self.lock = RWLock()
+        #: chunk bytes this process wrote since the last rotation, and the rotations so far
+        self.written, self.rotations = 0, 0
+        self.budget = self.remote.cache.limit // 2
+        self._materialize()
+
+    def _materialize(self) -> None:
+        """The mirror's files (again, when another process evicted the folder): meta.json,
+        commit.zr, the lock files, the sparse tables; this process's pages and records
+        counted as not held."""
+        meta_raw, commit_raw, epoch = self._raw
         os.makedirs(os.path.join(self.folder, Z.CHUNK_DIR), exist_ok=True)
         _write_whole(os.path.join(self.folder, Z.META_NAME), meta_raw)
         _write_whole(os.path.join(self.folder, Z.COMMIT_NAME), commit_raw)
-        for name in (Z.SWITCH_LOCK_NAME, Z.WRITER_LOCK_NAME, Z.epoch_lock_name(commit.epoch)):
+        for name in (Z.SWITCH_LOCK_NAME, Z.WRITER_LOCK_NAME, Z.epoch_lock_name(epoch)):
             os.close(os.open(os.path.join(self.folder, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
-        n = max(commit.length, 1)         # a table is never mapped empty
-        self._tables: list[tuple[int, int]] = []
-        for f in meta.fields:
+        n = max(self.length, 1)           # a table is never mapped empty
+        self._close_tables()
+        for f in self.meta.fields:
             self._tables.append((open_sparse(os.path.join(self.folder, Z.offset_name(f.name)), n * Z.ENTRY_SIZE),
                                  open_sparse(os.path.join(self.folder, Z.check_name(f.name)), n * Z.CHECK_SIZE)))
-        pages = -(-commit.length // PAGE_ENTRIES)
-        self._pages = [np.zeros(pages, bool) for _ in meta.fields]
-        self._held = [np.zeros(commit.length, bool) for _ in meta.fields]
-        self._chunks: dict[int, int] = {}
-        self._lock = threading.Lock()
+        pages = -(-self.length // PAGE_ENTRIES)
+        self._pages = [np.zeros(pages, bool) for _ in self.meta.fields]
+        self._held = [np.zeros(self.length, bool) for _ in self.meta.fields]
+
+    def over_budget(self) -> bool:
+        """Whether the records this process wrote into the mirror since the last rotation
+        take more than half the cache limit on disk."""
+        return self.written > self.budget
+
+    def rotate(self) -> None:
+        """Drop this mirror's chunk copies (see the module documentation); the caller then
+        maps the store afresh. Waits for fetches and reads in flight."""
+        with self.lock.exclusive():
+            with self._lock:
+                fds, self._chunks = list(self._chunks.values()), {}
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            chunk_dir = os.path.join(self.folder, Z.CHUNK_DIR)
+            with contextlib.suppress(OSError):
+                for e in os.scandir(chunk_dir):
+                    with contextlib.suppress(OSError):
+                        os.unlink(e.path)
+            self._materialize()
+            self.written = 0
+            self.rotations += 1
 
     # -- entries ---------------------------------------------------------------------------
 
@@ -141,7 +185,8 @@ class StoreMirror:
                     obj, fd, [a * unit for a, _ in spans], [b * unit for _, b in spans]))
             done.append((k, need))
         if calls:
-            self.remote.fetcher.run_all(calls)
+            with self.lock.shared():
+                self.remote.fetcher.run_all(calls)
             for k, need in done:
                 self._pages[k][need] = True
 
@@ -186,7 +231,8 @@ class StoreMirror:
             stops = starts + np.maximum.reduceat(ln, first)
             calls.append(lambda c=c, a=starts, b=stops: self._fetch(Z.chunk_name(c), self._chunk_fd(c),
                                                                    a.tolist(), b.tolist()))
-        self.remote.fetcher.run_all(calls)
+        with self.lock.shared():
+            self.remote.fetcher.run_all(calls)
         held[which] = True
 
     def forget_record(self, k: int, index: int) -> None:
@@ -207,17 +253,30 @@ class StoreMirror:
 
     def _fetch(self, obj: str, fd: int, starts: list[int], stops: list[int]) -> None:
         parts = self.store.get_ranges(obj, starts, stops)
-        written = 0
+        written = disk = 0
         for a, part in zip(starts, parts, strict=True):
             pwrite_all(fd, part, a)
             written += len(part)
+            # the disk a sparse copy spends: whole file-system blocks (at most; neighbours share)
+            disk += -(-(a + len(part)) // _FS_BLOCK) * _FS_BLOCK - a // _FS_BLOCK * _FS_BLOCK
+        if obj.startswith(Z.CHUNK_DIR):
+            with self._lock:
+                self.written += disk
         if self.remote.cache.added(written):
             self.remote.cache.evict(lambda path: path == self.folder, lambda path: False)
 
+    def _close_tables(self) -> None:
+        fds = [fd for pair in self._tables for fd in pair]
+        self._tables = []
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
     def close(self) -> None:
         with self._lock:
-            fds = [fd for pair in self._tables for fd in pair] + list(self._chunks.values())
-            self._tables, self._chunks = [], {}
+            fds = list(self._chunks.values())
+            self._chunks = {}
+        self._close_tables()
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)

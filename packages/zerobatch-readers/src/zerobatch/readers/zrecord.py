@@ -210,6 +210,10 @@ class RecordBatch:
         self.release()
 
 
+class _Rotated(Exception):
+    """A gather's mapping is older than the mirror's chunk copies (see ``_rotate``)."""
+
+
 class FieldView:
     """``store[name]``: the NumPy-style projection of one field (``view[indices]``,
     ``view[i]``, ``view[a:b]``, ``len(view)``)."""
@@ -460,6 +464,8 @@ class ZRecordStore:
         with self._lock:
             if gen.maps != maps_before:
                 return  # another thread mapped meanwhile: check again first
+            if self._mirror is not None and self._gen is not gen:
+                raise _Rotated()          # the mirror's copies went with a rotation: gather again
             try:
                 fd, st = open_regular_file(cpath)
             except NotFoundError:
@@ -572,15 +578,32 @@ class ZRecordStore:
             raise ConfigError(f"indices must be integers, got {idx.dtype}", path=self.path, field="indices")
         idx = np.ascontiguousarray(idx.reshape(-1), dtype=np.int64)
         fnos = self._fnos(self.keys() if fields is None else list(fields))
-        gen, entries, length, nchunks = self._snapshot(idx, fnos)
-        data: dict[str, Any] = {}
-        present: dict[str, np.ndarray] = {}
-        buffers: list[Any] = []
-        for j, k in enumerate(fnos):
-            spec = self.fields[k]
-            col = entries[:, j] if len(fnos) > 1 else entries.reshape(-1)
-            data[spec.name], present[spec.name] = self._field(gen, idx, col, nchunks, k, spec, zero_copy, buffers)
-        return RecordBatch(idx, data, present, buffers)
+        for _ in range(8):
+            if self._mirror is not None and self._mirror.over_budget():
+                self._rotate()
+            gen, entries, length, nchunks = self._snapshot(idx, fnos)
+            data: dict[str, Any] = {}
+            present: dict[str, np.ndarray] = {}
+            buffers: list[Any] = []
+            try:
+                for j, k in enumerate(fnos):
+                    spec = self.fields[k]
+                    col = entries[:, j] if len(fnos) > 1 else entries.reshape(-1)
+                    data[spec.name], present[spec.name] = self._field(gen, idx, col, nchunks, k, spec, zero_copy,
+                                                                      buffers)
+            except _Rotated:
+                continue              # the mirror was rotated under this gather: again, afresh
+            return RecordBatch(idx, data, present, buffers)
+        raise StateError("the mirror of the store kept rotating under one gather (a batch larger than half the "
+                         "cache limit: raise cache_limit)", path=self.path, field="cache_limit")
+
+    def _rotate(self) -> None:
+        """A store at a URL whose mirror passed its share of the cache: drop the chunk copies
+        and map the store afresh (gathers holding the old mapping keep it)."""
+        with self._lock:
+            if self._mirror.over_budget():
+                self._mirror.rotate()
+                self._open()
 
     def _fnos(self, names: list[str]) -> list[int]:
         fnos = []
@@ -605,6 +628,8 @@ class ZRecordStore:
                 self._map_chunk(gen, need, spec.name, int(idx[bad]), maps_before)
                 continue
             if status != STATUS.ZB_OK and mirror is not None and status in _RECORD_FAULTS:
+                if self._gen is not gen:
+                    raise _Rotated()      # fetched into the new copies, read through the old mapping
                 # damaged in flight or in the mirror: fetch the record again, then give up
                 i = int(idx[bad])
                 tries[i] = tries.get(i, 1) + 1
