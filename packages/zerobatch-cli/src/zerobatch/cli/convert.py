@@ -108,6 +108,11 @@ class ConvertOptions:
         vocab_size: ids must be below it (default: the tokenizer's, else the largest id + 1).
         dtype: ``auto``, ``uint16`` or ``uint32``: the stored token type.
         quiet: no progress bars.
+        task, tasks: distributed preparation (text to tokstream): this is task ``task`` of
+            ``tasks``; it writes its share of the inputs as finished parts, and
+            ``zerobatch commit`` assembles the dataset (:mod:`zerobatch.cli.tasks`).
+        unit_bytes: distributed preparation: bytes of a large JSONL or line-split text file
+            per unit of work.
     """
 
     to: str
@@ -136,6 +141,9 @@ class ConvertOptions:
     vocab_size: int | None = None
     dtype: str = "auto"
     quiet: bool = False
+    task: int | None = None
+    tasks: int | None = None
+    unit_bytes: int = 64 << 20
 
     def replace(self, **changes: Any) -> ConvertOptions:
         return ConvertOptions(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes})
@@ -670,6 +678,8 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
     parent = os.path.dirname(os.path.abspath(dst))
     if not is_url(dst) and not os.path.isdir(parent):
         raise NotFoundError("destination: the parent folder does not exist", path=dst, field="destination")
+    if args.task is not None or args.tasks is not None:
+        return run_task(src, dst, args, log)     # the tasks share the destination folder
     # before any work: an existing destination is refused (or, with --overwrite, replaced at the end)
     outputs = [(None, dst)] if weights is None else [(name, split_destination(dst, name, args.to))
                                                      for name, w in zip(SPLIT_NAMES, weights, strict=False) if w > 0]
@@ -783,4 +793,71 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
                 f"replaced with U+FFFD (--text-errors strict refuses them)")
     dt = time.perf_counter() - t0
     log(f"wrote {dst} ({args.to}): {summary} in {dt:.1f} s ({num_tokens / max(dt, 1e-9) / 1e6:,.2f}M tokens/s)")
+    return summary
+
+
+def run_task(src: str, dst: str, args: ConvertOptions, log: Callable[[str], None]) -> str:
+    """``convert --task I --tasks N``: task ``I``'s units of the inputs tokenized and written
+    into ``dst`` as finished parts (:mod:`zerobatch.cli.tasks`); returns a summary."""
+    from zerobatch.cli import tasks as TK
+
+    if args.task is None or args.tasks is None:
+        raise ConfigError("--task and --tasks go together (task I of N, I from 0)", field="tasks")
+    if isinstance(args.tasks, bool) or not isinstance(args.tasks, int) or args.tasks < 1:
+        raise ConfigError(f"--tasks must be at least 1, got {args.tasks!r}", field="tasks")
+    if isinstance(args.task, bool) or not isinstance(args.task, int) or not 0 <= args.task < args.tasks:
+        raise ConfigError(f"--task must be in [0, {args.tasks}), got {args.task!r}", field="task")
+    if args.to != "tokstream":
+        raise ConfigError(f"--tasks: distributed preparation writes --to tokstream (not {args.to})", field="to")
+    if is_url(dst):
+        raise ConfigError("--tasks: prepare into a local or shared folder, then publish it", path=redact(dst),
+                          field="destination")
+    for option, value in (("--split", args.split), ("--row-ids", args.row_ids or None),
+                          ("--overwrite", args.overwrite or None)):
+        if value is not None:
+            raise ConfigError(f"{option}: not with --tasks", field="tasks")
+    source = open_source(src, args.source_kind, text_field=args.field, split=args.documents, hf_split=args.hf_split,
+                         docs_per_shard=args.docs_per_shard, dtype=args.token_dtype, eod=args.eod_id,
+                         text_errors=args.text_errors)
+    if not isinstance(source, TextSource):
+        raise ConfigError(f"--tasks: distributed preparation tokenizes text (JSONL, Parquet, text, HF); a "
+                          f"{source.kind} source is converted by one process", path=src, field="tasks")
+    if not args.tokenizer:
+        raise ConfigError(f"--tokenizer: a {source.kind} source needs a tokenizer", field="tokenizer")
+    t0 = time.perf_counter()
+    tok = load_tokenizer(args.tokenizer)
+    eod = args.eod_id if args.eod_id is not None else find_eod(tok, args.eod_token, args.tokenizer)
+    bos = args.bos_id
+    if bos is None and args.add_bos:
+        bos = find_eod(tok, None, args.tokenizer, candidates=BOS_CANDIDATES, option="--add-bos",
+                       what="beginning-of-document (or give --bos-id)")
+    vocab = args.vocab_size if args.vocab_size is not None else tok.vocab_size
+    if vocab is None:
+        raise ConfigError("--vocab-size: the tokenizer does not say its vocabulary size, and every task must write "
+                          "the same token type", field="vocab_size")
+    units = TK.plan_units(source, args.unit_bytes)
+    fp = source.fingerprint()
+    plan = {"version": 1, "tasks": args.tasks, "units": [u.to_list() for u in units],
+            "source": fp, "tokenizer": tok.fingerprint,
+            "eod": eod, "bos": bos, "vocab_size": vocab, "shard_tokens": args.shard_tokens}
+    del tok
+    os.makedirs(dst, exist_ok=True)
+    TK.write_plan(dst, plan)
+    mine = TK.task_units(len(units), args.task, args.tasks)
+    done = skipped = 0
+    for u in mine:
+        if TK.finished(dst, u) is not None:
+            skipped += 1
+            continue
+        sub = TK.unit_source(source, units[u])
+        staging = os.path.join(dst, TK.PARTS_DIR, f"unit-{u:06d}.staging")
+        paths = tokenize_to_staging(sub, args.tokenizer, eod, staging, workers=args.workers, quiet=args.quiet,
+                                    log=log, bos=bos)
+        TK.write_unit(dst, u, documents(lambda paths=paths: staged_chunks(paths)), vocab_size=vocab,
+                      eod=eod if eod < vocab else None, shard_tokens=args.shard_tokens)
+        shutil.rmtree(staging, ignore_errors=True)
+        done += 1
+    summary = (f"task {args.task} of {args.tasks}: units [{mine.start}, {mine.stop}) of {len(units)}: {done} "
+               f"written, {skipped} finished before")
+    log(f"{summary} in {time.perf_counter() - t0:.1f} s; when every task is done: zerobatch commit {dst}")
     return summary

@@ -322,6 +322,16 @@ def _usage(args: argparse.Namespace, message: str) -> SystemExit:
     return SystemExit(2)
 
 
+def _nonnegative(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v} is negative")
+    return v
+
+
 def _positive(text: str) -> int:
     try:
         v = int(text)
@@ -353,6 +363,11 @@ COMMAND_HELP = {
               "zerobatch bench corpus --batch-size 32 --seq-len 2048"),
     "formats": ("List the formats this installation reads and writes, with their readers, writers and "
                 "specifications.", "zerobatch formats --json"),
+    "commit": ("Assemble the TOKSTREAM dataset that the tasks of convert --task I --tasks N prepared in DST: the "
+               "manifest from the finished parts in input order, without reading tokens. Refuses, changing "
+               "nothing, while a task has not finished (naming the tasks to run again); running it twice is "
+               "harmless.", "for i in 0 1 2; do zerobatch convert docs/ out --to tokstream --tokenizer "
+               "tokenizer.json --task $i --tasks 3; done; zerobatch commit out"),
     "quickstart": ("Train a byte-level BPE tokenizer on a bundled public-domain text, convert it to TOKSTREAM and "
                    "LLMBATCH, and train a tiny causal LM for --steps steps through the zerobatch loader, on the CPU "
                    "(under a minute on 2 cores; nothing downloaded).", "zerobatch quickstart --steps 100"),
@@ -377,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"zerobatch {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     _add_convert(sub)
+    _add_commit(sub)
     _add_inspect(sub)
     _add_verify(sub)
     _add_head(sub)
@@ -439,7 +455,26 @@ def _add_convert(sub: Any) -> None:
     s.add_argument("--dtype", default="auto", choices=("auto", "uint16", "uint32"),
                    help="stored token type (auto: uint16 when the vocabulary fits)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--task", type=_nonnegative, help="distributed preparation: this is task I (from 0) of --tasks; "
+                   "it writes its share of the inputs as finished parts; then run zerobatch commit DST")
+    s.add_argument("--tasks", type=_positive, help="distributed preparation: the number of tasks")
+    s.add_argument("--unit-bytes", type=_positive, default=64 << 20,
+                   help="distributed preparation: bytes of a large JSONL or line-split text file per unit of work "
+                   "(default 64 MiB; Parquet files split by row group)")
     s.set_defaults(func=cmd_convert)
+
+
+def cmd_commit(args: argparse.Namespace) -> int:
+    from zerobatch.cli.tasks import commit
+
+    commit(args.dst, log=print)
+    return 0
+
+
+def _add_commit(sub: Any) -> None:
+    s = sub.add_parser("commit", help="assemble the dataset that convert --task/--tasks prepared (after every task)")
+    s.add_argument("dst", help="the destination folder the tasks wrote into")
+    s.set_defaults(func=cmd_commit)
 
 
 def _add_inspect(sub: Any) -> None:

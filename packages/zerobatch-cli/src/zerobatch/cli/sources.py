@@ -220,6 +220,10 @@ class TextSource:
     undecodable: int = 0
     #: empty or null documents, skipped, counted by :meth:`shards`
     empty: int = 0
+    #: a part of the one file in :attr:`files` (a distributed task's unit, see
+    #: :mod:`zerobatch.cli.tasks`): bytes ``[a, b)`` of a JSONL or line-split text file (the
+    #: lines that start in it), or row groups ``[a, b)`` of a Parquet file; None: every file whole
+    span: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.docs_per_shard < 1:
@@ -318,6 +322,25 @@ class TextSource:
                                    field="text" if lineno is None else f"line {lineno}") from None
             return raw.decode("utf-8", "replace"), True
 
+    def _raw_lines(self, f: io.BufferedIOBase) -> Iterator[bytes]:
+        """The lines of ``f`` (each with its ending), or with :attr:`span` the lines that start
+        in bytes ``[a, b)`` of it (a line that starts before ``a`` belongs to the span before)."""
+        if self.span is None:
+            yield from f
+            return
+        a, b = self.span
+        if a:
+            f.seek(a - 1)
+            if f.read(1) != b"\n":
+                f.readline()              # the rest of a line that started in the span before
+        pos = f.tell()
+        while pos < b:
+            raw = f.readline()
+            if not raw:
+                return
+            pos += len(raw)
+            yield raw
+
     def _text_documents(self) -> Iterator[tuple[str | None, int, bool]]:
         for path in self.files:
             size = os.path.getsize(path)
@@ -329,7 +352,7 @@ class TextSource:
                 done = 0
                 para: list[str] = []
                 para_bad = False
-                for lineno, raw in enumerate(_lines(f), 1):
+                for lineno, raw in enumerate(_lines(self._raw_lines(f)), 1):
                     done += len(raw)
                     line, bad = self._decode(raw, path, lineno)
                     if self.split == "line":
@@ -352,7 +375,7 @@ class TextSource:
     def _jsonl_documents(self) -> Iterator[tuple[str | None, int, bool]]:
         for path in self.files:
             with _open_bytes(path) as f:
-                for lineno, raw in enumerate(f, 1):
+                for lineno, raw in enumerate(self._raw_lines(f), 1):
                     work = len(raw)
                     line, bad = self._decode(raw, path, lineno)
                     if not line.strip():
@@ -392,7 +415,8 @@ class TextSource:
                     if self.text_field not in pf.schema_arrow.names:
                         raise ConfigError(f"--field: no column {self.text_field!r} (columns: "
                                           f"{pf.schema_arrow.names})", path=path, field=self.text_field)
-                    batches = pf.iter_batches(batch_size=4096, columns=[self.text_field])
+                    groups = None if self.span is None else list(range(*self.span))
+                    batches = pf.iter_batches(batch_size=4096, columns=[self.text_field], row_groups=groups)
                     for b in batches:
                         for text in b.column(0).to_pylist():
                             yield text or "", 1

@@ -1,0 +1,169 @@
+"""Distributed preparation (``convert --task I --tasks N`` and ``commit``): N = 1, 3 and 8
+tasks over the same inputs (several JSONL files, one of them cut into byte-range units, and
+Parquet files split by row group) give the same dataset shard for shard, holding the documents
+of a one-process convert in the same order; a task killed at every point of its writing and
+run again leaves a correct dataset; commit with a missing part fails, names the tasks and
+changes nothing; commit is idempotent; tasks with other options are refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tokenizers")
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+from zerobatch.cli.convert import convert  # noqa: E402
+from zerobatch.cli.quickstart import bundled_text, train_tokenizer  # noqa: E402
+from zerobatch.cli.tasks import commit  # noqa: E402
+from zerobatch.formats.errors import ConfigError  # noqa: E402
+from zerobatch.readers.tokstream import TokenStreamReader  # noqa: E402
+
+
+def quiet(*_: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("inputs")
+    text = bundled_text()[:120_000]
+    docs = [p.strip() for p in text.split("\n\n") if p.strip()]
+    tok = str(d / "tokenizer.json")
+    (d / "t.txt").write_text(text)
+    train_tokenizer(str(d / "t.txt"), 512, tok)
+    jl = d / "jsonl"
+    jl.mkdir()
+    cut = [0, 40, 45, len(docs) - 200, len(docs)]
+    for k, (a, b) in enumerate(zip(cut[:-1], cut[1:], strict=True)):
+        (jl / f"part-{k}.jsonl").write_text("".join(json.dumps({"text": t, "id": i}) + "\n"
+                                                    for i, t in enumerate(docs[a:b], a)))
+    pqd = d / "parquet"
+    pqd.mkdir()
+    pq.write_table(pa.table({"text": docs[:300]}), pqd / "a.parquet", row_group_size=37)
+    pq.write_table(pa.table({"text": docs[300:420]}), pqd / "b.parquet", row_group_size=1000)
+    return {"tok": tok, "jsonl": jl, "parquet": pqd, "docs": docs}
+
+
+def tokens_and_docs(path: Path) -> list[list[int]]:
+    with TokenStreamReader(path) as r:
+        return [r.document(i).tolist() for i in range(r.num_documents)]
+
+
+def layout(path: Path) -> tuple:
+    """The dataset's shards (name, tokens, documents), its documents, and its files' names."""
+    with TokenStreamReader(path) as r:
+        shards = [(e.name, e.num_tokens, e.num_documents) for e in r.manifest.shards]
+    return shards, tokens_and_docs(path), sorted(files_of(path))
+
+
+def files_of(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def prepare(src: Path, dst: Path, tok: str, tasks: int, order=None, **kw) -> None:
+    for i in (order if order is not None else range(tasks)):
+        convert(str(src), str(dst), to="tokstream", tokenizer=tok, task=i, tasks=tasks, workers=1, quiet=True,
+                log=quiet, unit_bytes=4096, shard_tokens=3000, **kw)
+    commit(str(dst), log=quiet)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_any_number_of_tasks_gives_the_same_dataset_as_one_process(inputs, tmp_path, kind):
+    src, tok = inputs[kind], inputs["tok"]
+    one = tmp_path / "one"
+    convert(str(src), str(one), to="tokstream", tokenizer=tok, workers=1, quiet=True, log=quiet)
+    want = tokens_and_docs(one)
+    made = {}
+    for n, order in ((1, None), (3, [2, 0, 1]), (8, [7, 3, 5, 0, 1, 6, 2, 4])):
+        dst = tmp_path / f"n{n}"
+        prepare(src, dst, tok, n, order)
+        assert tokens_and_docs(dst) == want, n
+        with TokenStreamReader(dst) as r:
+            made[n] = [(e.name, e.num_tokens, e.num_documents) for e in r.manifest.shards]
+        assert not (dst / "_parts").exists()
+    assert made[1] == made[3] == made[8]          # the same shards (each shard's build id is its own)
+    with TokenStreamReader(tmp_path / "n3") as r:
+        assert len(r.manifest.shards) > 3
+
+
+def test_commit_refuses_a_missing_part_and_is_idempotent(inputs, tmp_path):
+    src, tok = inputs["jsonl"], inputs["tok"]
+    dst = tmp_path / "d"
+    for i in (0, 2):
+        convert(str(src), str(dst), to="tokstream", tokenizer=tok, task=i, tasks=3, workers=1, quiet=True, log=quiet,
+                unit_bytes=4096)
+    before = files_of(dst)
+    with pytest.raises(ConfigError, match=r"run these of the 3 tasks again: 1$"):
+        commit(str(dst), log=quiet)
+    assert files_of(dst) == before and not (dst / "manifest.json").exists()
+    convert(str(src), str(dst), to="tokstream", tokenizer=tok, task=1, tasks=3, workers=1, quiet=True, log=quiet,
+            unit_bytes=4096)
+    m1 = commit(str(dst), log=quiet)
+    lines: list[str] = []
+    m2 = commit(str(dst), log=lines.append)
+    assert m1.build_id == m2.build_id and "committed already" in lines[0]
+    # a task of another plan (other options) is refused by name; so is a task after the commit
+    other = tmp_path / "o"
+    convert(str(src), str(other), to="tokstream", tokenizer=tok, task=0, tasks=3, workers=1, quiet=True, log=quiet,
+            unit_bytes=4096)
+    with pytest.raises(ConfigError, match="shard_tokens"):
+        convert(str(src), str(other), to="tokstream", tokenizer=tok, task=1, tasks=3, workers=1, quiet=True,
+                log=quiet, unit_bytes=4096, shard_tokens=1000)
+    with pytest.raises(ConfigError, match="committed already"):
+        convert(str(src), str(dst), to="tokstream", tokenizer=tok, task=0, tasks=3, workers=1, quiet=True,
+                log=quiet, unit_bytes=4096)
+    with pytest.raises(ConfigError, match="--task must be in"):
+        convert(str(src), str(tmp_path / "x"), to="tokstream", tokenizer=tok, task=3, tasks=3, log=quiet)
+
+
+def test_a_task_killed_anywhere_and_run_again_leaves_a_correct_dataset(inputs, tmp_path):
+    """SIGKILL at every few I/O calls of a task (zerobatch.core.io's fault switch), then the
+    same task again, then the other tasks and the commit: the dataset equals an unkilled one."""
+    src, tok = inputs["jsonl"], inputs["tok"]
+    ref = tmp_path / "ref"
+    prepare(src, ref, tok, 2)
+    want = layout(ref)
+    code = (f"from zerobatch.cli.convert import convert\n"
+            f"convert({str(src)!r}, DST, to='tokstream', tokenizer={tok!r}, task=0, tasks=2, workers=1, quiet=True, "
+            f"log=lambda *_: None, unit_bytes=4096, shard_tokens=3000)\n")
+    env = {**os.environ, "ZEROBATCH_FAULT_KILL_AFTER": str(10 ** 9)}
+    probe = subprocess.run([sys.executable, "-c", "DST = " + repr(str(tmp_path / "probe")) + "\n" + code +
+                            "from zerobatch.core.io import _FAULTS\nprint('CALLS', _FAULTS.calls)"],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stderr
+    calls = int(probe.stdout.split("CALLS")[-1])
+    assert calls > 10
+    for at in sorted({1, 2, calls // 3, calls // 2, calls - 2, calls - 1} - {0}):
+        dst = tmp_path / f"k{at}"
+        r = subprocess.run([sys.executable, "-c", f"DST = {str(dst)!r}\n" + code],
+                           env={**os.environ, "ZEROBATCH_FAULT_KILL_AFTER": str(at)}, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode != 0, at                                   # killed
+        prepare(src, dst, tok, 2)
+        assert layout(dst) == want, at
+
+
+def test_the_command_line(inputs, tmp_path):
+    src, tok = inputs["jsonl"], inputs["tok"]
+    dst = tmp_path / "cli"
+    for i in range(2):
+        r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "convert", str(src), str(dst), "--to", "tokstream",
+                            "--tokenizer", tok, "--task", str(i), "--tasks", "2", "--unit-bytes", "4096", "-q",
+                            "--workers", "1"], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and f"task {i} of 2" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "commit", str(dst)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "committed" in r.stdout, r.stderr
+    one = tmp_path / "one"
+    convert(str(src), str(one), to="tokstream", tokenizer=tok, workers=1, quiet=True, log=quiet)
+    assert tokens_and_docs(dst) == tokens_and_docs(one)
+    r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "commit", str(tmp_path / "none")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 1 and "plan.json" in r.stderr
