@@ -799,7 +799,7 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
 def run_task(src: str, dst: str, args: ConvertOptions, log: Callable[[str], None]) -> str:
     """``convert --task I --tasks N``: task ``I``'s units of the inputs tokenized and written
     into ``dst`` as finished parts (:mod:`zerobatch.cli.tasks`); returns a summary."""
-    from zerobatch.cli import tasks as TK
+    import zerobatch.cli.tasks as TK
 
     if args.task is None or args.tasks is None:
         raise ConfigError("--task and --tasks go together (task I of N, I from 0)", field="tasks")

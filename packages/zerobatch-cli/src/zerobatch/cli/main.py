@@ -366,8 +366,8 @@ COMMAND_HELP = {
     "commit": ("Assemble the TOKSTREAM dataset that the tasks of convert --task I --tasks N prepared in DST: the "
                "manifest from the finished parts in input order, without reading tokens. Refuses, changing "
                "nothing, while a task has not finished (naming the tasks to run again); running it twice is "
-               "harmless.", "for i in 0 1 2; do zerobatch convert docs/ out --to tokstream --tokenizer "
-               "tokenizer.json --task $i --tasks 3; done; zerobatch commit out"),
+               "harmless.", "zerobatch commit out    # after: zerobatch convert docs/ out --to tokstream "
+               "--tokenizer tokenizer.json --task I --tasks N, for I in 0..N-1"),
     "quickstart": ("Train a byte-level BPE tokenizer on a bundled public-domain text, convert it to TOKSTREAM and "
                    "LLMBATCH, and train a tiny causal LM for --steps steps through the zerobatch loader, on the CPU "
                    "(under a minute on 2 cores; nothing downloaded).", "zerobatch quickstart --steps 100"),
