@@ -167,3 +167,41 @@ def test_the_command_line(inputs, tmp_path):
     r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "commit", str(tmp_path / "none")], capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 1 and "plan.json" in r.stderr
+
+
+def doc_meta(path: Path) -> list:
+    with TokenStreamReader(path) as r:
+        out = []
+        for i in range(r.num_documents):
+            start, _ = r.document_span(i)
+            out.append(r.window_metadata(start, 1).objects[0])
+        return out
+
+
+def test_document_fields_are_carried_into_the_metadata(inputs, tmp_path):
+    """--metadata-fields keeps JSONL fields (Parquet columns) per document, with one process
+    and with tasks alike, next to --row-ids."""
+    src, tok = inputs["jsonl"], inputs["tok"]
+    one = tmp_path / "one"
+    convert(str(src), str(one), to="tokstream", tokenizer=tok, workers=1, quiet=True, log=quiet,
+            metadata_fields=("id", "missing"), row_ids=True)
+    got = doc_meta(one)
+    assert got[:3] == [{"id": 0, "missing": None, "row": 0}, {"id": 1, "missing": None, "row": 1},
+                       {"id": 2, "missing": None, "row": 2}]
+    assert [m["id"] for m in got] == list(range(len(got)))
+    dst = tmp_path / "tasks"
+    prepare(src, dst, tok, 3, metadata_fields=("id",))
+    assert doc_meta(dst) == [{"id": m["id"]} for m in got]
+    assert tokens_and_docs(dst) == tokens_and_docs(one)
+    pqd = tmp_path / "pq"
+    pqd.mkdir()
+    pq.write_table(pa.table({"text": ["alpha beta", "gamma", "delta"], "url": ["u0", "u1", "u2"]}), pqd / "x.parquet")
+    convert(str(pqd), str(tmp_path / "p"), to="tokstream", tokenizer=tok, workers=1, quiet=True, log=quiet,
+            metadata_fields=("url",))
+    assert doc_meta(tmp_path / "p") == [{"url": "u0"}, {"url": "u1"}, {"url": "u2"}]
+    with pytest.raises(ConfigError, match="no column 'nope'"):
+        convert(str(pqd), str(tmp_path / "q"), to="tokstream", tokenizer=tok, workers=1, quiet=True, log=quiet,
+                metadata_fields=("nope",))
+    with pytest.raises(ConfigError, match="--metadata-fields"):
+        convert(str(src), str(tmp_path / "c.chunk"), to="llmchnk", tokenizer=tok, workers=1, quiet=True, log=quiet,
+                metadata_fields=("id",))

@@ -113,6 +113,8 @@ class ConvertOptions:
             ``zerobatch commit`` assembles the dataset (:mod:`zerobatch.cli.tasks`).
         unit_bytes: distributed preparation: bytes of a large JSONL or line-split text file
             per unit of work.
+        metadata_fields: text to tokstream: fields of each JSONL record (columns of Parquet or
+            HF rows) kept as the document's metadata (``{"id": ..., "url": ...}``).
     """
 
     to: str
@@ -144,6 +146,7 @@ class ConvertOptions:
     task: int | None = None
     tasks: int | None = None
     unit_bytes: int = 64 << 20
+    metadata_fields: tuple[str, ...] | None = None
 
     def replace(self, **changes: Any) -> ConvertOptions:
         return ConvertOptions(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes})
@@ -180,7 +183,8 @@ def _shard_path(staging: str, k: int) -> str:
     return os.path.join(staging, f"shard-{k:06d}.npz")
 
 
-def _tokenize_shard(k: int, texts: list[str], rows: list[int] | None = None) -> tuple[int, int, int]:
+def _tokenize_shard(k: int, texts: list[str], rows: list[int] | None = None,
+                    metas: list[dict[str, Any]] | None = None) -> tuple[int, int, int]:
     """Tokenize one group, start each document with the beginning-of-document id (when there
     is one), end it with the end-of-document id, stage it; returns (k, tokens, docs)."""
     from zerobatch.core.io import AtomicFile
@@ -202,6 +206,8 @@ def _tokenize_shard(k: int, texts: list[str], rows: list[int] | None = None) -> 
     buf = io.BytesIO()
     top = np.array([int(tokens.max()) if tokens.size else -1], np.int64)
     extra = {} if rows is None else {"rows": np.asarray(rows, np.int64)}
+    if metas is not None:   # one JSON text per document (no pickles in a staged shard)
+        extra["meta"] = np.array([json.dumps(m, default=str, ensure_ascii=False) for m in metas], dtype=str)
     np.savez(buf, tokens=tokens, lengths=lengths, top=top, **extra)
     with AtomicFile(_shard_path(_WORKER["staging"], k)) as f:
         f.write(buf.getbuffer())
@@ -268,6 +274,7 @@ def tokenize_to_staging(source: TextSource, tokenizer: Any, eod: int, staging: s
     """Tokenize ``source`` into ``staging`` (resuming what is there) with ``tokenizer`` (what
     :func:`zerobatch.cli.tokenizer.load_tokenizer` takes); returns the shard files."""
     plan = {"version": 2, "source": source.fingerprint(), "eod": eod, "bos": bos, "rows": rows,
+            "meta_fields": list(source.meta_fields),
             "tokenizer": load_tokenizer(tokenizer).fingerprint}
     plan_path = os.path.join(staging, PLAN_NAME)
     if os.path.isdir(staging):
@@ -303,7 +310,7 @@ def tokenize_to_staging(source: TextSource, tokenizer: Any, eod: int, staging: s
                 _, ntok, _ = res.get() if pool is not None else res
                 progress.update(work, ntok)
 
-        for k, (texts, work, row_ids) in enumerate(source.shards_with_rows()):
+        for k, (texts, work, row_ids, metas) in enumerate(source.shards_with_rows()):
             path = _shard_path(staging, k)
             paths.append(path)
             if os.path.basename(path) in done and _shard_summary(path) is not None:
@@ -311,10 +318,11 @@ def tokenize_to_staging(source: TextSource, tokenizer: Any, eod: int, staging: s
                 progress.update(work, 0)
                 continue
             if pool is not None:
-                pending.append((pool.apply_async(_tokenize_shard, (k, texts, row_ids if rows else None)), work))
+                pending.append((pool.apply_async(_tokenize_shard, (k, texts, row_ids if rows else None, metas)),
+                                work))
                 drain(2 * workers)       # bounded: never more than 2 groups per worker in flight
             else:
-                pending.append((_tokenize_shard(k, texts, row_ids if rows else None), work))
+                pending.append((_tokenize_shard(k, texts, row_ids if rows else None, metas), work))
                 drain(0)
         drain(0)
     finally:
@@ -344,6 +352,17 @@ def staged_rows(paths: list[str]) -> Iterator[int]:
             raise CorruptError("staging: a staged shard has no source rows; delete the staging folder and convert "
                                "again", path=p, field="staging")
         yield from rows.tolist()
+
+
+def staged_meta(paths: list[str]) -> Iterator[dict[str, Any]]:
+    """The fields of every staged document, in order (``convert --metadata-fields``)."""
+    for p in paths:
+        meta = _read_shard(p, "meta")
+        if not isinstance(meta, np.ndarray) or meta.ndim != 1:
+            raise CorruptError("staging: a staged shard has no document fields; delete the staging folder and "
+                               "convert again", path=p, field="staging")
+        for text in meta.tolist():
+            yield json.loads(text)
 
 
 def staged_totals(paths: list[str]) -> tuple[int, int, int]:
@@ -380,6 +399,7 @@ class Target:
         log: called with each line of the report.
         rows: with ``--row-ids``, the source row of every document, in order (an iterator
             made per call); targets that store per-document metadata keep it.
+        meta: with ``--metadata-fields``, the fields of every document, in order (likewise).
     """
 
     num_tokens: int
@@ -389,6 +409,7 @@ class Target:
     options: ConvertOptions
     log: Callable[[str], None]
     rows: Callable[[], Iterator[int]] | None = None
+    meta: Callable[[], Iterator[dict[str, Any]]] | None = None
 
 
 def records(chunks: Chunks, seq_len: int) -> Iterator[np.ndarray]:
@@ -594,7 +615,8 @@ def check_target_destination(to: str, dst: str, overwrite: bool) -> None:
 
 
 def write_target(target: str, dst: str, chunks: Chunks, *, num_tokens: int, max_token: int, args: ConvertOptions,
-                 eod: int | None, log: Callable[[str], None], rows: Callable[[], Iterator[int]] | None = None) -> str:
+                 eod: int | None, log: Callable[[str], None], rows: Callable[[], Iterator[int]] | None = None,
+                 meta: Callable[[], Iterator[dict[str, Any]]] | None = None) -> str:
     """Write ``dst`` in format ``target`` (its registry record's ``convert``); returns a
     one-line summary."""
     if target not in targets():
@@ -626,7 +648,7 @@ def write_target(target: str, dst: str, chunks: Chunks, *, num_tokens: int, max_
         finally:
             bar.close()
     write = EXPORTS[target].write if target in EXPORTS else registry.get(target).resolve("convert")
-    spec = Target(num_tokens, vocab, dtype, eod, args, log, rows)
+    spec = Target(num_tokens, vocab, dtype, eod, args, log, rows, meta)
     if is_url(dst) and target not in EXPORTS and registry.get(target).layout == "file":
         # a single-file dataset at a URL: written locally, then uploaded as one object (whole or
         # not at all); folder datasets (TOKSTREAM, ZRECORD) publish themselves (build_folder)
@@ -685,13 +707,16 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
                                                      for name, w in zip(SPLIT_NAMES, weights, strict=False) if w > 0]
     for _, out in outputs:
         check_target_destination(args.to, out, args.overwrite)
+    if args.metadata_fields and args.to != "tokstream":
+        raise ConfigError(f"--metadata-fields: {args.to} keeps no per-document fields; use --to tokstream",
+                          field="metadata_fields")
     if args.row_ids and args.to not in ROW_TARGETS:
         raise ConfigError(f"--row-ids: {args.to} keeps no per-document metadata; use --to {' or '.join(ROW_TARGETS)}",
                           field="row_ids")
     t0 = time.perf_counter()
     source = open_source(src, args.source_kind, text_field=args.field, split=args.documents, hf_split=args.hf_split,
                          docs_per_shard=args.docs_per_shard, dtype=args.token_dtype, eod=args.eod_id,
-                         text_errors=args.text_errors)
+                         text_errors=args.text_errors, meta_fields=tuple(args.metadata_fields or ()))
     inputs = [f for f in source.files if not f.endswith(".idx")]
     if len(inputs) > 1:
         shown = ", ".join(os.path.basename(f) for f in inputs[:8]) + (", ..." if len(inputs) > 8 else "")
@@ -723,6 +748,9 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
 
             def rows() -> Iterator[int]:
                 return staged_rows(paths)
+
+            def meta() -> Iterator[dict[str, Any]]:
+                return staged_meta(paths)
         else:   # token files or a zerobatch dataset
             if not source.has_boundaries and weights is not None:
                 raise ConfigError(f"--split: this {source.kind} stream has no document boundaries to split at; give "
@@ -737,6 +765,8 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
             if args.row_ids:
                 raise ConfigError("--row-ids: token files keep every document, so document i is source row i",
                                   field="row_ids")
+            if args.metadata_fields:
+                raise ConfigError("--metadata-fields: token files have no fields", field="metadata_fields")
             if args.bos_id is not None or args.add_bos:
                 raise ConfigError("--bos-id / --add-bos: token files are converted as they are; a beginning-of-"
                                   "document token is added only when tokenizing text", field="bos_id")
@@ -750,7 +780,8 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
             raise ConfigError("source: no tokens to convert", path=src, field="source")
         if weights is None:
             summary = write_target(args.to, dst, chunks, num_tokens=num_tokens, max_token=top, args=args, eod=eod,
-                                   log=log, rows=rows if args.row_ids else None)
+                                   log=log, rows=rows if args.row_ids else None,
+                                   meta=meta if args.metadata_fields else None)
         else:
             ranges = split_ranges(sum(lengths.size for _, lengths in chunks()), weights)
             tokens_in = _tokens_in_ranges(chunks, ranges)
@@ -761,12 +792,15 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
                 if n == 0:
                     raise ConfigError(f"--split: the {name} split gets no tokens ({b - a} of the documents)",
                                       field="split")
-                part_rows = None
+                part_rows = part_meta = None
                 if args.row_ids:
                     def part_rows(a: int = a, b: int = b) -> Iterator[int]:
                         return itertools.islice(rows(), a, b)
+                if args.metadata_fields:
+                    def part_meta(a: int = a, b: int = b) -> Iterator[dict[str, Any]]:
+                        return itertools.islice(meta(), a, b)
                 part = write_target(args.to, out, document_range(chunks, a, b), num_tokens=n, max_token=top,
-                                    args=args, eod=eod, log=log, rows=part_rows)
+                                    args=args, eod=eod, log=log, rows=part_rows, meta=part_meta)
                 log(f"{name}: documents [{a:,}, {b:,}) -> {out}: {part}")
                 parts.append(f"{name} {b - a:,} documents")
             summary = ", ".join(parts)
@@ -818,7 +852,7 @@ def run_task(src: str, dst: str, args: ConvertOptions, log: Callable[[str], None
             raise ConfigError(f"{option}: not with --tasks", field="tasks")
     source = open_source(src, args.source_kind, text_field=args.field, split=args.documents, hf_split=args.hf_split,
                          docs_per_shard=args.docs_per_shard, dtype=args.token_dtype, eod=args.eod_id,
-                         text_errors=args.text_errors)
+                         text_errors=args.text_errors, meta_fields=tuple(args.metadata_fields or ()))
     if not isinstance(source, TextSource):
         raise ConfigError(f"--tasks: distributed preparation tokenizes text (JSONL, Parquet, text, HF); a "
                           f"{source.kind} source is converted by one process", path=src, field="tasks")
@@ -838,6 +872,7 @@ def run_task(src: str, dst: str, args: ConvertOptions, log: Callable[[str], None
     units = TK.plan_units(source, args.unit_bytes)
     fp = source.fingerprint()
     plan = {"version": 1, "tasks": args.tasks, "units": [u.to_list() for u in units],
+            "metadata_fields": list(args.metadata_fields or ()),
             "source": fp, "tokenizer": tok.fingerprint,
             "eod": eod, "bos": bos, "vocab_size": vocab, "shard_tokens": args.shard_tokens}
     del tok
@@ -854,7 +889,8 @@ def run_task(src: str, dst: str, args: ConvertOptions, log: Callable[[str], None
         paths = tokenize_to_staging(sub, args.tokenizer, eod, staging, workers=args.workers, quiet=args.quiet,
                                     log=log, bos=bos)
         TK.write_unit(dst, u, documents(lambda paths=paths: staged_chunks(paths)), vocab_size=vocab,
-                      eod=eod if eod < vocab else None, shard_tokens=args.shard_tokens)
+                      eod=eod if eod < vocab else None, shard_tokens=args.shard_tokens,
+                      metas=staged_meta(paths) if args.metadata_fields else None)
         shutil.rmtree(staging, ignore_errors=True)
         done += 1
     summary = (f"task {args.task} of {args.tasks}: units [{mine.start}, {mine.stop}) of {len(units)}: {done} "

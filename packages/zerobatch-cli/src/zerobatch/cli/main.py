@@ -322,6 +322,13 @@ def _usage(args: argparse.Namespace, message: str) -> SystemExit:
     return SystemExit(2)
 
 
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("give field names, comma-separated")
+    return names
+
+
 def _nonnegative(text: str) -> int:
     try:
         v = int(text)
@@ -455,6 +462,8 @@ def _add_convert(sub: Any) -> None:
     s.add_argument("--dtype", default="auto", choices=("auto", "uint16", "uint32"),
                    help="stored token type (auto: uint16 when the vocabulary fits)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--metadata-fields", type=_names, help="text to tokstream: fields of each JSONL record (columns "
+                   "of Parquet/HF rows) kept as the document's metadata, comma-separated (e.g. id,url)")
     s.add_argument("--task", type=_nonnegative, help="distributed preparation: this is task I (from 0) of --tasks; "
                    "it writes its share of the inputs as finished parts; then run zerobatch commit DST")
     s.add_argument("--tasks", type=_positive, help="distributed preparation: the number of tasks")

@@ -224,6 +224,10 @@ class TextSource:
     #: :mod:`zerobatch.cli.tasks`): bytes ``[a, b)`` of a JSONL or line-split text file (the
     #: lines that start in it), or row groups ``[a, b)`` of a Parquet file; None: every file whole
     span: tuple[int, int] | None = None
+    #: fields of each JSONL record (columns of Parquet / HF rows) kept as the document's
+    #: metadata (``convert --metadata-fields``); a missing one is None
+    meta_fields: tuple[str, ...] = ()
+    _meta: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.docs_per_shard < 1:
@@ -244,6 +248,9 @@ class TextSource:
             self.files = self._hf_files()
         else:
             raise ConfigError(f"--from: {self.kind!r} is not a text source", field="from")
+        if self.meta_fields and self.kind == "text":
+            raise ConfigError("--metadata-fields: plain text has no fields (JSONL, Parquet and HF rows do)",
+                              path=self.path, field="metadata_fields")
         if self.kind == "parquet":
             pq = _pyarrow_parquet()
             total = 0
@@ -390,6 +397,8 @@ class TextSource:
                         raise CorruptError(f"line {lineno}: no field {self.text_field!r} (choose one with --field)",
                                            path=path, field=self.text_field)
                     text = obj[self.text_field]
+                    if self.meta_fields:
+                        self._meta = {f: obj.get(f) for f in self.meta_fields}
                     if text is None:
                         text = ""
                     if not isinstance(text, str):
@@ -416,9 +425,17 @@ class TextSource:
                         raise ConfigError(f"--field: no column {self.text_field!r} (columns: "
                                           f"{pf.schema_arrow.names})", path=path, field=self.text_field)
                     groups = None if self.span is None else list(range(*self.span))
-                    batches = pf.iter_batches(batch_size=4096, columns=[self.text_field], row_groups=groups)
+                    extra = [f for f in self.meta_fields if f != self.text_field]
+                    missing = [f for f in extra if f not in pf.schema_arrow.names]
+                    if missing:
+                        raise ConfigError(f"--metadata-fields: no column {missing[0]!r} (columns: "
+                                          f"{pf.schema_arrow.names})", path=path, field="metadata_fields")
+                    batches = pf.iter_batches(batch_size=4096, columns=[self.text_field, *extra], row_groups=groups)
                     for b in batches:
-                        for text in b.column(0).to_pylist():
+                        cols = {f: b.column(f).to_pylist() for f in self.meta_fields}
+                        for i, text in enumerate(b.column(0).to_pylist()):
+                            if self.meta_fields:
+                                self._meta = {f: cols[f][i] for f in self.meta_fields}
                             yield text or "", 1
                 except ConfigError:
                     raise
@@ -435,9 +452,16 @@ class TextSource:
                             raise ConfigError(f"--field: no column {self.text_field!r} (columns: "
                                               f"{reader.schema.names})", path=path, field=self.text_field)
                         col = reader.schema.get_field_index(self.text_field)
+                        missing = [f for f in self.meta_fields if f not in reader.schema.names]
+                        if missing:
+                            raise ConfigError(f"--metadata-fields: no column {missing[0]!r} (columns: "
+                                              f"{reader.schema.names})", path=path, field="metadata_fields")
                         first = True
                         for b in reader:
-                            for text in b.column(col).to_pylist():
+                            cols = {f: b.column(b.schema.get_field_index(f)).to_pylist() for f in self.meta_fields}
+                            for i, text in enumerate(b.column(col).to_pylist()):
+                                if self.meta_fields:
+                                    self._meta = {f: cols[f][i] for f in self.meta_fields}
                                 yield text or "", size if first else 0
                                 first = False
                 except ConfigError:
@@ -448,14 +472,16 @@ class TextSource:
     def shards(self) -> Iterator[tuple[list[str], int]]:
         """Groups of ``docs_per_shard`` non-empty documents and the work they stand for
         (counting :attr:`undecodable` and :attr:`empty` documents from zero)."""
-        for texts, work, _ in self.shards_with_rows():
+        for texts, work, _, _ in self.shards_with_rows():
             yield texts, work
 
-    def shards_with_rows(self) -> Iterator[tuple[list[str], int, list[int]]]:
-        """:meth:`shards` with each document's source row: its place among the source's
-        documents, empty and null ones included (file after file, in order)."""
+    def shards_with_rows(self) -> Iterator[tuple[list[str], int, list[int], list[dict[str, Any]] | None]]:
+        """:meth:`shards` with each document's source row (its place among the source's
+        documents, empty and null ones included, file after file, in order) and, with
+        :attr:`meta_fields`, its fields (else None)."""
         texts: list[str] = []
         rows: list[int] = []
+        metas: list[dict[str, Any]] = []
         work = 0
         row = 0
         self.undecodable = self.empty = 0
@@ -469,12 +495,14 @@ class TextSource:
             else:
                 texts.append(text)
                 rows.append(row)
+                if self.meta_fields:
+                    metas.append(dict(self._meta or {}))
                 if len(texts) == self.docs_per_shard:
-                    yield texts, work, rows
-                    texts, rows, work = [], [], 0
+                    yield texts, work, rows, metas if self.meta_fields else None
+                    texts, rows, metas, work = [], [], [], 0
             row += 1
         if texts or work:
-            yield texts, work, rows
+            yield texts, work, rows, metas if self.meta_fields else None
 
 
 def _pyarrow_parquet() -> Any:
@@ -770,7 +798,7 @@ def open_source(path: str, kind: str | None, **options: Any) -> TextSource | Tok
     if kind in TEXT_KINDS:
         return TextSource(kind, path, **{k: v for k, v in options.items()
                                          if k in ("text_field", "split", "hf_split", "docs_per_shard",
-                                                  "text_errors")})
+                                                  "text_errors", "meta_fields")})
     if kind in TOKEN_KINDS:
         return TokenSource(kind, path, **{k: v for k, v in options.items() if k in ("dtype", "eod")})
     raise ConfigError(f"--from must be one of {TEXT_KINDS + TOKEN_KINDS}, got {kind!r}", field="from")

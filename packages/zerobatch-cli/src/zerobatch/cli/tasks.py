@@ -154,18 +154,18 @@ def clear_unit(dst: str, u: int) -> None:
 
 
 def write_unit(dst: str, u: int, documents: Any, *, vocab_size: int, eod: int | None, shard_tokens: int,
-               checksum_block: int = T.DEFAULT_CHECKSUM_BLOCK) -> dict[str, Any]:
-    """Unit ``u``'s ``documents`` (arrays of token ids) as shards ``part-<u>-<k>`` in ``dst``,
-    then its record; returns the record."""
+               checksum_block: int = T.DEFAULT_CHECKSUM_BLOCK, metas: Any = None) -> dict[str, Any]:
+    """Unit ``u``'s ``documents`` (arrays of token ids; ``metas``: their metadata, in order)
+    as shards ``part-<u>-<k>`` in ``dst``, then its record; returns the record."""
     from zerobatch.writers.tokstream import TokenStreamWriter
     clear_unit(dst, u)
     tmp = os.path.join(_parts(dst), f"unit-{u:06d}.tmp")
     w = TokenStreamWriter(tmp, vocab_size=vocab_size, eod_token=eod, shard_tokens=shard_tokens,
-                          prefix=f"part-{u:06d}-", checksum_block=checksum_block)
+                          prefix=f"part-{u:06d}-", checksum_block=checksum_block, metadata=metas is not None)
     docs = tokens = 0
     try:
         for doc in documents:
-            w.add_document(doc)
+            w.add_document(doc, None if metas is None else next(metas))
             docs += 1
             tokens += len(doc)
     except BaseException:

@@ -88,13 +88,17 @@ def write(dst: str, chunks: Chunks, target: Target) -> str:
     def build(folder: str) -> str:
         eod = target.eod if target.eod is not None and target.eod < target.vocab else None
         w = TokenStreamWriter(folder, vocab_size=max(target.vocab, 1), eod_token=eod,
-                              shard_tokens=target.options.shard_tokens, metadata=target.rows is not None,
-                              prefix=prefix)
+                              shard_tokens=target.options.shard_tokens,
+                              metadata=target.rows is not None or target.meta is not None, prefix=prefix)
         try:
             n = 0
             rows = None if target.rows is None else target.rows()
+            metas = None if target.meta is None else target.meta()
             for doc in documents(chunks):
-                w.add_document(doc, None if rows is None else {"row": next(rows)})
+                meta = None if metas is None else next(metas)
+                if rows is not None:
+                    meta = {**(meta or {}), "row": next(rows)}
+                w.add_document(doc, meta)
                 n += 1
         except BaseException:
             w.abort()
