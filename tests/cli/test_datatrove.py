@@ -1,0 +1,73 @@
+"""The datatrove integration: zerobatch's TokenStreamWriter step under datatrove's own
+LocalPipelineExecutor (3 tasks on 2 workers), reading JSONL with datatrove's JsonlReader;
+then commit. The dataset holds the documents the CLI's convert makes (in rank order: each
+datatrove task reads its own files), with their ids as metadata; a rerun skips the completed
+tasks, and commit refuses while a task is missing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("datatrove")
+
+from datatrove.executor import LocalPipelineExecutor  # noqa: E402
+from datatrove.pipeline.readers import JsonlReader  # noqa: E402
+
+from zerobatch.cli.convert import convert  # noqa: E402
+from zerobatch.cli.integrations.datatrove import TokenStreamWriter  # noqa: E402
+from zerobatch.cli.quickstart import bundled_text, train_tokenizer  # noqa: E402
+from zerobatch.cli.tasks import commit  # noqa: E402
+from zerobatch.formats.errors import ConfigError  # noqa: E402
+from zerobatch.readers.tokstream import TokenStreamReader  # noqa: E402
+
+
+def documents(path) -> list[list[int]]:
+    with TokenStreamReader(path) as r:
+        return [r.document(i).tolist() for i in range(r.num_documents)]
+
+
+def metadata(path) -> list:
+    with TokenStreamReader(path) as r:
+        return [r.window_metadata(r.document_span(i)[0], 1).objects[0] for i in range(r.num_documents)]
+
+
+def test_datatrove_tasks_write_the_documents_of_the_cli(tmp_path):
+    text = bundled_text()[:80_000]
+    docs = [p.strip() for p in text.split("\n\n") if p.strip()]
+    (tmp_path / "t.txt").write_text(text)
+    tok = str(tmp_path / "tokenizer.json")
+    train_tokenizer(str(tmp_path / "t.txt"), 512, tok)
+    src = tmp_path / "jsonl"
+    src.mkdir()
+    for k in range(5):
+        part = docs[k::5]
+        (src / f"f{k}.jsonl").write_text("".join(json.dumps({"text": t, "id": f"{k}-{i}"}) + "\n"
+                                                 for i, t in enumerate(part)))
+    cli = tmp_path / "cli"
+    convert(str(src), str(cli), to="tokstream", tokenizer=tok, workers=1, quiet=True, log=lambda *_: None)
+    want = documents(cli)
+
+    def pipeline(out):
+        return [JsonlReader(str(src)), TokenStreamWriter(out, tok, batch_size=64, shard_tokens=5000,
+                                                         metadata_fields=("id",))]
+    one = tmp_path / "dt1"
+    LocalPipelineExecutor(pipeline(one), tasks=1, workers=1, logging_dir=str(tmp_path / "logs1")).run()
+    commit(str(one), log=lambda *_: None)
+    assert documents(one) == want                       # one task: the CLI's order
+    three = tmp_path / "dt3"
+    ex = LocalPipelineExecutor(pipeline(three), tasks=3, workers=2, logging_dir=str(tmp_path / "logs3"),
+                               local_tasks=2)           # tasks 0 and 1 only: task 2 missing
+    ex.run()
+    with pytest.raises(ConfigError, match="run these of the 3 tasks again: 2$"):
+        commit(str(three), log=lambda *_: None)
+    LocalPipelineExecutor(pipeline(three), tasks=3, workers=2, logging_dir=str(tmp_path / "logs3"),
+                          local_tasks=1, local_rank_offset=2).run()
+    commit(str(three), log=lambda *_: None)
+    got = documents(three)
+    assert sorted(got) == sorted(want) and len(got) == len(want)
+    ids = [m["id"] for m in metadata(three)]
+    assert sorted(ids) == sorted(f"{k}-{i}" for k in range(5) for i in range(len(docs[k::5])))
+    assert ids[0].startswith("0-")                     # rank 0 read f0 (and f3) first
