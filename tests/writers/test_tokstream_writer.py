@@ -202,3 +202,35 @@ def test_large_documents_cross_checksum_chunks(tmp_path):
     from zerobatch.core import xxh3_64
     digests = [xxh3_64(payload[i:i + 4096]) for i in range(0, len(payload), 4096)]
     assert entry["files"]["tokens.bin"]["xxh3"] == f"{xxh3_64(np.array(digests, '<u8').tobytes()):016x}"
+
+
+def test_add_documents_cuts_the_same_shards_as_add_document(tmp_path):
+    """Documents added many at a time (any cuts between calls) land in the same shards, with
+    the same tokens and boundaries, as one add_document call each."""
+    from zerobatch.readers.tokstream import TokenStreamReader
+    from zerobatch.writers.tokstream import TokenStreamWriter
+
+    rng = np.random.default_rng(0)
+    for trial in range(12):
+        lens = rng.integers(1, 300, int(rng.integers(1, 300)))
+        toks = rng.integers(0, 1000, int(lens.sum())).astype(np.uint32)
+        shard_tokens = int(rng.integers(1, 3000))
+        bounds = np.concatenate([[0], np.cumsum(lens)])
+        with TokenStreamWriter(tmp_path / f"a{trial}", vocab_size=1000, shard_tokens=shard_tokens) as w:
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+                w.add_document(toks[a:b])
+        cuts = sorted(set(rng.integers(0, lens.size + 1, 4).tolist()) | {0, lens.size})
+        with TokenStreamWriter(tmp_path / f"b{trial}", vocab_size=1000, shard_tokens=shard_tokens) as w:
+            for c0, c1 in zip(cuts[:-1], cuts[1:], strict=True):
+                w.add_documents(toks[bounds[c0]:bounds[c1]], lens[c0:c1])
+        with TokenStreamReader(tmp_path / f"a{trial}") as ra, TokenStreamReader(tmp_path / f"b{trial}") as rb:
+            assert [(e.num_tokens, e.num_documents) for e in ra.manifest.shards] == \
+                [(e.num_tokens, e.num_documents) for e in rb.manifest.shards], trial
+            assert [ra.document(i).tolist() for i in range(ra.num_documents)] == \
+                [rb.document(i).tolist() for i in range(rb.num_documents)]
+    with TokenStreamWriter(tmp_path / "bad", vocab_size=10) as w:
+        with pytest.raises(ConfigError, match="lengths"):
+            w.add_documents(np.arange(5, dtype=np.uint32), [2, 2])
+        with pytest.raises(LimitExceededError):
+            w.add_documents(np.array([3, 12], np.uint32), [2])
+        w.add_document([1])

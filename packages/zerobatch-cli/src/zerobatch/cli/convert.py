@@ -830,6 +830,12 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
     return summary
 
 
+def _nonempty(chunks: Iterator[tuple[np.ndarray, np.ndarray]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The chunks without their empty documents (what :func:`documents` skips)."""
+    for tokens, lengths in chunks:
+        yield tokens, (lengths if lengths.size == 0 or int(lengths.min()) > 0 else lengths[lengths > 0])
+
+
 def run_task(src: str, dst: str, args: ConvertOptions, log: Callable[[str], None]) -> str:
     """``convert --task I --tasks N``: task ``I``'s units of the inputs tokenized and written
     into ``dst`` as finished parts (:mod:`zerobatch.cli.tasks`); returns a summary."""
@@ -888,9 +894,13 @@ def run_task(src: str, dst: str, args: ConvertOptions, log: Callable[[str], None
         staging = os.path.join(dst, TK.PARTS_DIR, f"unit-{u:06d}.staging")
         paths = tokenize_to_staging(sub, args.tokenizer, eod, staging, workers=args.workers, quiet=args.quiet,
                                     log=log, bos=bos)
-        TK.write_unit(dst, u, documents(lambda paths=paths: staged_chunks(paths)), vocab_size=vocab,
-                      eod=eod if eod < vocab else None, shard_tokens=args.shard_tokens,
-                      metas=staged_meta(paths) if args.metadata_fields else None)
+        if args.metadata_fields:
+            TK.write_unit(dst, u, documents(lambda paths=paths: staged_chunks(paths)), vocab_size=vocab,
+                          eod=eod if eod < vocab else None, shard_tokens=args.shard_tokens,
+                          metas=staged_meta(paths))
+        else:
+            TK.write_unit(dst, u, chunks=_nonempty(staged_chunks(paths)), vocab_size=vocab,
+                          eod=eod if eod < vocab else None, shard_tokens=args.shard_tokens)
         shutil.rmtree(staging, ignore_errors=True)
         done += 1
     summary = (f"task {args.task} of {args.tasks}: units [{mine.start}, {mine.stop}) of {len(units)}: {done} "

@@ -153,10 +153,12 @@ def clear_unit(dst: str, u: int) -> None:
     shutil.rmtree(os.path.join(_parts(dst), f"unit-{u:06d}.tmp"), ignore_errors=True)
 
 
-def write_unit(dst: str, u: int, documents: Any, *, vocab_size: int, eod: int | None, shard_tokens: int,
-               checksum_block: int = T.DEFAULT_CHECKSUM_BLOCK, metas: Any = None) -> dict[str, Any]:
-    """Unit ``u``'s ``documents`` (arrays of token ids; ``metas``: their metadata, in order)
-    as shards ``part-<u>-<k>`` in ``dst``, then its record; returns the record."""
+def write_unit(dst: str, u: int, documents: Any = (), *, vocab_size: int, eod: int | None, shard_tokens: int,
+               checksum_block: int = T.DEFAULT_CHECKSUM_BLOCK, metas: Any = None, chunks: Any = None
+               ) -> dict[str, Any]:
+    """Unit ``u``'s ``documents`` (arrays of token ids; ``metas``: their metadata, in order) or
+    ``chunks`` (``(tokens, lengths)`` of many documents each, without metadata: written in a
+    few calls) as shards ``part-<u>-<k>`` in ``dst``, then its record; returns the record."""
     from zerobatch.writers.tokstream import TokenStreamWriter
     clear_unit(dst, u)
     tmp = os.path.join(_parts(dst), f"unit-{u:06d}.tmp")
@@ -164,6 +166,10 @@ def write_unit(dst: str, u: int, documents: Any, *, vocab_size: int, eod: int | 
                           prefix=f"part-{u:06d}-", checksum_block=checksum_block, metadata=metas is not None)
     docs = tokens = 0
     try:
+        for toks, lens in chunks or ():
+            w.add_documents(toks, lens)
+            docs += len(lens)
+            tokens += len(toks)
         for doc in documents:
             w.add_document(doc, None if metas is None else next(metas))
             docs += 1

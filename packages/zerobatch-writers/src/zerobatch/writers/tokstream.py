@@ -274,6 +274,40 @@ class ShardWriter:
         self.num_documents += 1
         return self.num_documents - 1
 
+    def add_documents(self, tokens: Any, lengths: Any) -> None:
+        """Append many documents at once (a dataset without metadata): ``tokens`` holds them
+        back to back, ``lengths`` their sizes (each at least 1). The same shard as as many
+        :meth:`add_document` calls, in two writes.
+
+        Raises:
+            ConfigError: bad lengths, or a dataset with metadata.
+            LimitExceededError: an id outside the vocabulary, or more documents than a shard
+                holds.
+        """
+        if self.closed:
+            raise ConfigError("the shard is closed", path=self.path, field="shard")
+        if self.metadata:
+            raise ConfigError("add_documents: a dataset with metadata takes add_document", field="metadata")
+        lens = np.asarray(lengths)
+        if lens.ndim != 1 or lens.dtype.kind not in "iu" or (lens.size and int(lens.min()) < 1):
+            raise ConfigError("lengths: a 1-D array of positive document sizes", field="lengths")
+        if not lens.size:
+            return
+        arr = self._tokens(tokens)
+        if int(lens.sum()) != arr.size:
+            raise ConfigError(f"lengths: they add up to {int(lens.sum())}, not the {arr.size} tokens", field="lengths")
+        if self.num_documents + lens.size > T.MAX_INDEX_ENTRIES_PER_SHARD:
+            raise LimitExceededError(f"documents: a shard holds at most {T.MAX_INDEX_ENTRIES_PER_SHARD} documents",
+                                     field="documents")
+        starts = np.empty(lens.size, dtype="<u8")
+        starts[0] = self.num_tokens
+        np.cumsum(lens[:-1], out=starts[1:])
+        starts[1:] += self.num_tokens
+        self._files["documents.index"].write(starts)
+        self._files["tokens.bin"].write(np.ascontiguousarray(arr, dtype=self.dtype))
+        self.num_tokens += arr.size
+        self.num_documents += lens.size
+
     def options(self) -> dict[str, Any]:
         return {"token_dtype": self.token_dtype, "vocab_size": self.vocab_size, "metadata": self.metadata,
                 "eod_token": self.eod_token, "codec": self.codec, "checksum_block": self.checksum_block}
@@ -444,6 +478,36 @@ class TokenStreamWriter:
             sh.close()
             self._open_shard()
         self._shard.add_document(tokens, metadata, spans=spans)
+
+    def add_documents(self, tokens: Any, lengths: Any) -> None:
+        """Append many documents at once (see :meth:`ShardWriter.add_documents`), cut into
+        shards exactly where as many :meth:`add_document` calls would cut them."""
+        if self._shard is None:
+            raise ConfigError("the writer is closed", path=self.folder, field="writer")
+        lens = np.asarray(lengths)
+        if lens.ndim != 1 or lens.dtype.kind not in "iu" or (lens.size and int(lens.min()) < 1):
+            raise ConfigError("lengths: a 1-D array of positive document sizes", field="lengths")
+        arr = np.asarray(tokens)
+        if arr.ndim != 1 or int(lens.sum()) != arr.size:
+            raise ConfigError(f"lengths: they add up to {int(lens.sum())}, not the {arr.size} tokens", field="lengths")
+        before = np.zeros(lens.size + 1, np.int64)       # tokens before each document
+        np.cumsum(lens, out=before[1:])
+        i = 0
+        while i < lens.size:
+            sh = self._shard
+            # the documents this shard takes: while it holds fewer than shard_tokens tokens
+            # (and fewer than the index limit) when each is added, as add_document decides
+            room = max(0, T.MAX_INDEX_ENTRIES_PER_SHARD - sh.num_documents)
+            full = np.searchsorted(before[i:], self.shard_tokens - sh.num_tokens + before[i], side="left")
+            j = min(lens.size, i + min(int(full), room))
+            if j == i:
+                if sh.num_documents:
+                    sh.close()
+                    self._open_shard()
+                    continue
+                j = i + 1                             # an empty shard takes a document whatever its size
+            sh.add_documents(arr[before[i]:before[j]], lens[i:j])
+            i = j
 
     def close(self) -> T.DatasetManifest:
         """Finish the last shard and write the manifest."""

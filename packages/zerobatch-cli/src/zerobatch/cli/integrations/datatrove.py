@@ -88,22 +88,36 @@ class TokenStreamWriter(PipelineStep):
             "vocab_size": vocab, "shard_tokens": self.shard_tokens, "metadata_fields": list(self.metadata_fields)})
         metas: collections.deque[dict[str, Any]] = collections.deque()
 
-        def documents() -> Iterator[np.ndarray]:
+        def batches() -> Iterator[list[Any]]:
             batch: list[Any] = []
             for doc in data:
                 batch.append(doc)
                 if len(batch) == self.batch_size:
-                    yield from self._encode(tok, eod, batch, metas)
+                    yield batch
                     batch = []
             if batch:
+                yield batch
+
+        def documents() -> Iterator[np.ndarray]:
+            for batch in batches():
                 yield from self._encode(tok, eod, batch, metas)
+
+        def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            for batch in batches():       # a batch's documents back to back: one write per batch
+                docs = list(self._encode(tok, eod, batch, metas))
+                if docs:
+                    yield np.concatenate(docs), np.fromiter(map(len, docs), np.int64, len(docs))
 
         def meta_iter() -> Iterator[dict[str, Any]]:
             while True:
                 yield metas.popleft()     # a document's fields are queued before it is handed out
 
-        TK.write_unit(self.output_folder, rank, documents(), vocab_size=vocab, eod=eod if eod < vocab else None,
-                      shard_tokens=self.shard_tokens, metas=meta_iter() if self.metadata_fields else None)
+        if self.metadata_fields:
+            TK.write_unit(self.output_folder, rank, documents(), vocab_size=vocab, eod=eod if eod < vocab else None,
+                          shard_tokens=self.shard_tokens, metas=meta_iter())
+        else:
+            TK.write_unit(self.output_folder, rank, chunks=chunks(), vocab_size=vocab,
+                          eod=eod if eod < vocab else None, shard_tokens=self.shard_tokens)
         yield from ()
 
     def _encode(self, tok: Any, eod: int, batch: list[Any], metas: Any) -> Iterator[np.ndarray]:
