@@ -725,15 +725,7 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
     eod: int | None
     try:
         if isinstance(source, TextSource):
-            if not args.tokenizer:
-                raise ConfigError(f"--tokenizer: a {source.kind} source needs a tokenizer to tokenize with (a "
-                                  f"tokenizer.json, tiktoken:NAME or a SentencePiece .model)", field="tokenizer")
-            tok = load_tokenizer(args.tokenizer)
-            eod = args.eod_id if args.eod_id is not None else find_eod(tok, args.eod_token, args.tokenizer)
-            bos = args.bos_id
-            if bos is None and args.add_bos:
-                bos = find_eod(tok, None, args.tokenizer, candidates=BOS_CANDIDATES, option="--add-bos",
-                               what="beginning-of-document (or give --bos-id)")
+            tok, eod, bos = text_tokenizer(source, args)
             vocab = tok.vocab_size
             del tok
             staging = staging_folder(dst)
@@ -830,6 +822,25 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
     return summary
 
 
+def text_tokenizer(source: TextSource, args: ConvertOptions) -> tuple[TextTokenizer, int, int | None]:
+    """The tokenizer of a text conversion, its end-of-document id and its beginning-of-document
+    id (``None``: none), from the options.
+
+    Raises:
+        ConfigError: no tokenizer given, or no end-of-document (beginning-of-document) token.
+    """
+    if not args.tokenizer:
+        raise ConfigError(f"--tokenizer: a {source.kind} source needs a tokenizer to tokenize with (a "
+                          f"tokenizer.json, tiktoken:NAME or a SentencePiece .model)", field="tokenizer")
+    tok = load_tokenizer(args.tokenizer)
+    eod = args.eod_id if args.eod_id is not None else find_eod(tok, args.eod_token, args.tokenizer)
+    bos = args.bos_id
+    if bos is None and args.add_bos:
+        bos = find_eod(tok, None, args.tokenizer, candidates=BOS_CANDIDATES, option="--add-bos",
+                       what="beginning-of-document (or give --bos-id)")
+    return tok, eod, bos
+
+
 def _nonempty(chunks: Iterator[tuple[np.ndarray, np.ndarray]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The chunks without their empty documents (what :func:`documents` skips)."""
     for tokens, lengths in chunks:
@@ -862,15 +873,8 @@ def run_task(src: str, dst: str, args: ConvertOptions, log: Callable[[str], None
     if not isinstance(source, TextSource):
         raise ConfigError(f"--tasks: distributed preparation tokenizes text (JSONL, Parquet, text, HF); a "
                           f"{source.kind} source is converted by one process", path=src, field="tasks")
-    if not args.tokenizer:
-        raise ConfigError(f"--tokenizer: a {source.kind} source needs a tokenizer", field="tokenizer")
     t0 = time.perf_counter()
-    tok = load_tokenizer(args.tokenizer)
-    eod = args.eod_id if args.eod_id is not None else find_eod(tok, args.eod_token, args.tokenizer)
-    bos = args.bos_id
-    if bos is None and args.add_bos:
-        bos = find_eod(tok, None, args.tokenizer, candidates=BOS_CANDIDATES, option="--add-bos",
-                       what="beginning-of-document (or give --bos-id)")
+    tok, eod, bos = text_tokenizer(source, args)
     vocab = args.vocab_size if args.vocab_size is not None else tok.vocab_size
     if vocab is None:
         raise ConfigError("--vocab-size: the tokenizer does not say its vocabulary size, and every task must write "
