@@ -67,28 +67,36 @@ def files_of(path: Path) -> dict[str, bytes]:
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
-def prepare(src: Path, dst: Path, tok: str, tasks: int, order=None, **kw) -> None:
+def prepare(src, dst: Path, tok: str, tasks: int, order=None, **kw) -> None:
+    src = [str(p) for p in src] if isinstance(src, list) else str(src)
     for i in (order if order is not None else range(tasks)):
-        convert(str(src), str(dst), to="tokstream", tokenizer=tok, task=i, tasks=tasks, workers=1, quiet=True,
+        convert(src, str(dst), to="tokstream", tokenizer=tok, task=i, tasks=tasks, workers=1, quiet=True,
                 log=quiet, unit_bytes=4096, shard_tokens=3000, **kw)
     commit(str(dst), log=quiet)
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "mixed"])
 def test_any_number_of_tasks_gives_the_same_dataset_as_one_process(inputs, tmp_path, kind):
-    src, tok = inputs[kind], inputs["tok"]
+    """N = 1, 3, 8 tasks (run in any order) give the same dataset byte for byte, manifest and
+    build ids included, holding a one-process convert's documents in its order; ``mixed``:
+    the JSONL files (one of them cut into byte ranges) and the Parquet files (split by row
+    group) given together, as two sources."""
+    src = [inputs["jsonl"], inputs["parquet"]] if kind == "mixed" else inputs[kind]
+    tok = inputs["tok"]
     one = tmp_path / "one"
-    convert(str(src), str(one), to="tokstream", tokenizer=tok, workers=1, quiet=True, log=quiet)
+    convert([str(p) for p in src] if kind == "mixed" else str(src), str(one), to="tokstream", tokenizer=tok,
+            workers=1, quiet=True, log=quiet)
     want = tokens_and_docs(one)
+    if kind == "mixed":
+        assert len(want) == len(inputs["docs"]) + 420
     made = {}
     for n, order in ((1, None), (3, [2, 0, 1]), (8, [7, 3, 5, 0, 1, 6, 2, 4])):
         dst = tmp_path / f"n{n}"
         prepare(src, dst, tok, n, order)
         assert tokens_and_docs(dst) == want, n
-        with TokenStreamReader(dst) as r:
-            made[n] = [(e.name, e.num_tokens, e.num_documents) for e in r.manifest.shards]
+        made[n] = files_of(dst)
         assert not (dst / "_parts").exists()
-    assert made[1] == made[3] == made[8]          # the same shards (each shard's build id is its own)
+    assert made[1] == made[3] == made[8]          # byte for byte
     with TokenStreamReader(tmp_path / "n3") as r:
         assert len(r.manifest.shards) > 3
 
@@ -147,7 +155,7 @@ def test_a_task_killed_anywhere_and_run_again_leaves_a_correct_dataset(inputs, t
                            timeout=300)
         assert r.returncode != 0, at                                   # killed
         prepare(src, dst, tok, 2)
-        assert layout(dst) == want, at
+        assert layout(dst) == want and files_of(dst) == files_of(ref), at
 
 
 def test_the_command_line(inputs, tmp_path):
@@ -205,3 +213,35 @@ def test_document_fields_are_carried_into_the_metadata(inputs, tmp_path):
     with pytest.raises(ConfigError, match="--metadata-fields"):
         convert(str(src), str(tmp_path / "c.chunk"), to="llmchnk", tokenizer=tok, workers=1, quiet=True, log=quiet,
                 metadata_fields=("id",))
+
+
+def test_several_sources_and_a_folder_of_jsonl_and_parquet_read_as_one(inputs, tmp_path):
+    """A folder holding JSONL and Parquet files reads every file in name order (not the files
+    of one kind alone); several sources read in the order given; a file given twice, and a
+    token file among text sources, are refused."""
+    tok = inputs["tok"]
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "b.jsonl").write_bytes((inputs["jsonl"] / "part-0.jsonl").read_bytes())
+    (mixed / "a.parquet").write_bytes((inputs["parquet"] / "b.parquet").read_bytes())
+    convert(str(mixed), str(tmp_path / "f"), to="tokstream", tokenizer=tok, workers=1, quiet=True, log=quiet)
+    convert([str(mixed / "a.parquet"), str(mixed / "b.jsonl")], str(tmp_path / "l"), to="tokstream", tokenizer=tok,
+            workers=1, quiet=True, log=quiet)
+    convert(str(mixed / "a.parquet"), str(tmp_path / "p"), to="tokstream", tokenizer=tok, workers=1, quiet=True,
+            log=quiet)
+    convert(str(mixed / "b.jsonl"), str(tmp_path / "j"), to="tokstream", tokenizer=tok, workers=1, quiet=True,
+            log=quiet)
+    both = tokens_and_docs(tmp_path / "f")
+    assert both == tokens_and_docs(tmp_path / "l") == tokens_and_docs(tmp_path / "p") + tokens_and_docs(tmp_path / "j")
+    assert len(both) == 120 + 40
+    with pytest.raises(ConfigError, match="given twice"):
+        convert([str(mixed), str(mixed / "b.jsonl")], str(tmp_path / "x"), to="tokstream", tokenizer=tok, log=quiet)
+    import numpy as np
+    np.save(tmp_path / "t.npy", np.arange(10, dtype=np.uint16))
+    with pytest.raises(ConfigError, match="combine only as text"):
+        convert([str(mixed), str(tmp_path / "t.npy")], str(tmp_path / "x"), to="tokstream", tokenizer=tok, log=quiet)
+    r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "convert", str(mixed / "a.parquet"),
+                        str(mixed / "b.jsonl"), str(tmp_path / "cli"), "--to", "tokstream", "--tokenizer", tok, "-q",
+                        "--workers", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert tokens_and_docs(tmp_path / "cli") == both

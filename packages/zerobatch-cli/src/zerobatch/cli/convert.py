@@ -41,8 +41,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
+from zerobatch.cli._version import __version__
 from zerobatch.cli.exports import EXPORTS
-from zerobatch.cli.sources import TextSource, documents, open_source
+from zerobatch.cli.sources import TextSource, documents, open_sources
 from zerobatch.cli.tokenizer import TextTokenizer, load_tokenizer
 from zerobatch.core import xxh3_64
 from zerobatch.core.io import fsync_dir, replace_folder, sweep_orphans
@@ -664,13 +665,15 @@ def write_target(target: str, dst: str, chunks: Chunks, *, num_tokens: int, max_
     return write(dst, checked, spec)
 
 
-def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, **options: Any) -> str:
+def convert(src: str | os.PathLike[str] | list[Any], dst: str, *, to: str, log: Callable[[str], None] = print,
+            **options: Any) -> str:
     """Convert ``src`` (any source :mod:`zerobatch.cli.sources` reads) into a ``to`` dataset at
     ``dst``: ``zerobatch convert`` as a function.
 
     Args:
         src: a file, folder or glob of text, JSONL, Parquet, a Hugging Face ``save_to_disk``
-            folder, ``.npy``, nanoGPT ``.bin`` or Megatron ``.bin``/``.idx``.
+            folder, ``.npy``, nanoGPT ``.bin`` or Megatron ``.bin``/``.idx``; or a list of
+            text sources of any kinds (JSONL, Parquet, text, HF), read in the order given.
         dst: the file (llmbatch, llmchnk) or folder (tokstream, zrecord) to write.
         to: the target format (one of :func:`targets`).
         log: called with each line of the report.
@@ -690,7 +693,8 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
     if args.split in TEXT_DOCUMENTS:          # release 0.1's --split file|line|blank
         args = args.replace(documents=args.split, split=None)
     weights = parse_split(args.split)
-    src, dst = os.fspath(src), os.fspath(dst)
+    srcs = [os.fspath(src)] if isinstance(src, (str, os.PathLike)) else [os.fspath(p) for p in src]
+    src, dst = srcs[0] if len(srcs) == 1 else " ".join(srcs), os.fspath(dst)
     dst = dst.rstrip("/") or dst
     if args.to not in targets():
         raise ConfigError(f"--to must be one of {targets()}, got {args.to!r}", field="to")
@@ -701,7 +705,7 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
     if not is_url(dst) and not os.path.isdir(parent):
         raise NotFoundError("destination: the parent folder does not exist", path=dst, field="destination")
     if args.task is not None or args.tasks is not None:
-        return run_task(src, dst, args, log)     # the tasks share the destination folder
+        return run_task(srcs, dst, args, log)    # the tasks share the destination folder
     # before any work: an existing destination is refused (or, with --overwrite, replaced at the end)
     outputs = [(None, dst)] if weights is None else [(name, split_destination(dst, name, args.to))
                                                      for name, w in zip(SPLIT_NAMES, weights, strict=False) if w > 0]
@@ -714,9 +718,7 @@ def convert(src: str, dst: str, *, to: str, log: Callable[[str], None] = print, 
         raise ConfigError(f"--row-ids: {args.to} keeps no per-document metadata; use --to {' or '.join(ROW_TARGETS)}",
                           field="row_ids")
     t0 = time.perf_counter()
-    source = open_source(src, args.source_kind, text_field=args.field, split=args.documents, hf_split=args.hf_split,
-                         docs_per_shard=args.docs_per_shard, dtype=args.token_dtype, eod=args.eod_id,
-                         text_errors=args.text_errors, meta_fields=tuple(args.metadata_fields or ()))
+    source = _open(srcs, args)
     inputs = [f for f in source.files if not f.endswith(".idx")]
     if len(inputs) > 1:
         shown = ", ".join(os.path.basename(f) for f in inputs[:8]) + (", ..." if len(inputs) > 8 else "")
@@ -847,7 +849,13 @@ def _nonempty(chunks: Iterator[tuple[np.ndarray, np.ndarray]]) -> Iterator[tuple
         yield tokens, (lengths if lengths.size == 0 or int(lengths.min()) > 0 else lengths[lengths > 0])
 
 
-def run_task(src: str, dst: str, args: ConvertOptions, log: Callable[[str], None]) -> str:
+def _open(srcs: list[str], args: ConvertOptions) -> Any:
+    return open_sources(srcs, args.source_kind, text_field=args.field, split=args.documents, hf_split=args.hf_split,
+                        docs_per_shard=args.docs_per_shard, dtype=args.token_dtype, eod=args.eod_id,
+                        text_errors=args.text_errors, meta_fields=tuple(args.metadata_fields or ()))
+
+
+def run_task(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[[str], None]) -> str:
     """``convert --task I --tasks N``: task ``I``'s units of the inputs tokenized and written
     into ``dst`` as finished parts (:mod:`zerobatch.cli.tasks`); returns a summary."""
     import zerobatch.cli.tasks as TK
@@ -867,12 +875,10 @@ def run_task(src: str, dst: str, args: ConvertOptions, log: Callable[[str], None
                           ("--overwrite", args.overwrite or None)):
         if value is not None:
             raise ConfigError(f"{option}: not with --tasks", field="tasks")
-    source = open_source(src, args.source_kind, text_field=args.field, split=args.documents, hf_split=args.hf_split,
-                         docs_per_shard=args.docs_per_shard, dtype=args.token_dtype, eod=args.eod_id,
-                         text_errors=args.text_errors, meta_fields=tuple(args.metadata_fields or ()))
+    source = _open(srcs, args)
     if not isinstance(source, TextSource):
         raise ConfigError(f"--tasks: distributed preparation tokenizes text (JSONL, Parquet, text, HF); a "
-                          f"{source.kind} source is converted by one process", path=src, field="tasks")
+                          f"{source.kind} source is converted by one process", path=" ".join(srcs), field="tasks")
     t0 = time.perf_counter()
     tok, eod, bos = text_tokenizer(source, args)
     vocab = args.vocab_size if args.vocab_size is not None else tok.vocab_size
@@ -881,7 +887,7 @@ def run_task(src: str, dst: str, args: ConvertOptions, log: Callable[[str], None
                           "the same token type", field="vocab_size")
     units = TK.plan_units(source, args.unit_bytes)
     fp = source.fingerprint()
-    plan = {"version": 1, "tasks": args.tasks, "units": [u.to_list() for u in units],
+    plan = {"version": 1, "zerobatch": __version__, "tasks": args.tasks, "units": [u.to_list() for u in units],
             "metadata_fields": list(args.metadata_fields or ()),
             "source": fp, "tokenizer": tok.fingerprint,
             "eod": eod, "bos": bos, "vocab_size": vocab, "shard_tokens": args.shard_tokens}
@@ -901,10 +907,11 @@ def run_task(src: str, dst: str, args: ConvertOptions, log: Callable[[str], None
         if args.metadata_fields:
             TK.write_unit(dst, u, documents(lambda paths=paths: staged_chunks(paths)), vocab_size=vocab,
                           eod=eod if eod < vocab else None, shard_tokens=args.shard_tokens,
-                          metas=staged_meta(paths))
+                          metas=staged_meta(paths), build_seed=TK.unit_seed(plan, u))
         else:
             TK.write_unit(dst, u, chunks=_nonempty(staged_chunks(paths)), vocab_size=vocab,
-                          eod=eod if eod < vocab else None, shard_tokens=args.shard_tokens)
+                          eod=eod if eod < vocab else None, shard_tokens=args.shard_tokens,
+                          build_seed=TK.unit_seed(plan, u))
         shutil.rmtree(staging, ignore_errors=True)
         done += 1
     summary = (f"task {args.task} of {args.tasks}: units [{mine.start}, {mine.stop}) of {len(units)}: {done} "

@@ -414,8 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_convert(sub: Any) -> None:
     s = sub.add_parser("convert", help="convert text or token files into a zerobatch format (or export one to "
                        "Megatron or nanoGPT)")
-    s.add_argument("src", help="a file, a folder of files or a glob; a Hugging Face save_to_disk folder; a "
-                   "Megatron prefix (.bin or .idx)")
+    s.add_argument("src", nargs="+", help="a file, a folder of files or a glob; a Hugging Face save_to_disk folder; "
+                   "a Megatron prefix (.bin or .idx); several text sources of any kinds (JSONL, Parquet, text, HF) "
+                   "are read as one, in the order given")
     s.add_argument("dst", help="the file (llmbatch, llmchnk) or folder (tokstream, zrecord) to write")
     s.add_argument("--to", required=True, choices=targets(), metavar="FORMAT",
                    help=f"what to write ({', '.join(targets())}): {target_help()}")

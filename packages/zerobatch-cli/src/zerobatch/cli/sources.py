@@ -37,12 +37,14 @@ from zerobatch.formats.errors import ConfigError, CorruptError, NotFoundError, T
 __all__ = [
     "TEXT_KINDS",
     "TOKEN_KINDS",
+    "MixedTextSource",
     "TextSource",
     "TokenSource",
     "DatasetSource",
     "detect_kind",
     "documents",
     "open_source",
+    "open_sources",
 ]
 
 TEXT_KINDS = ("text", "jsonl", "parquet", "hf")
@@ -146,6 +148,10 @@ def detect_kind(path: str) -> str:
         if os.path.exists(os.path.join(p, "state.json")) or os.path.exists(os.path.join(p, "dataset_dict.json")):
             return "hf"
         names = os.listdir(p)
+        low_names = [n.lower() for n in names]
+        if any(n.endswith(".parquet") for n in low_names) and \
+                any(n.endswith((".jsonl", ".jsonl.gz", ".ndjson")) for n in low_names):
+            return "mixed"               # records of both kinds: every file, in name order
         for ext, kind in ((".parquet", "parquet"), (".jsonl", "jsonl"), (".jsonl.gz", "jsonl"), (".txt", "text"),
                           (".npy", "npy")):
             if any(n.lower().endswith(ext) for n in names):
@@ -263,6 +269,18 @@ class TextSource:
             self.total_work = total
         else:
             self.total_work = sum(os.path.getsize(f) for f in self.files)
+
+    def parts(self) -> list[TextSource]:
+        """The sources of one kind this one reads in turn (itself; a
+        :class:`MixedTextSource` its parts)."""
+        return [self]
+
+    def part_of(self, path: str) -> TextSource:
+        """The source of one kind that reads file ``path`` (one of :attr:`files`)."""
+        for part in self.parts():
+            if path in part.files:
+                return part
+        raise ConfigError(f"source: {path} is not one of this source's files", path=path, field="source")
 
     def fingerprint(self) -> dict[str, Any]:
         """What identifies the input: file names, sizes and modification times."""
@@ -503,6 +521,89 @@ class TextSource:
             row += 1
         if texts or work:
             yield texts, work, rows, metas if self.meta_fields else None
+
+
+@dataclass
+class MixedTextSource(TextSource):
+    """Text sources of several kinds (JSONL, Parquet, plain text, HF rows) read as one, part
+    after part: ``convert a.jsonl b.parquet docs/ DST``, or a folder holding JSONL and Parquet
+    files (each file a part, in name order).
+
+    Every option (``text_field``, ``meta_fields``, ...) applies to every part. Progress is
+    counted in input bytes: a Parquet part's rows count as its file's bytes, spread evenly.
+    """
+
+    members: list[TextSource] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            raise ConfigError("source: no input given", field="source")
+        self.kind, self.unit = "mixed", "B"
+        seen: dict[str, str] = {}
+        for part in self.members:
+            for f in part.files:
+                key = os.path.realpath(f)
+                if key in seen:
+                    raise ConfigError(f"source: {f} is given twice (also as {seen[key]}); each input is read once",
+                                      path=f, field="source")
+                seen[key] = f
+        self.files = [f for part in self.members for f in part.files]
+        self.meta_fields = self.members[0].meta_fields
+        self.total_work = sum(self._bytes(part) for part in self.members)
+
+    @staticmethod
+    def _bytes(part: TextSource) -> int:
+        return sum(os.path.getsize(f) for f in part.files) if part.unit == "rows" else part.total_work
+
+    def parts(self) -> list[TextSource]:
+        return list(self.members)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"kind": "mixed", "parts": [part.fingerprint() for part in self.members]}
+
+    def _documents(self) -> Iterator[tuple[str | None, int, bool]]:
+        for part in self.members:
+            # rows of Parquet counted as bytes of its files: the running total scaled, so the
+            # part adds up to its bytes exactly
+            scale = self._bytes(part) / part.total_work if part.unit == "rows" and part.total_work else 1.0
+            done = given = 0
+            for text, work, bad in part._documents():
+                done += work
+                step = round(done * scale) - given
+                given += step
+                self._meta = part._meta
+                yield text, step, bad
+
+
+def open_sources(paths: str | os.PathLike[str] | list[Any], kind: str | None,
+                 **options: Any) -> TextSource | TokenSource | DatasetSource:
+    """The source of ``paths``: one path as :func:`open_source` reads it; several text
+    sources (of any kinds) as one :class:`MixedTextSource`, read in the order given.
+
+    Raises:
+        ConfigError: several paths of which one is not a text source (token files and
+            zerobatch datasets convert one at a time).
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    paths = [os.fspath(p) for p in paths]
+    if not paths:
+        raise ConfigError("source: no input given", field="source")
+    if len(paths) == 1:
+        return open_source(paths[0], kind, **options)
+    parts: list[TextSource] = []
+    for p in paths:
+        src = open_source(p, kind, **options)
+        if not isinstance(src, TextSource):
+            raise ConfigError(f"source: several inputs combine only as text to tokenize (JSONL, Parquet, text, HF); "
+                              f"this {src.kind} source converts on its own", path=p, field="source")
+        parts += src.parts()
+    return MixedTextSource("mixed", " ".join(paths), members=parts, **_text_options(options))
+
+
+def _text_options(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items()
+            if k in ("text_field", "split", "hf_split", "docs_per_shard", "text_errors", "meta_fields")}
 
 
 def _pyarrow_parquet() -> Any:
@@ -795,10 +896,13 @@ def open_source(path: str, kind: str | None, **options: Any) -> TextSource | Tok
     kind = kind or detect_kind(path)
     if kind == "zerobatch":
         return DatasetSource(path, options.get("text_field") if options.get("text_field") != "text" else None)
+    if kind == "mixed":
+        files = _files(path, ("*.jsonl", "*.jsonl.gz", "*.ndjson", "*.parquet"))
+        return MixedTextSource("mixed", path, members=[
+            TextSource("parquet" if f.lower().endswith(".parquet") else "jsonl", f, **_text_options(options))
+            for f in files], **_text_options(options))
     if kind in TEXT_KINDS:
-        return TextSource(kind, path, **{k: v for k, v in options.items()
-                                         if k in ("text_field", "split", "hf_split", "docs_per_shard",
-                                                  "text_errors", "meta_fields")})
+        return TextSource(kind, path, **_text_options(options))
     if kind in TOKEN_KINDS:
         return TokenSource(kind, path, **{k: v for k, v in options.items() if k in ("dtype", "eod")})
     raise ConfigError(f"--from must be one of {TEXT_KINDS + TOKEN_KINDS}, got {kind!r}", field="from")

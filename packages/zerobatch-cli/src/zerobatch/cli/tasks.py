@@ -16,8 +16,8 @@ options, so tasks started with different inputs or options are refused.
 only their small ``shard.json`` files (no token is read), refuses while any unit is missing
 (naming the tasks to run again) and changes nothing then; once it succeeds the ``_parts`` folder
 goes and a second commit finds the dataset committed. The dataset is the same for any ``N``,
-shard for shard (shard names and contents depend on units, not tasks; each shard's build id
-is drawn when it is written), and holds the documents of a one-process ``convert`` in the same
+byte for byte (shard names and contents depend on units, not tasks; each shard's build id
+derives from the plan and the unit, see :func:`unit_seed`), and holds the documents of a one-process ``convert`` in the same
 order.
 """
 
@@ -64,7 +64,8 @@ def plan_units(source: TextSource, unit_bytes: int = DEFAULT_UNIT_BYTES) -> list
         raise ConfigError("--unit-bytes must be at least 1", field="unit_bytes")
     units: list[Unit] = []
     for f in source.files:
-        if source.kind == "parquet":
+        part = source.part_of(f)
+        if part.kind == "parquet":
             from zerobatch.cli.sources import _pyarrow_parquet
             try:
                 groups = _pyarrow_parquet().ParquetFile(f).metadata.num_row_groups
@@ -74,7 +75,7 @@ def plan_units(source: TextSource, unit_bytes: int = DEFAULT_UNIT_BYTES) -> list
             units += [Unit(f, (g, g + 1)) for g in range(groups)] or [Unit(f)]
             continue
         size = os.path.getsize(f)
-        splittable = (source.kind == "jsonl" or (source.kind == "text" and source.split == "line")) and \
+        splittable = (part.kind == "jsonl" or (part.kind == "text" and part.split == "line")) and \
             not f.endswith(".gz")
         if splittable and size > unit_bytes:
             units += [Unit(f, (a, min(a + unit_bytes, size))) for a in range(0, size, unit_bytes)]
@@ -89,11 +90,18 @@ def task_units(num_units: int, task: int, tasks: int) -> range:
 
 
 def unit_source(source: TextSource, unit: Unit) -> TextSource:
-    """``source`` restricted to ``unit``."""
-    sub = copy.copy(source)
+    """``source`` restricted to ``unit`` (a source of one kind)."""
+    sub = copy.copy(source.part_of(unit.file))
     sub.files, sub.span = [unit.file], unit.span
-    if unit.span is not None and source.kind != "parquet":
+    if sub.kind == "parquet":       # progress in rows
+        from zerobatch.cli.sources import _pyarrow_parquet
+        meta = _pyarrow_parquet().ParquetFile(unit.file).metadata
+        groups = range(meta.num_row_groups) if unit.span is None else range(*unit.span)
+        sub.total_work = sum(meta.row_group(g).num_rows for g in groups)
+    elif unit.span is not None:     # in bytes
         sub.total_work = unit.span[1] - unit.span[0]
+    else:
+        sub.total_work = os.path.getsize(unit.file)
     return sub
 
 
@@ -154,16 +162,19 @@ def clear_unit(dst: str, u: int) -> None:
 
 
 def write_unit(dst: str, u: int, documents: Any = (), *, vocab_size: int, eod: int | None, shard_tokens: int,
-               checksum_block: int = T.DEFAULT_CHECKSUM_BLOCK, metas: Any = None, chunks: Any = None
-               ) -> dict[str, Any]:
+               checksum_block: int = T.DEFAULT_CHECKSUM_BLOCK, metas: Any = None, chunks: Any = None,
+               build_seed: bytes | None = None) -> dict[str, Any]:
     """Unit ``u``'s ``documents`` (arrays of token ids; ``metas``: their metadata, in order) or
     ``chunks`` (``(tokens, lengths)`` of many documents each, without metadata: written in a
-    few calls) as shards ``part-<u>-<k>`` in ``dst``, then its record; returns the record."""
+    few calls) as shards ``part-<u>-<k>`` in ``dst``, then its record; returns the record.
+    ``build_seed``: the shards' build ids derive from it (see :class:`ShardWriter`), else
+    they are drawn."""
     from zerobatch.writers.tokstream import TokenStreamWriter
     clear_unit(dst, u)
     tmp = os.path.join(_parts(dst), f"unit-{u:06d}.tmp")
     w = TokenStreamWriter(tmp, vocab_size=vocab_size, eod_token=eod, shard_tokens=shard_tokens,
-                          prefix=f"part-{u:06d}-", checksum_block=checksum_block, metadata=metas is not None)
+                          prefix=f"part-{u:06d}-", checksum_block=checksum_block, metadata=metas is not None,
+                          build_seed=build_seed)
     docs = tokens = 0
     try:
         for toks, lens in chunks or ():
@@ -190,6 +201,14 @@ def write_unit(dst: str, u: int, documents: Any = (), *, vocab_size: int, eod: i
         f.write(json.dumps(record).encode("utf-8"))
     shutil.rmtree(tmp, ignore_errors=True)
     return record
+
+
+def unit_seed(plan: dict[str, Any], u: int) -> bytes:
+    """The build seed of unit ``u`` of ``plan``: the plan names everything that decides the
+    unit's contents (input files with sizes and times, tokenizer, options, version), so the
+    same unit is written with the same build ids by any task, any ``N``, any rerun."""
+    what = {k: v for k, v in plan.items() if k != "tasks"}       # the same for any number of tasks
+    return json.dumps([what, u], sort_keys=True).encode("utf-8")
 
 
 def read_plan(dst: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ Metadata is serialized by the dataset's codec: ``"json"`` (default; compact, sor
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -137,6 +138,10 @@ class ShardWriter:
         codec: the metadata serializer (``"json"``, ``"numpy"``, ``"bytes"``, ``"pickle"``).
         checksum_block: bytes per checksum block (a power of two from 512 to 16 MiB; default
             1 KiB): a reader checks, and a remote reader fetches, whole blocks.
+        build_seed: derive the shard's build id (which ties its files together, and which
+            caches key on) from this seed and ``name`` instead of drawing it at random: a
+            reproducible build. A seed must only ever name the same contents (derive it from
+            everything that decides them: inputs, tokenizer, options, version).
 
     Use as a context manager, or call :meth:`close` (commit) / :meth:`abort`.
 
@@ -147,7 +152,7 @@ class ShardWriter:
 
     def __init__(self, folder: str | os.PathLike[str], name: str, *, vocab_size: int, metadata: bool = False,
                  eod_token: int | None = None, codec: str = "json",
-                 checksum_block: int = T.DEFAULT_CHECKSUM_BLOCK) -> None:
+                 checksum_block: int = T.DEFAULT_CHECKSUM_BLOCK, build_seed: bytes | None = None) -> None:
         try:
             self.checksum_block = T.check_block(checksum_block)
         except FormatError as exc:
@@ -168,7 +173,11 @@ class ShardWriter:
         self.path = make_folder(os.path.join(os.path.abspath(os.fspath(folder)), name))
         if os.path.lexists(os.path.join(self.path, T.SHARD_MANIFEST_NAME)):
             raise ConfigError(f"name: shard {name!r} already exists in this dataset", path=self.path, field="name")
-        self._build = secrets.token_bytes(16)
+        if build_seed is not None and not isinstance(build_seed, bytes):
+            raise ConfigError("build_seed must be bytes", field="build_seed")
+        # a build id drawn at random, or derived from the seed and the name (reproducible builds)
+        self._build = secrets.token_bytes(16) if build_seed is None else \
+            hashlib.blake2b(name.encode("utf-8"), digest_size=16, key=hashlib.blake2b(build_seed).digest()).digest()
         self.dtype = np.dtype(T.record_dtype_descr(self.token_dtype, self.metadata))
         self.num_tokens = 0
         self.num_documents = 0
@@ -425,19 +434,21 @@ class TokenStreamWriter:
 
     Args:
         folder: the dataset folder.
-        vocab_size, metadata, eod_token, codec, checksum_block: as for :class:`ShardWriter`.
+        vocab_size, metadata, eod_token, codec, checksum_block, build_seed: as for
+            :class:`ShardWriter`.
         shard_tokens: start a new shard once the current one holds this many tokens.
         prefix: shard names are ``f"{prefix}{k:05d}"``.
     """
 
     def __init__(self, folder: str | os.PathLike[str], *, vocab_size: int, metadata: bool = False,
                  eod_token: int | None = None, codec: str = "json", shard_tokens: int = T.DEFAULT_SHARD_TOKENS,
-                 prefix: str = "shard-", checksum_block: int = T.DEFAULT_CHECKSUM_BLOCK) -> None:
+                 prefix: str = "shard-", checksum_block: int = T.DEFAULT_CHECKSUM_BLOCK,
+                 build_seed: bytes | None = None) -> None:
         if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
             raise ConfigError(f"shard_tokens must be a positive integer, got {shard_tokens!r}", field="shard_tokens")
         self.folder = make_folder(folder)
         self._kw = {"vocab_size": vocab_size, "metadata": metadata, "eod_token": eod_token, "codec": codec,
-                    "checksum_block": checksum_block}
+                    "checksum_block": checksum_block, "build_seed": build_seed}
         self.shard_tokens = shard_tokens
         if not isinstance(prefix, str) or not T._SHARD_NAME.match(prefix + "00000"):
             raise ConfigError(f"prefix: {prefix!r} does not make valid shard names", field="prefix")
