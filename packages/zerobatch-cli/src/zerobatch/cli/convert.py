@@ -868,9 +868,6 @@ def run_task(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[[str
         raise ConfigError(f"--task must be in [0, {args.tasks}), got {args.task!r}", field="task")
     if args.to != "tokstream":
         raise ConfigError(f"--tasks: distributed preparation writes --to tokstream (not {args.to})", field="to")
-    if is_url(dst):
-        raise ConfigError("--tasks: prepare into a local or shared folder, then publish it", path=redact(dst),
-                          field="destination")
     for option, value in (("--split", args.split), ("--row-ids", args.row_ids or None),
                           ("--overwrite", args.overwrite or None)):
         if value is not None:
@@ -892,29 +889,35 @@ def run_task(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[[str
             "source": fp, "tokenizer": tok.fingerprint,
             "eod": eod, "bos": bos, "vocab_size": vocab, "shard_tokens": args.shard_tokens}
     del tok
-    os.makedirs(dst, exist_ok=True)
-    TK.write_plan(dst, plan)
+    if not is_url(dst):
+        os.makedirs(dst, exist_ok=True)
+    d = TK.Destination(dst)
+    TK.write_plan(d, plan)
     mine = TK.task_units(len(units), args.task, args.tasks)
     done = skipped = 0
     for u in mine:
-        if TK.finished(dst, u) is not None:
+        if TK.finished(d, u) is not None:
             skipped += 1
             continue
         sub = TK.unit_source(source, units[u])
-        staging = os.path.join(dst, TK.PARTS_DIR, f"unit-{u:06d}.staging")
-        paths = tokenize_to_staging(sub, args.tokenizer, eod, staging, workers=args.workers, quiet=args.quiet,
-                                    log=log, bos=bos)
-        if args.metadata_fields:
-            TK.write_unit(dst, u, documents(lambda paths=paths: staged_chunks(paths)), vocab_size=vocab,
-                          eod=eod if eod < vocab else None, shard_tokens=args.shard_tokens,
-                          metas=staged_meta(paths), build_seed=TK.unit_seed(plan, u))
-        else:
-            TK.write_unit(dst, u, chunks=_nonempty(staged_chunks(paths)), vocab_size=vocab,
-                          eod=eod if eod < vocab else None, shard_tokens=args.shard_tokens,
-                          build_seed=TK.unit_seed(plan, u))
-        shutil.rmtree(staging, ignore_errors=True)
+        staging = d.scratch(f"unit-{u:06d}.staging")
+        try:
+            paths = tokenize_to_staging(sub, args.tokenizer, eod, staging, workers=args.workers, quiet=args.quiet,
+                                        log=log, bos=bos)
+            if args.metadata_fields:
+                TK.write_unit(d, u, documents(lambda paths=paths: staged_chunks(paths)), vocab_size=vocab,
+                              eod=eod if eod < vocab else None, shard_tokens=args.shard_tokens,
+                              metas=staged_meta(paths), build_seed=TK.unit_seed(plan, u))
+            else:
+                TK.write_unit(d, u, chunks=_nonempty(staged_chunks(paths)), vocab_size=vocab,
+                              eod=eod if eod < vocab else None, shard_tokens=args.shard_tokens,
+                              build_seed=TK.unit_seed(plan, u))
+        finally:
+            if d.remote:            # local staging (in _parts) stays for a rerun after a crash to resume
+                d.release(staging)
+        d.release(staging)
         done += 1
     summary = (f"task {args.task} of {args.tasks}: units [{mine.start}, {mine.stop}) of {len(units)}: {done} "
                f"written, {skipped} finished before")
-    log(f"{summary} in {time.perf_counter() - t0:.1f} s; when every task is done: zerobatch commit {dst}")
+    log(f"{summary} in {time.perf_counter() - t0:.1f} s; when every task is done: zerobatch commit {redact(dst)}")
     return summary

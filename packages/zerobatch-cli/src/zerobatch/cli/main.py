@@ -483,7 +483,7 @@ def cmd_commit(args: argparse.Namespace) -> int:
 
 def _add_commit(sub: Any) -> None:
     s = sub.add_parser("commit", help="assemble the dataset that convert --task/--tasks prepared (after every task)")
-    s.add_argument("dst", help="the destination folder the tasks wrote into")
+    s.add_argument("dst", help="the destination folder (or URL: s3://bucket/dataset) the tasks wrote into")
     s.set_defaults(func=cmd_commit)
 
 

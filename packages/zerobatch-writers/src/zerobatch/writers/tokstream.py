@@ -37,7 +37,7 @@ from zerobatch.core.io import AtomicFile, make_folder, read_document
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import ConfigError, FormatError, LimitExceededError, NotFoundError, ReadError
 
-__all__ = ["ShardWriter", "TokenStreamWriter", "assemble", "serialize_metadata"]
+__all__ = ["ShardWriter", "TokenStreamWriter", "assemble", "manifest_of", "serialize_metadata"]
 
 
 def serialize_metadata(obj: Any, codec: str) -> bytes:
@@ -401,15 +401,32 @@ def assemble(folder: str | os.PathLike[str], shards: Iterable[str] | None = None
     if not names:
         raise NotFoundError("no finished shard (a folder with shard.json) in the dataset", path=folder,
                             field="shards")
+    def records() -> Iterable[tuple[str, bytes, str]]:
+        for name in names:
+            path = os.path.join(folder, str(name), T.SHARD_MANIFEST_NAME)
+            try:
+                raw = read_document(path, limit=T.MAX_MANIFEST_BYTES, field="shard.json")
+            except NotFoundError:
+                raise NotFoundError(f"shard {name!r} has no shard.json (unfinished or missing)", path=path,
+                                    field="shards") from None
+            yield str(name), raw, path
+    manifest = manifest_of(records())
+    with AtomicFile(os.path.join(folder, T.MANIFEST_NAME)) as f:
+        f.write(json.dumps(manifest.to_dict(), indent=1).encode("utf-8"))
+    return manifest
+
+
+def manifest_of(shards: Iterable[tuple[str, bytes, Any]]) -> T.DatasetManifest:
+    """The dataset manifest of shards given as ``(name, shard.json bytes, where they came
+    from)`` in reading order (what :func:`assemble` writes; also for shards at a URL).
+
+    Raises:
+        FormatError: a ``shard.json`` that is damaged, names another shard, or disagrees with
+            the others (dtype, vocabulary, metadata, end-of-document token, codec).
+    """
     options: dict[str, Any] = {}
     entries = []
-    for name in names:
-        path = os.path.join(folder, str(name), T.SHARD_MANIFEST_NAME)
-        try:
-            raw = read_document(path, limit=T.MAX_MANIFEST_BYTES, field="shard.json")
-        except NotFoundError:
-            raise NotFoundError(f"shard {name!r} has no shard.json (unfinished or missing)", path=path,
-                                field="shards") from None
+    for name, raw, path in shards:
         opts, entry = T.parse_shard_manifest(raw, path=path)
         if entry.name != name:
             raise FormatError(f"shard.name: {entry.name!r} is not the folder's name {name!r}", path=path,
@@ -420,12 +437,11 @@ def assemble(folder: str | os.PathLike[str], shards: Iterable[str] | None = None
             raise FormatError(f"{diff[0]}: shard {name!r} has {opts.get(diff[0])!r} but the dataset has "
                               f"{options.get(diff[0])!r}", path=path, field=diff[0])
         entries.append(entry)
+    if not entries:
+        raise NotFoundError("no shard to assemble", field="shards")
     ids, record = T.build_id_material(options, entries)
     build_id = f"{xxh3_64(ids):016x}{xxh3_64(record):016x}"
-    manifest = T.DatasetManifest(shards=tuple(entries), build_id=build_id, **options)
-    with AtomicFile(os.path.join(folder, T.MANIFEST_NAME)) as f:
-        f.write(json.dumps(manifest.to_dict(), indent=1).encode("utf-8"))
-    return manifest
+    return T.DatasetManifest(shards=tuple(entries), build_id=build_id, **options)
 
 
 class TokenStreamWriter:

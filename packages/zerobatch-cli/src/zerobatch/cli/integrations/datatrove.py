@@ -48,7 +48,8 @@ class TokenStreamWriter(PipelineStep):
     holds none beyond a batch).
 
     Args:
-        output_folder: the dataset folder (local or shared), the same for every task.
+        output_folder: the dataset folder (local or shared) or URL (s3://bucket/dataset), the same
+            for every task.
         tokenizer: what ``zerobatch convert --tokenizer`` takes.
         eod_token: the end-of-document token (default: the tokenizer's, as ``convert`` finds
             it); ``eod_id``: its id instead.
@@ -66,7 +67,9 @@ class TokenStreamWriter(PipelineStep):
                  eod_id: int | None = None, batch_size: int = 1000, shard_tokens: int = DEFAULT_SHARD_TOKENS,
                  metadata_fields: Sequence[str] = ()) -> None:
         super().__init__()
-        self.output_folder = os.path.abspath(os.fspath(output_folder))
+        from zerobatch.core.remote import is_url
+        folder = os.fspath(output_folder)
+        self.output_folder = folder if is_url(folder) else os.path.abspath(folder)
         self.tokenizer = tokenizer
         self.eod_token, self.eod_id = eod_token, eod_id
         self.batch_size = batch_size
@@ -81,7 +84,6 @@ class TokenStreamWriter(PipelineStep):
         tok = load_tokenizer(self.tokenizer)
         eod = self.eod_id if self.eod_id is not None else find_eod(tok, self.eod_token, self.tokenizer)
         vocab = tok.vocab_size
-        os.makedirs(self.output_folder, exist_ok=True)
         TK.write_plan(self.output_folder, {
             "version": 1, "tasks": world_size, "units": [["datatrove task", [r, r + 1]] for r in range(world_size)],
             "source": {"engine": "datatrove"}, "tokenizer": tok.fingerprint, "eod": eod, "bos": None,

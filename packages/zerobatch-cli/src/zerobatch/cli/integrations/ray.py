@@ -36,7 +36,8 @@ class TokenStreamDatasink(Datasink):
     """See the module documentation.
 
     Args:
-        output_folder: the dataset folder, reached by every worker and the driver.
+        output_folder: the dataset folder (reached by every worker and the driver) or URL
+            (s3://bucket/dataset).
         tokenizer: what ``zerobatch convert --tokenizer`` takes.
         text_column: the column of the documents' text.
         eod_token, eod_id: the end-of-document token or id (default: the tokenizer's).
@@ -47,7 +48,9 @@ class TokenStreamDatasink(Datasink):
     def __init__(self, output_folder: str | os.PathLike[str], tokenizer: Any, *, text_column: str = "text",
                  eod_token: str | None = None, eod_id: int | None = None, shard_tokens: int = DEFAULT_SHARD_TOKENS,
                  metadata_columns: Sequence[str] = ()) -> None:
-        self.output_folder = os.path.abspath(os.fspath(output_folder))
+        from zerobatch.core.remote import is_url
+        folder = os.fspath(output_folder)
+        self.output_folder = folder if is_url(folder) else os.path.abspath(folder)
         self.tokenizer = tokenizer
         self.text_column = text_column
         self.eod_token, self.eod_id = eod_token, eod_id
@@ -68,13 +71,14 @@ class TokenStreamDatasink(Datasink):
         return tok, eod, tok.vocab_size
 
     def on_write_start(self, *args: Any, **kwargs: Any) -> None:
-        from zerobatch.cli.tasks import PARTS_DIR
+        from zerobatch.cli.tasks import Destination
         from zerobatch.formats import tokstream as T
         from zerobatch.formats.errors import ConfigError
-        if os.path.lexists(os.path.join(self.output_folder, T.MANIFEST_NAME)):
-            raise ConfigError("destination: a dataset is committed there already", path=self.output_folder,
+        d = Destination(self.output_folder)
+        if d.exists(T.MANIFEST_NAME):
+            raise ConfigError("destination: a dataset is committed there already", path=d.shown,
                               field="destination")
-        os.makedirs(os.path.join(self.output_folder, PARTS_DIR), exist_ok=True)
+        d.prepare()
 
     def write(self, blocks: Iterable[Any], ctx: Any) -> dict[str, Any]:
         import zerobatch.cli.tasks as TK
