@@ -17,7 +17,7 @@ from datatrove.executor import LocalPipelineExecutor  # noqa: E402
 from datatrove.pipeline.readers import JsonlReader  # noqa: E402
 
 from zerobatch.cli.convert import convert  # noqa: E402
-from zerobatch.cli.integrations.datatrove import TokenStreamWriter  # noqa: E402
+from zerobatch.cli.integrations.datatrove import TokenStreamCommit, TokenStreamWriter  # noqa: E402
 from zerobatch.cli.quickstart import bundled_text, train_tokenizer  # noqa: E402
 from zerobatch.cli.tasks import commit  # noqa: E402
 from zerobatch.formats.errors import ConfigError  # noqa: E402
@@ -81,7 +81,8 @@ def test_datatrove_tasks_write_the_documents_of_the_cli(tmp_path):
 
 def test_datatrove_tasks_write_into_object_storage(tmp_path, s3_endpoint, monkeypatch):
     """The same step with an s3:// output (a real S3 API server, moto): two tasks upload their
-    parts, commit puts the manifest; the documents are the CLI's."""
+    parts, then a dependent stage of TokenStreamCommit puts the manifest; the documents are
+    the CLI's."""
     from s3kit import new_bucket
     for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
                  "AWS_ENDPOINT_URL": s3_endpoint, "AWS_ALLOW_HTTP": "true",
@@ -91,8 +92,11 @@ def test_datatrove_tasks_write_into_object_storage(tmp_path, s3_endpoint, monkey
     cli = tmp_path / "cli"
     convert(str(src), str(cli), to="tokstream", tokenizer=tok, workers=1, quiet=True, log=lambda *_: None)
     url = f"s3://{new_bucket(s3_endpoint)}/dt"
-    LocalPipelineExecutor([JsonlReader(str(src)), TokenStreamWriter(url, tok, batch_size=64, shard_tokens=5000)],
-                          tasks=2, workers=1, logging_dir=str(tmp_path / "logs")).run()
-    commit(url, log=lambda *_: None)
+    tokenize = LocalPipelineExecutor([JsonlReader(str(src)), TokenStreamWriter(url, tok, batch_size=64,
+                                                                               shard_tokens=5000)],
+                                     tasks=2, workers=1, logging_dir=str(tmp_path / "logs"))
+    # the commit as a dependent datatrove stage (what a dependent Slurm job runs)
+    LocalPipelineExecutor([TokenStreamCommit(url)], tasks=1, logging_dir=str(tmp_path / "logs-commit"),
+                          depends=tokenize).run()
     got, want = documents(url), documents(cli)
     assert sorted(got) == sorted(want) and len(got) == len(want)

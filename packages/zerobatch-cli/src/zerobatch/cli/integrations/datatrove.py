@@ -17,8 +17,13 @@ the unit ``rank``: shards ``part-<rank>-<k>``, then its finished-unit record. A 
 (datatrove reruns the tasks it has not marked completed, ``skip_completed``) replaces its own
 unfinished shards and nothing else. ``commit`` (or ``zerobatch commit out/``) assembles the
 dataset from the parts in rank order, refusing while a task is missing. Under datatrove's
-Slurm or Ray executors the same step runs unchanged; the commit runs once after them (a
-dependent job).
+Slurm or Ray executors the same step runs unchanged; the commit runs once after them, as a
+dependent stage of :class:`TokenStreamCommit`::
+
+    tokenize = SlurmPipelineExecutor([JsonlReader("corpus/"), TokenStreamWriter("/shared/out", "tok.json")],
+                                     tasks=512, time="4:00:00", partition="cpu", logging_dir="logs/tok")
+    SlurmPipelineExecutor([TokenStreamCommit("/shared/out")], tasks=1, time="0:30:00", partition="cpu",
+                          logging_dir="logs/commit", depends=tokenize).run()
 
 Documents are tokenized in batches with the tokenizer ``convert`` takes (a Hugging Face
 ``tokenizer.json``, ``tiktoken:NAME``, a SentencePiece ``.model``), each followed by the
@@ -39,7 +44,7 @@ from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from zerobatch.formats.tokstream import DEFAULT_SHARD_TOKENS
 
-__all__ = ["TokenStreamWriter"]
+__all__ = ["TokenStreamCommit", "TokenStreamWriter"]
 
 
 class TokenStreamWriter(PipelineStep):
@@ -137,3 +142,33 @@ class TokenStreamWriter(PipelineStep):
             if self.metadata_fields:
                 metas.append({f: (doc.id if f == "id" else doc.metadata.get(f)) for f in self.metadata_fields})
             yield tokens
+
+
+class TokenStreamCommit(PipelineStep):
+    """The commit as a datatrove stage: a pipeline of this step alone, one task, run by an
+    executor that ``depends`` on the tokenizing one (a dependent Slurm job, or after the local
+    or Ray executor's tasks), assembles the dataset (:func:`zerobatch.cli.tasks.commit`).
+    Idempotent: datatrove running it again finds the dataset committed.
+
+    Args:
+        output_folder: the folder or URL the :class:`TokenStreamWriter` tasks wrote into.
+    """
+
+    name = "zerobatch commit"
+    type = "Writer"
+
+    def __init__(self, output_folder: str | os.PathLike[str]) -> None:
+        super().__init__()
+        from zerobatch.core.remote import is_url
+        folder = os.fspath(output_folder)
+        self.output_folder = folder if is_url(folder) else os.path.abspath(folder)
+
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        import zerobatch.cli.tasks as TK
+
+        if data:
+            yield from data
+        if rank == 0:
+            manifest = TK.commit(self.output_folder, log=lambda *_: None)
+            self.stat_update("shards", value=len(manifest.shards))
+            self.stat_update("tokens", value=manifest.num_tokens)
