@@ -1,4 +1,5 @@
-"""The resume matrix: the loader and its DataLoader-worker face, restored from every step, at
+"""The resume matrix, over next-token windows and packed documents: the loader and its
+DataLoader-worker face, restored from every step, at
 the epoch boundary, after a previous resume, on other world sizes, with 0 and 2 worker
 processes under fork, forkserver and spawn. Each must deliver every sample exactly once per
 epoch, in the order of an uninterrupted run."""
@@ -10,7 +11,7 @@ import multiprocessing
 import pytest
 import torch
 
-from zerobatch.adapters.torch import Loader, TokenWindows
+from zerobatch.adapters.torch import Loader, PackedDocuments, TokenWindows
 import zbtest
 from zbtest import token_stream
 
@@ -19,13 +20,19 @@ SEQ = 16
 G = 8          # global batch (items per step over all ranks)
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
+@pytest.fixture(scope="module", params=["windows", "packed"])
+def source(request, tmp_path_factory):
+    """Next-token windows, and whole documents packed into rows by best-fit decreasing (a
+    row's first token names it: the dataset's token at position p is p)."""
     folder, _ = token_stream(tmp_path_factory.mktemp("rm") / "d", n_tokens=2600)
+    if request.param == "packed":
+        return PackedDocuments(folder, SEQ, buffer=16, seed=5)
     return TokenWindows(folder, SEQ)
 
 
 def ids(batch) -> list[int]:
+    if isinstance(batch, dict):
+        return batch["input_ids"][:, 0].tolist()
     x = batch[0] if isinstance(batch, (tuple, list)) else batch
     return (x[:, 0] // SEQ).tolist()
 

@@ -1,0 +1,176 @@
+"""Whole documents of a TOKSTREAM dataset packed into rows of exactly ``seq_len`` tokens
+(``+ 1`` for next-token pairs), with the outputs of variable-length attention.
+
+The plan (which pieces of which documents fill which row) is made once when the source opens,
+by the compiled planner :func:`zerobatch.core.pack_plan` (GIL-free; about 0.1 s per million
+documents here), from the documents in a Feistel order of ``seed`` (or in dataset order), so it
+is the same in every process and every run: a loader's state holds its position among the rows
+only, never a buffer. The loader then shuffles, shards across ranks and resumes rows as it
+does windows (exact and elastic resume included).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from zerobatch.adapters.sources._base import IGNORE_INDEX, Array, Source, Value, check_pad_id, check_seq_len, open_reader
+from zerobatch.core import PACKING_ALGORITHMS, pack_plan
+from zerobatch.core.checks import check_count
+from zerobatch.formats.errors import ConfigError
+from zerobatch.samplers import GlobalRandomOrder
+
+__all__ = ["PackedDocuments"]
+
+
+class PackedDocuments(Source):
+    """Rows of whole documents of a TOKSTREAM dataset, packed without cutting them.
+
+    Args:
+        reader: the dataset folder (or URL), or an open
+            :class:`~zerobatch.readers.tokstream.TokenStreamReader`.
+        seq_len: input tokens per row.
+        next_token: rows of ``seq_len + 1`` tokens handed out as ``input_ids = row[:-1]`` and
+            ``labels`` (the next token, ``-100`` where it is padding or, with
+            ``mask_boundaries``, another document); else rows of ``seq_len`` tokens,
+            ``input_ids`` alone.
+        algorithm: ``"best-fit"`` (best-fit decreasing: each window's pieces longest first,
+            each into the fullest row that still holds it; the least padding), ``"first-fit"``
+            (each piece, in order, into the first row with room) or ``"concat"`` (documents
+            back to back, cut at row ends: no padding, documents split).
+        buffer: documents planned together (the look-ahead): more packs tighter.
+        seed: the order the documents are packed in (a Feistel permutation; ``None``: the
+            dataset's order). The loader shuffles the rows on top of it.
+        pad_id: the token of padding.
+        mask_boundaries: ``labels`` are ``-100`` where the next token starts another
+            document (no document is trained to predict the next one's first token).
+        position_dtype: ``int64`` or ``int32`` position ids.
+        verify: check chunk checksums on first read.
+
+    A document longer than a row is split, never dropped or truncated: its first tokens fill
+    whole rows, its rest is packed like a short document. Each step is a dict: ``input_ids``
+    (and ``labels``), ``position_ids`` (restarting at 0 at each piece of a document),
+    ``segment_ids`` (the piece's number in its row, ``-1`` on padding), ``attention_mask``
+    (``False`` on padding), and for the inputs of the whole step ``cu_seqlens`` (``int32``
+    starts of every piece, and of each row's padding, over the flattened batch, ending with
+    ``batch x seq_len``) and ``max_seqlen``, as variable-length attention kernels take them.
+
+    Attributes:
+        padding: the fraction of row tokens that are padding over the plan.
+        split_documents: documents cut over more than one row.
+    """
+
+    kind = "tokstream-packed"
+
+    def __init__(self, reader: Any, seq_len: int, *, next_token: bool = True, algorithm: str = "best-fit",
+                 buffer: int = 4096, seed: int | None = 0, pad_id: int = 0, mask_boundaries: bool = True,
+                 position_dtype: Any = np.int64, verify: bool = True) -> None:
+        super().__init__()
+        from zerobatch.readers.tokstream import TokenStreamReader
+        self.reader = open_reader(reader, TokenStreamReader, verify=verify)
+        self.seq_len = check_seq_len(seq_len)
+        self.next_token = bool(next_token)
+        self.capacity = self.seq_len + 1 if self.next_token else self.seq_len
+        if algorithm not in PACKING_ALGORITHMS:
+            raise ConfigError(f"algorithm must be one of {PACKING_ALGORITHMS}, got {algorithm!r}", field="algorithm")
+        self.algorithm = algorithm
+        self.buffer = check_count(buffer, "buffer", minimum=1)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise ConfigError(f"seed must be a non-negative integer or None, got {seed!r}", field="seed")
+        self.seed = None if seed is None else int(seed)
+        self.pad_id = check_pad_id(pad_id)
+        self.mask_boundaries = bool(mask_boundaries)
+        self.position_dtype = np.dtype(position_dtype)
+        if self.position_dtype not in (np.int64, np.int32):
+            raise ConfigError(f"position_dtype must be int64 or int32, got {self.position_dtype}",
+                              field="position_dtype")
+        self.stacked = False
+        inputs = slice(None, -1) if self.next_token else None
+        self.output = {"input_ids": Array("tokens", inputs), "position_ids": Array("position_ids", inputs),
+                       "segment_ids": Array("segment_ids", inputs), "attention_mask": Array("mask", inputs),
+                       "cu_seqlens": Array("cu_seqlens"), "max_seqlen": Value("max_seqlen")}
+        if self.next_token:
+            self.output["labels"] = Array("labels")
+        self._plan()
+        m = self.reader.manifest
+        self.fingerprint = (f"{m.build_id}:packed:{self.algorithm}:{self.capacity}:{self.buffer}:"
+                            f"{'none' if self.seed is None else self.seed}")
+
+    def _plan(self) -> None:
+        n = self.reader.num_documents
+        starts, stops = self.reader.document_spans(np.arange(n, dtype=np.int64))
+        order = (np.arange(n, dtype=np.int64) if self.seed is None or n < 2 else
+                 GlobalRandomOrder(n, seed=self.seed).items(0, np.arange(n, dtype=np.int64)))
+        lengths = (stops - starts)[order]
+        row_ptr, piece_doc, piece_offset, piece_len = pack_plan(lengths, self.capacity, self.buffer, self.algorithm)
+        self.row_ptr = row_ptr
+        self.piece_start = starts[order[piece_doc]] + piece_offset
+        self.piece_len = piece_len
+        self.num_items = row_ptr.size - 1
+        total = int(lengths.sum())
+        self.padding = 1.0 - total / (self.num_items * self.capacity) if self.num_items else 0.0
+        self.split_documents = int(np.count_nonzero(np.bincount(piece_doc, minlength=n) > 1))
+        if self.num_items == 0:
+            raise ConfigError("the dataset holds no tokens to pack", path=self.reader.path, field="documents")
+
+    def pieces(self, rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(token starts, lengths, row of each piece)`` of ``rows``' pieces, row after row."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        a, b = self.row_ptr[rows], self.row_ptr[rows + 1]
+        count = b - a
+        which = np.repeat(np.arange(rows.size), count)
+        before = np.cumsum(count) - count
+        idx = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(before - a, count)
+        return self.piece_start[idx], self.piece_len[idx], which
+
+    def prepare(self, items: np.ndarray) -> None:
+        """A dataset at a URL: these rows' tokens fetched in the background, steps ahead."""
+        if self.reader.remote:
+            starts, lens, _ = self.pieces(items)
+            self.reader.prefetch(starts, int(lens.max()) if lens.size else 1)
+
+    def read(self, items: np.ndarray, dtype: np.dtype) -> list[dict[str, Any]]:
+        return [self._step(items[s], dtype) for s in range(items.shape[0])]
+
+    def _step(self, rows: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
+        cap, seq = self.capacity, self.seq_len
+        starts, lens, which = self.pieces(rows)
+        n = rows.size
+        flat = self.reader.ranges(starts, starts + lens, dtype=dtype)
+        row_len = np.bincount(which, weights=lens, minlength=n).astype(np.int64)
+        mask = np.arange(cap)[None, :] < row_len[:, None]
+        tokens = np.full((n, cap), self.pad_id, dtype)
+        tokens[mask] = flat
+        # per token: its piece's number in the row and its place in the piece
+        first = np.ones(lens.size, bool)
+        first[1:] = which[1:] != which[:-1]
+        piece_no = np.arange(lens.size) - np.maximum.accumulate(np.where(first, np.arange(lens.size), 0))
+        piece_at = np.cumsum(lens) - lens
+        seg = np.full((n, cap), -1, np.int32)
+        seg[mask] = np.repeat(piece_no, lens)
+        pos = np.zeros((n, cap), self.position_dtype)
+        pos[mask] = np.arange(flat.size) - np.repeat(piece_at, lens)
+        out: dict[str, Any] = {"tokens": tokens, "segment_ids": seg, "position_ids": pos, "mask": mask}
+        if self.next_token:
+            labels = tokens[:, 1:].copy()
+            keep = mask[:, 1:]
+            if self.mask_boundaries:
+                keep &= seg[:, 1:] == seg[:, :-1]
+            labels[~keep] = IGNORE_INDEX
+            out["labels"] = labels
+        # cu_seqlens of the inputs (the first seq_len tokens of each row): every piece start
+        # inside them, and each row's padding as a segment of its own
+        piece_row_start = piece_at - np.repeat(np.cumsum(row_len) - row_len, np.bincount(which, minlength=n))
+        inside = piece_row_start < seq
+        bounds = [which[inside] * seq + piece_row_start[inside]]
+        padded = np.flatnonzero(row_len < seq)
+        bounds.append(padded * seq + row_len[padded])
+        cu = np.concatenate(bounds + [np.array([n * seq])]).astype(np.int64)
+        cu.sort()
+        out["cu_seqlens"] = cu.astype(np.int32)
+        out["max_seqlen"] = int(np.diff(cu).max()) if cu.size > 1 else 0
+        return out
+
+    def close(self) -> None:
+        self.reader.close()
