@@ -154,7 +154,7 @@ class PackedDocuments(Source):
         out: dict[str, Any] = {"tokens": tokens, "segment_ids": seg, "position_ids": pos, "mask": mask}
         if self.next_token:
             labels = tokens[:, 1:].copy()
-            keep = mask[:, 1:]
+            keep = mask[:, 1:].copy()
             if self.mask_boundaries:
                 keep &= seg[:, 1:] == seg[:, :-1]
             labels[~keep] = IGNORE_INDEX

@@ -1,0 +1,120 @@
+"""PackedDocuments: whole documents packed into rows. Over a whole plan every document token
+is in exactly one row, each row's segments are contiguous pieces of one document each, and
+labels, position_ids, segment_ids, the attention mask and cu_seqlens / max_seqlen agree with
+one another, for every algorithm, with and without next-token pairs; documents longer than a
+row are split, never dropped; the loader reads every row once per epoch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zerobatch.adapters.torch import Loader, PackedDocuments
+from zerobatch.formats.errors import ConfigError
+from zerobatch.writers.tokstream import TokenStreamWriter
+
+SEQ = 32
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """Documents of 1..200 tokens (some several rows long); the token at position p is p."""
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 200, 400)
+    lengths[:3] = [5 * SEQ + 7, SEQ + 1, 1]
+    folder = tmp_path_factory.mktemp("packed") / "d"
+    with TokenStreamWriter(folder, vocab_size=1 << 20, shard_tokens=3000) as w:
+        at = 0
+        for n in lengths.tolist():
+            w.add_document(np.arange(at, at + n))
+            at += n
+    return str(folder), lengths
+
+
+def rows_of(src, dtype=np.int64):
+    return src.read(np.arange(src.num_items, dtype=np.int64)[None, :], np.dtype(dtype))[0]
+
+
+@pytest.mark.parametrize("algorithm", ["best-fit", "first-fit", "concat"])
+@pytest.mark.parametrize("next_token", [True, False])
+def test_every_token_once_and_the_outputs_agree(dataset, algorithm, next_token):
+    folder, lengths = dataset
+    src = PackedDocuments(folder, SEQ, next_token=next_token, algorithm=algorithm, buffer=50, seed=3, pad_id=-7)
+    cap = SEQ + 1 if next_token else SEQ
+    out = rows_of(src)
+    tokens, seg, pos, mask = out["tokens"], out["segment_ids"], out["position_ids"], out["mask"]
+    assert tokens.shape == (src.num_items, cap)
+    real = tokens[mask]
+    assert np.array_equal(np.sort(real), np.arange(int(lengths.sum())))       # every token once
+    assert (tokens[~mask] == -7).all() and (seg[~mask] == -1).all()
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    doc_of = np.searchsorted(starts, real, side="right") - 1
+    flat_seg = seg[mask]
+    row_of = np.nonzero(mask)[0]
+    for r in range(src.num_items):
+        n = int(mask[r].sum())
+        assert mask[r, :n].all() and not mask[r, n:].any()                 # padding at the end only
+        if algorithm == "concat" and r < src.num_items - 1:
+            assert n == cap
+    # a segment: consecutive tokens of one document, positions from 0
+    for r in np.unique(row_of):
+        sel = row_of == r
+        t, s, d = real[sel], flat_seg[sel], doc_of[sel]
+        p = pos[r][mask[r]]
+        for k in np.unique(s):
+            piece = s == k
+            assert np.unique(d[piece]).size == 1
+            assert np.array_equal(t[piece], t[piece][0] + np.arange(piece.sum()))
+            assert np.array_equal(p[piece], np.arange(piece.sum()))
+        assert np.array_equal(np.unique(s), np.arange(s.max() + 1))
+    if next_token:
+        labels = out["labels"]
+        same = (seg[:, 1:] == seg[:, :-1]) & mask[:, 1:]
+        assert np.array_equal(labels[same], tokens[:, 1:][same]) and (labels[~same] == -100).all()
+    # cu_seqlens: the inputs' segment starts (and padding's) over the flattened batch
+    inputs_seg = seg[:, :SEQ]
+    cuts = [0]
+    for r in range(src.num_items):
+        row = inputs_seg[r]
+        cuts += [r * SEQ + i for i in range(1, SEQ) if row[i] != row[i - 1]]
+        cuts.append((r + 1) * SEQ)
+    assert out["cu_seqlens"].dtype == np.int32 and out["cu_seqlens"].tolist() == cuts
+    assert out["max_seqlen"] == int(np.diff(cuts).max())
+    # a document longer than a row is split into pieces, never dropped
+    assert src.split_documents >= 2
+    if algorithm != "concat":
+        assert np.count_nonzero(doc_of == 0) == lengths[0]
+
+
+def test_best_fit_pads_less_than_first_fit_and_the_plan_is_deterministic(dataset):
+    folder, _ = dataset
+    best = PackedDocuments(folder, SEQ, buffer=100)
+    first = PackedDocuments(folder, SEQ, algorithm="first-fit", buffer=100)
+    assert best.padding < first.padding and best.padding < 0.02
+    again = PackedDocuments(folder, SEQ, buffer=100)
+    assert np.array_equal(best.row_ptr, again.row_ptr) and np.array_equal(best.piece_start, again.piece_start)
+    other = PackedDocuments(folder, SEQ, buffer=100, seed=9)
+    assert other.fingerprint != best.fingerprint and not np.array_equal(best.piece_start, other.piece_start)
+
+
+def test_the_loader_reads_every_row_once_per_epoch(dataset):
+    folder, lengths = dataset
+    src = PackedDocuments(folder, SEQ, buffer=64)
+    seen = []
+    for batch in Loader(src, batch_size=8, tail="keep", seed=1):
+        assert set(batch) == {"input_ids", "labels", "position_ids", "segment_ids", "attention_mask", "cu_seqlens",
+                              "max_seqlen"}
+        assert batch["input_ids"].shape[1] == SEQ and batch["labels"].shape == batch["input_ids"].shape
+        assert batch["cu_seqlens"][-1] == batch["input_ids"].numel()
+        seen += batch["input_ids"][:, 0].tolist()
+    assert sorted(seen) == sorted(rows_of(src)["tokens"][:, 0].tolist())
+
+
+def test_bad_arguments_are_refused(dataset, tmp_path):
+    folder, _ = dataset
+    with pytest.raises(ConfigError, match="algorithm"):
+        PackedDocuments(folder, SEQ, algorithm="next-fit")
+    with pytest.raises(ConfigError, match="buffer"):
+        PackedDocuments(folder, SEQ, buffer=0)
+    with pytest.raises(ConfigError, match="seed"):
+        PackedDocuments(folder, SEQ, seed=-1)

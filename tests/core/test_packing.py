@@ -1,0 +1,90 @@
+"""The packing planner (zerobatch.core.pack_plan) against its pure-Python twin, and the
+properties of every plan: each document token in exactly one piece, rows of 1..capacity
+tokens, concat rows full but the last, and first-fit / best-fit rows no two of which (in one
+window) would fit in one row; best-fit decreasing never pads more than first-fit in total
+over many draws."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zerobatch.core import _packing
+from zerobatch.core._twins import packing as twin
+from zerobatch.formats.errors import ConfigError
+
+ALGORITHMS = ("concat", "first-fit", "best-fit")
+
+plans = st.tuples(st.lists(st.integers(0, 300), max_size=80), st.integers(1, 64), st.integers(1, 30),
+                  st.sampled_from(ALGORITHMS))
+
+
+def check_plan(lengths, capacity, buffer, algorithm, plan) -> None:
+    row_ptr, doc, off, n = plan
+    lengths = np.asarray(lengths, np.int64)
+    rows = row_ptr.size - 1
+    assert row_ptr[0] == 0 and (np.diff(row_ptr) >= 1).all() and row_ptr[-1] == doc.size
+    fill = np.add.reduceat(n, row_ptr[:-1]) if rows else np.zeros(0, np.int64)
+    assert (fill >= 1).all() and (fill <= capacity).all()
+    assert (n >= 1).all()
+    # every token of every document exactly once: the pieces of a document tile [0, L)
+    covered = np.zeros(int(lengths.sum()), np.int64)
+    base = np.concatenate([[0], np.cumsum(lengths)])
+    for d, a, k in zip(doc.tolist(), off.tolist(), n.tolist(), strict=True):
+        assert 0 <= a and a + k <= lengths[d]
+        covered[base[d] + a: base[d] + a + k] += 1
+    assert (covered == 1).all()
+    assert int(fill.sum()) == int(lengths.sum())
+    if algorithm == "concat":
+        assert (fill[:-1] == capacity).all()
+        return
+    # a row holds documents of one window; a document's pieces: its full rows, then its rest
+    window = doc // buffer
+    for r in range(rows):
+        assert np.unique(window[row_ptr[r]:row_ptr[r + 1]]).size == 1
+    # no two rows of one window (other than full-document rows) fit in one
+    part = [r for r in range(rows) if fill[r] < capacity]
+    by_window: dict[int, list[int]] = {}
+    for r in part:
+        by_window.setdefault(int(window[row_ptr[r]]), []).append(int(fill[r]))
+    for fills in by_window.values():
+        fills.sort()
+        if len(fills) > 1:
+            assert fills[0] + fills[1] > capacity
+
+
+@settings(max_examples=300, deadline=None)
+@given(plans)
+def test_the_compiled_planner_equals_its_twin_and_every_plan_holds(case):
+    lengths, capacity, buffer, algorithm = case
+    got = _packing.pack_plan(lengths, capacity, buffer, algorithm)
+    want = twin.pack_plan(lengths, capacity, buffer, algorithm)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == np.int64 and np.array_equal(a, b)
+    check_plan(lengths, capacity, buffer, algorithm, got)
+
+
+def test_best_fit_decreasing_pads_less_than_first_fit_on_a_realistic_mix():
+    rng = np.random.default_rng(0)
+    lengths = np.exp(rng.normal(np.log(600), 1.0, 20_000)).astype(np.int64).clip(1, 32_768)
+    pad = {}
+    for algorithm in ("first-fit", "best-fit"):
+        row_ptr, *_ = _packing.pack_plan(lengths, 2049, 1024, algorithm)
+        pad[algorithm] = (row_ptr.size - 1) * 2049 - int(lengths.sum())
+    assert pad["best-fit"] < pad["first-fit"] / 5
+
+
+@pytest.mark.parametrize("mod", [_packing, twin])
+def test_bad_arguments_are_refused(mod):
+    with pytest.raises(ConfigError, match="negative"):
+        mod.pack_plan([3, -1], 8)
+    with pytest.raises(ConfigError, match="capacity"):
+        mod.pack_plan([3], 0)
+    with pytest.raises(ConfigError, match="buffer"):
+        mod.pack_plan([3], 8, 0)
+    with pytest.raises(ConfigError, match="algorithm"):
+        mod.pack_plan([3], 8, 4, "worst-fit")
+    row_ptr, doc, off, n = mod.pack_plan([], 8)
+    assert row_ptr.tolist() == [0] and doc.size == off.size == n.size == 0
