@@ -88,3 +88,42 @@ def test_bad_arguments_are_refused(mod):
         mod.pack_plan([3], 8, 4, "worst-fit")
     row_ptr, doc, off, n = mod.pack_plan([], 8)
     assert row_ptr.tolist() == [0] and doc.size == off.size == n.size == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 90), min_size=1, max_size=40), st.integers(2, 40), st.integers(1, 9),
+       st.sampled_from(ALGORITHMS), st.sampled_from([np.int64, np.int32]), st.sampled_from([np.int64, np.int32]),
+       st.booleans(), st.booleans())
+def test_the_compiled_row_layout_equals_its_twin(lengths, capacity, buffer, algorithm, dtype, pos_dtype, labels,
+                                                 boundaries):
+    row_ptr, doc, off, n = _packing.pack_plan(lengths, capacity, buffer, algorithm)
+    rows = row_ptr.size - 1
+    if rows == 0:
+        return
+    which = np.repeat(np.arange(rows), np.diff(row_ptr))
+    flat = np.arange(int(n.sum()), dtype=dtype) + 5
+    seq = capacity - 1 if labels else capacity
+    outs = []
+    for mod in (_packing, twin):
+        arrays = (np.empty((rows, capacity), dtype), np.empty((rows, capacity), np.int32),
+                  np.empty((rows, capacity), pos_dtype), np.empty((rows, capacity), np.bool_),
+                  np.empty((rows, capacity - 1), dtype) if labels else None)
+        cu, longest = mod.pack_rows(flat, n, which, seq, *arrays, pad_id=-3, mask_boundaries=boundaries)
+        outs.append((arrays, cu.copy(), longest))
+    (a, cu_a, la), (b, cu_b, lb) = outs
+    for x, y in zip(a, b, strict=True):
+        assert (x is None and y is None) or np.array_equal(x, y)
+    assert np.array_equal(cu_a, cu_b) and la == lb and cu_a[-1] == rows * seq
+
+
+@pytest.mark.parametrize("mod", [_packing, twin])
+def test_a_layout_the_rows_cannot_hold_is_refused(mod):
+    def arrays(n, cap):
+        return (np.empty((n, cap), np.int64), np.empty((n, cap), np.int32), np.empty((n, cap), np.int64),
+                np.empty((n, cap), np.bool_))
+    flat = np.arange(10)
+    for lens, rows in (([5, 5], [0, 2]), ([5, 5], [1, 0]), ([9, 1], [0, 1]), ([5, 5], [0, 0])):
+        with pytest.raises(ConfigError):
+            mod.pack_rows(flat, lens, rows, 4, *arrays(2, 6))
+    with pytest.raises(ConfigError, match="flat"):
+        mod.pack_rows(flat, [5, 4], [0, 1], 4, *arrays(2, 6))

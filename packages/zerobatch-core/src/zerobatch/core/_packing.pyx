@@ -20,14 +20,23 @@
 #       [piece_offset[p], piece_offset[p] + piece_len[p]) of document piece_doc[p]; every
 #       token of every document is in exactly one piece; every row holds 1..capacity tokens.
 #     Time O(pieces x log(max(capacity, buffer))) plus O(capacity) once; no allocation.
+#   zb_pack_rows(flat, pieces..., n, capacity, seq_len, outputs...) -> cu_seqlens entries
+#     pre: flat holds the pieces' tokens back to back; piece_row is non-decreasing in [0, n)
+#          and every row has a piece; a row's pieces hold at most `capacity` tokens.
+#     post: row r of tokens holds its pieces in order, then pad_id; segment_ids the piece's
+#       number in the row (-1 on padding); position_ids the token's place in its piece (0 on
+#       padding); mask 1 on tokens; labels (capacity - 1 per row, when asked) the next token
+#       where it is a token (of the same piece, with mask_boundaries), else ignore_id;
+#       cu_seqlens the starts, over rows of seq_len inputs flattened, of every piece starting
+#       inside them and of every row's padding when it starts inside them, then n * seq_len.
 
-from libc.stdint cimport int64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
 
 import numpy as np
 
 from zerobatch.formats.errors import ConfigError
 
-__all__ = ["PACKING_ALGORITHMS", "pack_plan"]
+__all__ = ["PACKING_ALGORITHMS", "pack_plan", "pack_rows"]
 
 #: The packing algorithms, by name (their codes are their places).
 PACKING_ALGORITHMS = ("concat", "first-fit", "best-fit")
@@ -292,3 +301,144 @@ def pack_plan(lengths, capacity, buffer=1024, algorithm="best-fit"):
     used = int(np.asarray(row_ptr)[rows]) if rows else 0
     return (np.asarray(row_ptr)[:rows + 1].copy(), np.asarray(piece_doc)[:used].copy(),
             np.asarray(piece_offset)[:used].copy(), np.asarray(piece_len)[:used].copy())
+
+
+cdef inline void put(void *base, bint wide, int64_t i, int64_t v) noexcept nogil:
+    if wide:
+        (<int64_t *>base)[i] = v
+    else:
+        (<int32_t *>base)[i] = <int32_t>v
+
+
+cdef inline int64_t get(const void *base, bint wide, int64_t i) noexcept nogil:
+    if wide:
+        return (<const int64_t *>base)[i]
+    return (<const int32_t *>base)[i]
+
+
+cdef int64_t zb_pack_rows(const void *flat, bint wide, const int64_t *plen, const int64_t *prow, int64_t p,
+                          int64_t n, int64_t cap, int64_t seq, int64_t pad_id, void *tokens, int32_t *seg,
+                          void *pos, bint pos_wide, uint8_t *mask, void *labels, int64_t ignore_id,
+                          bint mask_boundaries, int32_t *cu, int64_t *longest) noexcept nogil:
+    cdef int64_t q = 0, f = 0, r, c, k, j, at, ncu = 0, best = 0
+    for r in range(n):
+        c = 0
+        k = 0
+        at = r * cap
+        while q < p and prow[q] == r:
+            if plen[q] < 1 or c + plen[q] > cap:
+                return -1
+            if c < seq:
+                cu[ncu] = <int32_t>(r * seq + c)
+                ncu += 1
+            for j in range(plen[q]):
+                put(tokens, wide, at + c, get(flat, wide, f))
+                seg[at + c] = <int32_t>k
+                put(pos, pos_wide, at + c, j)
+                mask[at + c] = 1
+                c += 1
+                f += 1
+            k += 1
+            q += 1
+        if k == 0:
+            return -1                     # an empty row, or pieces out of row order
+        if c < seq:
+            cu[ncu] = <int32_t>(r * seq + c)
+            ncu += 1
+        while c < cap:
+            put(tokens, wide, at + c, pad_id)
+            seg[at + c] = -1
+            put(pos, pos_wide, at + c, 0)
+            mask[at + c] = 0
+            c += 1
+        if labels != NULL:
+            for c in range(cap - 1):
+                if mask[at + c + 1] and (not mask_boundaries or seg[at + c + 1] == seg[at + c]):
+                    put(labels, wide, r * (cap - 1) + c, get(tokens, wide, at + c + 1))
+                else:
+                    put(labels, wide, r * (cap - 1) + c, ignore_id)
+    if q != p:
+        return -1                         # pieces of rows beyond n, or out of order
+    cu[ncu] = <int32_t>(n * seq)
+    ncu += 1
+    for j in range(1, ncu):
+        if cu[j] - cu[j - 1] > best:
+            best = cu[j] - cu[j - 1]
+    longest[0] = best
+    return ncu
+
+
+def _c_array(a, dtypes, ndim, name):
+    if not isinstance(a, np.ndarray) or a.dtype not in dtypes or a.ndim != ndim or not a.flags.c_contiguous \
+            or not a.flags.writeable:
+        raise ConfigError(f"pack_rows: {name} must be a writable C-contiguous {ndim}-D array of "
+                          f"{' or '.join(str(np.dtype(d)) for d in dtypes)}", field=name)
+
+
+def pack_rows(flat, piece_len, piece_row, int64_t seq_len, tokens, segment_ids, position_ids, mask, labels=None,
+              cu_seqlens=None, int64_t pad_id=0, int64_t ignore_id=-100, bint mask_boundaries=True):
+    """Lay packed rows out in one pass, GIL released (see the contract above).
+
+    Args:
+        flat: the pieces' tokens back to back (``int64`` or ``int32``, the dtype of ``tokens``).
+        piece_len, piece_row: each piece's length and row (rows non-decreasing, each row
+            holding a piece and at most ``tokens.shape[1]`` tokens).
+        seq_len: input tokens per row (``cu_seqlens`` covers them).
+        tokens: ``[n, capacity]`` output; ``segment_ids`` ``int32 [n, capacity]``;
+            ``position_ids`` ``int64`` / ``int32 [n, capacity]``; ``mask`` ``bool [n, capacity]``;
+            ``labels`` ``None`` or ``[n, capacity - 1]`` of ``tokens``' dtype.
+        cu_seqlens: ``int32`` output of at least ``pieces + n + 1`` entries (default: made).
+
+    Returns:
+        ``(cu_seqlens[:count], max_seqlen)``.
+
+    Raises:
+        ConfigError: an unfit array or a plan the rows cannot hold.
+    """
+    _c_array(tokens, (np.int64, np.int32), 2, "tokens")
+    n, cap = tokens.shape
+    _c_array(segment_ids, (np.int32,), 2, "segment_ids")
+    _c_array(position_ids, (np.int64, np.int32), 2, "position_ids")
+    _c_array(mask, (np.bool_, np.uint8), 2, "mask")
+    for name, a in (("segment_ids", segment_ids), ("position_ids", position_ids), ("mask", mask)):
+        if a.shape != (n, cap):
+            raise ConfigError(f"pack_rows: {name} is {a.shape}, not {(n, cap)}", field=name)
+    if labels is not None:
+        _c_array(labels, (tokens.dtype,), 2, "labels")
+        if labels.shape != (n, cap - 1):
+            raise ConfigError(f"pack_rows: labels is {labels.shape}, not {(n, cap - 1)}", field="labels")
+    f = np.ascontiguousarray(flat, dtype=tokens.dtype).reshape(-1)
+    cdef const int64_t[::1] plen = np.ascontiguousarray(piece_len, dtype=np.int64).reshape(-1)
+    cdef const int64_t[::1] prow = np.ascontiguousarray(piece_row, dtype=np.int64).reshape(-1)
+    cdef int64_t p = plen.shape[0]
+    if prow.shape[0] != p:
+        raise ConfigError("pack_rows: piece_len and piece_row differ in length", field="piece_row")
+    lens = np.asarray(plen)
+    if (p == 0) != (n == 0) or int(lens.sum()) != f.size:
+        raise ConfigError(f"pack_rows: flat holds {f.size} tokens, the pieces {int(lens.sum())}", field="flat")
+    if not 0 <= seq_len <= cap or n * seq_len >= 2 ** 31:
+        raise ConfigError(f"pack_rows: seq_len {seq_len} does not fit rows of {cap} (or int32 cu_seqlens)",
+                          field="seq_len")
+    if tokens.dtype == np.int32 and not (-2**31 <= pad_id < 2**31 and -2**31 <= ignore_id < 2**31):
+        raise ConfigError("pack_rows: pad_id or ignore_id does not fit int32", field="pad_id")
+    if cu_seqlens is None:
+        cu_seqlens = np.empty(p + n + 1, np.int32)
+    _c_array(cu_seqlens, (np.int32,), 1, "cu_seqlens")
+    if cu_seqlens.size < p + n + 1:
+        raise ConfigError(f"pack_rows: cu_seqlens holds {cu_seqlens.size}, needs {p + n + 1}", field="cu_seqlens")
+    cdef bint wide = tokens.dtype == np.int64
+    cdef bint pos_wide = position_ids.dtype == np.int64
+    cdef Py_ssize_t flat_addr = f.ctypes.data, tok_addr = tokens.ctypes.data, pos_addr = position_ids.ctypes.data
+    cdef Py_ssize_t seg_addr = segment_ids.ctypes.data, mask_addr = mask.ctypes.data, cu_addr = cu_seqlens.ctypes.data
+    cdef Py_ssize_t lab_addr = 0 if labels is None else labels.ctypes.data
+    cdef int64_t count = 0, longest = 0
+    cdef int64_t nn = n, cc = cap
+    with nogil:
+        count = zb_pack_rows(<const void *>flat_addr, wide, &plen[0] if p else NULL, &prow[0] if p else NULL, p,
+                             nn, cc, seq_len, pad_id, <void *>tok_addr, <int32_t *>seg_addr, <void *>pos_addr,
+                             pos_wide, <uint8_t *>mask_addr, <void *>lab_addr, ignore_id, mask_boundaries,
+                             <int32_t *>cu_addr, &longest)
+    if count < 0:
+        raise ConfigError("pack_rows: the pieces do not lay out as rows (a row empty or over capacity, rows out "
+                          "of order, or an empty piece)", field="piece_row")
+    return cu_seqlens[:count], int(longest)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from zerobatch.adapters.sources._base import IGNORE_INDEX, Array, Source, Value, check_pad_id, check_seq_len, open_reader
-from zerobatch.core import PACKING_ALGORITHMS, pack_plan
+from zerobatch.core import PACKING_ALGORITHMS, pack_plan, pack_rows
 from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError
 from zerobatch.samplers import GlobalRandomOrder
@@ -134,42 +134,20 @@ class PackedDocuments(Source):
         return [self._step(items[s], dtype) for s in range(items.shape[0])]
 
     def _step(self, rows: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
-        cap, seq = self.capacity, self.seq_len
+        cap, n = self.capacity, rows.size
         starts, lens, which = self.pieces(rows)
-        n = rows.size
         flat = self.reader.ranges(starts, starts + lens, dtype=dtype)
-        row_len = np.bincount(which, weights=lens, minlength=n).astype(np.int64)
-        mask = np.arange(cap)[None, :] < row_len[:, None]
-        tokens = np.full((n, cap), self.pad_id, dtype)
-        tokens[mask] = flat
-        # per token: its piece's number in the row and its place in the piece
-        first = np.ones(lens.size, bool)
-        first[1:] = which[1:] != which[:-1]
-        piece_no = np.arange(lens.size) - np.maximum.accumulate(np.where(first, np.arange(lens.size), 0))
-        piece_at = np.cumsum(lens) - lens
-        seg = np.full((n, cap), -1, np.int32)
-        seg[mask] = np.repeat(piece_no, lens)
-        pos = np.zeros((n, cap), self.position_dtype)
-        pos[mask] = np.arange(flat.size) - np.repeat(piece_at, lens)
-        out: dict[str, Any] = {"tokens": tokens, "segment_ids": seg, "position_ids": pos, "mask": mask}
-        if self.next_token:
-            labels = tokens[:, 1:].copy()
-            keep = mask[:, 1:].copy()
-            if self.mask_boundaries:
-                keep &= seg[:, 1:] == seg[:, :-1]
-            labels[~keep] = IGNORE_INDEX
+        tokens = self._buffer((n, cap), dtype)
+        seg = self._buffer((n, cap), np.dtype(np.int32))
+        pos = self._buffer((n, cap), self.position_dtype)
+        mask = self._buffer((n, cap), np.dtype(np.bool_))
+        labels = self._buffer((n, cap - 1), dtype) if self.next_token else None
+        cu, longest = pack_rows(flat, lens, which, self.seq_len, tokens, seg, pos, mask, labels, pad_id=self.pad_id,
+                                ignore_id=IGNORE_INDEX, mask_boundaries=self.mask_boundaries)
+        out: dict[str, Any] = {"tokens": tokens, "segment_ids": seg, "position_ids": pos, "mask": mask,
+                               "cu_seqlens": cu.copy(), "max_seqlen": longest}
+        if labels is not None:
             out["labels"] = labels
-        # cu_seqlens of the inputs (the first seq_len tokens of each row): every piece start
-        # inside them, and each row's padding as a segment of its own
-        piece_row_start = piece_at - np.repeat(np.cumsum(row_len) - row_len, np.bincount(which, minlength=n))
-        inside = piece_row_start < seq
-        bounds = [which[inside] * seq + piece_row_start[inside]]
-        padded = np.flatnonzero(row_len < seq)
-        bounds.append(padded * seq + row_len[padded])
-        cu = np.concatenate(bounds + [np.array([n * seq])]).astype(np.int64)
-        cu.sort()
-        out["cu_seqlens"] = cu.astype(np.int32)
-        out["max_seqlen"] = int(np.diff(cu).max()) if cu.size > 1 else 0
         return out
 
     def close(self) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from zerobatch.formats.errors import ConfigError
 
-__all__ = ["PACKING_ALGORITHMS", "pack_plan"]
+__all__ = ["PACKING_ALGORITHMS", "pack_plan", "pack_rows"]
 
 PACKING_ALGORITHMS = ("concat", "first-fit", "best-fit")
 
@@ -87,3 +87,77 @@ def pack_plan(lengths: Any, capacity: int, buffer: int = 1024,
     flat = [piece for r in rows for piece in r]
     cols = np.array(flat, np.int64).reshape(-1, 3)
     return row_ptr, cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy()
+
+
+def _c_array(a: Any, dtypes: tuple, ndim: int, name: str) -> None:
+    if not isinstance(a, np.ndarray) or a.dtype not in dtypes or a.ndim != ndim or not a.flags.c_contiguous \
+            or not a.flags.writeable:
+        raise ConfigError(f"pack_rows: {name} must be a writable C-contiguous {ndim}-D array of "
+                          f"{' or '.join(str(np.dtype(d)) for d in dtypes)}", field=name)
+
+
+def pack_rows(flat: Any, piece_len: Any, piece_row: Any, seq_len: int, tokens: np.ndarray, segment_ids: np.ndarray,
+              position_ids: np.ndarray, mask: np.ndarray, labels: np.ndarray | None = None,
+              cu_seqlens: np.ndarray | None = None, pad_id: int = 0, ignore_id: int = -100,
+              mask_boundaries: bool = True) -> tuple[np.ndarray, int]:
+    """Lay packed rows out (see the compiled twin)."""
+    _c_array(tokens, (np.int64, np.int32), 2, "tokens")
+    n, cap = tokens.shape
+    _c_array(segment_ids, (np.int32,), 2, "segment_ids")
+    _c_array(position_ids, (np.int64, np.int32), 2, "position_ids")
+    _c_array(mask, (np.bool_, np.uint8), 2, "mask")
+    for name, a in (("segment_ids", segment_ids), ("position_ids", position_ids), ("mask", mask)):
+        if a.shape != (n, cap):
+            raise ConfigError(f"pack_rows: {name} is {a.shape}, not {(n, cap)}", field=name)
+    if labels is not None:
+        _c_array(labels, (tokens.dtype,), 2, "labels")
+        if labels.shape != (n, cap - 1):
+            raise ConfigError(f"pack_rows: labels is {labels.shape}, not {(n, cap - 1)}", field="labels")
+    f = np.ascontiguousarray(flat, dtype=tokens.dtype).reshape(-1)
+    lens = np.ascontiguousarray(piece_len, dtype=np.int64).reshape(-1)
+    rows = np.ascontiguousarray(piece_row, dtype=np.int64).reshape(-1)
+    p = lens.size
+    if rows.size != p:
+        raise ConfigError("pack_rows: piece_len and piece_row differ in length", field="piece_row")
+    if p and (lens.min() < 1 or rows.min() < 0 or rows.max() >= n or (np.diff(rows) < 0).any()
+              or np.unique(rows).size != n or np.bincount(rows, weights=lens, minlength=n).max() > cap):
+        raise ConfigError("pack_rows: the pieces do not lay out as rows (a row empty or over capacity, rows out "
+                          "of order, or an empty piece)", field="piece_row")
+    if (p == 0) != (n == 0) or int(lens.sum()) != f.size:
+        raise ConfigError(f"pack_rows: flat holds {f.size} tokens, the pieces {int(lens.sum())}", field="flat")
+    if not 0 <= seq_len <= cap or n * seq_len >= 2 ** 31:
+        raise ConfigError(f"pack_rows: seq_len {seq_len} does not fit rows of {cap} (or int32 cu_seqlens)",
+                          field="seq_len")
+    if tokens.dtype == np.int32 and not (-2**31 <= pad_id < 2**31 and -2**31 <= ignore_id < 2**31):
+        raise ConfigError("pack_rows: pad_id or ignore_id does not fit int32", field="pad_id")
+    if cu_seqlens is None:
+        cu_seqlens = np.empty(p + n + 1, np.int32)
+    _c_array(cu_seqlens, (np.int32,), 1, "cu_seqlens")
+    if cu_seqlens.size < p + n + 1:
+        raise ConfigError(f"pack_rows: cu_seqlens holds {cu_seqlens.size}, needs {p + n + 1}", field="cu_seqlens")
+    row_len = np.bincount(rows, weights=lens, minlength=n).astype(np.int64)
+    m = np.arange(cap)[None, :] < row_len[:, None]
+    tokens[...] = pad_id
+    tokens[m] = f
+    first = np.ones(p, bool)
+    first[1:] = rows[1:] != rows[:-1]
+    number = np.arange(p) - np.maximum.accumulate(np.where(first, np.arange(p), 0))
+    at = np.cumsum(lens) - lens                                   # each piece's first token in flat
+    segment_ids[...] = -1
+    segment_ids[m] = np.repeat(number, lens)
+    position_ids[...] = 0
+    position_ids[m] = np.arange(f.size) - np.repeat(at, lens)
+    mask[...] = m
+    if labels is not None:
+        keep = m[:, 1:].copy()
+        if mask_boundaries:
+            keep &= segment_ids[:, 1:] == segment_ids[:, :-1]
+        labels[...] = np.where(keep, tokens[:, 1:], ignore_id)
+    # piece starts within their rows, and each row's padding start, inside the inputs
+    in_row = at - np.repeat(np.cumsum(row_len) - row_len, np.bincount(rows, minlength=n))
+    cuts = [rows[in_row < seq_len] * seq_len + in_row[in_row < seq_len]]
+    padded = np.flatnonzero(row_len < seq_len)
+    cuts.append(padded * seq_len + row_len[padded])
+    cu = np.sort(np.concatenate(cuts + [np.array([n * seq_len])]))
+    cu_seqlens[:cu.size] = cu
+    return cu_seqlens[:cu.size], int(np.diff(cu).max()) if cu.size > 1 else 0
