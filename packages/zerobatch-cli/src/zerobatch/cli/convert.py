@@ -116,6 +116,9 @@ class ConvertOptions:
             per unit of work.
         metadata_fields: text to tokstream: fields of each JSONL record (columns of Parquet or
             HF rows) kept as the document's metadata (``{"id": ..., "url": ...}``).
+        chat: JSONL conversations (``messages``: role/content) to tokstream, rendered with the
+            tokenizer folder's chat template, with a loss mask (:mod:`zerobatch.cli.chat`).
+        chat_roles: the roles whose tokens the loss mask keeps (default: assistant).
     """
 
     to: str
@@ -148,6 +151,8 @@ class ConvertOptions:
     tasks: int | None = None
     unit_bytes: int = 64 << 20
     metadata_fields: tuple[str, ...] | None = None
+    chat: bool = False
+    chat_roles: tuple[str, ...] | None = None
 
     def replace(self, **changes: Any) -> ConvertOptions:
         return ConvertOptions(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes})
@@ -705,7 +710,11 @@ def convert(src: str | os.PathLike[str] | list[Any], dst: str, *, to: str, log: 
     if not is_url(dst) and not os.path.isdir(parent):
         raise NotFoundError("destination: the parent folder does not exist", path=dst, field="destination")
     if args.task is not None or args.tasks is not None:
+        if args.chat:
+            raise ConfigError("--chat: chat data is converted by one process (not with --tasks)", field="chat")
         return run_task(srcs, dst, args, log)    # the tasks share the destination folder
+    if args.chat or args.chat_roles:
+        return convert_chat(srcs, dst, args, log)
     # before any work: an existing destination is refused (or, with --overwrite, replaced at the end)
     outputs = [(None, dst)] if weights is None else [(name, split_destination(dst, name, args.to))
                                                      for name, w in zip(SPLIT_NAMES, weights, strict=False) if w > 0]
@@ -920,4 +929,97 @@ def run_task(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[[str
     summary = (f"task {args.task} of {args.tasks}: units [{mine.start}, {mine.stop}) of {len(units)}: {done} "
                f"written, {skipped} finished before")
     log(f"{summary} in {time.perf_counter() - t0:.1f} s; when every task is done: zerobatch commit {redact(dst)}")
+    return summary
+
+
+def _chat_records(srcs: list[str], field: str) -> Iterator[tuple[str, int, Any]]:
+    """``(file, line number, messages)`` of the JSONL conversations of ``srcs``."""
+    from zerobatch.cli.sources import _files, _open_bytes
+    for src in srcs:
+        for path in _files(src, ("*.jsonl", "*.jsonl.gz", "*.ndjson", "*.json")):
+            with _open_bytes(path) as f:
+                for lineno, raw in enumerate(f, 1):
+                    if not raw.strip():
+                        continue
+                    try:
+                        obj = json.loads(raw)
+                    except ValueError as exc:
+                        raise CorruptError(f"line {lineno}: not valid JSON ({exc})", path=path,
+                                           field=f"line {lineno}") from None
+                    if not isinstance(obj, dict) or field not in obj:
+                        raise CorruptError(f"line {lineno}: no field {field!r} (a list of messages; choose it with "
+                                           f"--field)", path=path, field=field)
+                    yield path, lineno, obj[field]
+
+
+def convert_chat(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[[str], None]) -> str:
+    """``convert --chat``: JSONL conversations into a TOKSTREAM dataset (one document per
+    conversation, rendered with the tokenizer folder's chat template) and its loss mask
+    (``DST/loss_mask``, see :mod:`zerobatch.cli.chat`); returns the summary."""
+    from zerobatch.cli.chat import DEFAULT_ROLES, ChatTemplate
+    from zerobatch.readers.tokstream import LOSS_MASK_DIR
+    from zerobatch.writers.tokstream import TokenStreamWriter
+
+    if args.to != "tokstream":
+        raise ConfigError(f"--chat: chat data is written --to tokstream (not {args.to}), with its loss mask",
+                          field="to")
+    for option, value in (("--split", args.split), ("--row-ids", args.row_ids or None),
+                          ("--metadata-fields", args.metadata_fields or None)):
+        if value is not None:
+            raise ConfigError(f"{option}: not with --chat", field="chat")
+    if not isinstance(args.tokenizer, (str, os.PathLike)):
+        raise ConfigError("--chat: --tokenizer must be a Hugging Face tokenizer folder (tokenizer.json and "
+                          "tokenizer_config.json with its chat_template)", field="tokenizer")
+    chat = ChatTemplate(args.tokenizer, args.chat_roles or DEFAULT_ROLES)
+    field = "messages" if args.field == "text" else args.field
+    if not is_url(dst):
+        check_destination(dst, "folder", args.overwrite)
+    else:
+        from zerobatch.writers.remote import check_remote_destination
+        check_remote_destination(dst, args.overwrite)
+    t0 = time.perf_counter()
+    counts = {"conversations": 0, "tokens": 0, "trained": 0, "empty": 0}
+
+    def build(folder: str) -> str:
+        w = TokenStreamWriter(folder, vocab_size=chat.vocab_size, shard_tokens=args.shard_tokens)
+        m = TokenStreamWriter(os.path.join(folder, LOSS_MASK_DIR), vocab_size=2, shard_tokens=args.shard_tokens)
+        try:
+            for path, lineno, messages in _chat_records(srcs, field):
+                ids, mask = chat.encode(messages, where=f"{os.path.basename(path)} line {lineno}")
+                if not ids.size:
+                    counts["empty"] += 1
+                    continue
+                w.add_document(ids)
+                m.add_document(mask.astype(np.uint16))
+                counts["conversations"] += 1
+                counts["tokens"] += int(ids.size)
+                counts["trained"] += int(mask.sum())
+            if not counts["conversations"]:
+                raise ConfigError("source: no conversation to convert", path=" ".join(srcs), field="source")
+        except BaseException:
+            w.abort()
+            m.abort()
+            raise
+        m.close()
+        w.close()
+        return (f"wrote {redact(dst)} (tokstream, chat): {counts['conversations']:,} conversations, "
+                f"{counts['tokens']:,} tokens, {counts['trained']:,} of them trained on "
+                f"({', '.join(chat.roles)}) in {time.perf_counter() - t0:.1f} s")
+
+    if is_url(dst):
+        from zerobatch.writers.remote import publish_tokstream
+        tmp = tempfile.mkdtemp(prefix="zerobatch-chat-")
+        try:
+            summary = build(os.path.join(tmp, "dataset"))
+            # the mask first, then the dataset: its manifest is the switch readers open
+            publish_tokstream(os.path.join(tmp, "dataset", LOSS_MASK_DIR), f"{dst.rstrip('/')}/{LOSS_MASK_DIR}",
+                              overwrite=args.overwrite)
+            publish_tokstream(os.path.join(tmp, "dataset"), dst, overwrite=args.overwrite)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        summary = build_folder(dst, build, overwrite=args.overwrite)
+    if counts["empty"]:
+        log(f"skipped {counts['empty']:,} conversations that render to no tokens")
+    log(summary)
     return summary

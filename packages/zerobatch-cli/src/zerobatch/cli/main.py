@@ -468,6 +468,11 @@ def _add_convert(sub: Any) -> None:
     s.add_argument("--task", type=_nonnegative, help="distributed preparation: this is task I (from 0) of --tasks; "
                    "it writes its share of the inputs as finished parts; then run zerobatch commit DST")
     s.add_argument("--tasks", type=_positive, help="distributed preparation: the number of tasks")
+    s.add_argument("--chat", action="store_true", help="JSONL conversations (a 'messages' list of role/content) "
+                   "to tokstream: rendered with the --tokenizer folder's chat template, one document per "
+                   "conversation, with a per-token loss mask (DST/loss_mask)")
+    s.add_argument("--chat-roles", type=_names, help="with --chat: the roles whose tokens are trained on, comma-"
+                   "separated (default: assistant)")
     s.add_argument("--unit-bytes", type=_positive, default=64 << 20,
                    help="distributed preparation: bytes of a large JSONL or line-split text file per unit of work "
                    "(default 64 MiB; Parquet files split by row group)")

@@ -62,7 +62,10 @@ from zerobatch.readers.remote import DEFAULT_CACHE_LIMIT, DEFAULT_FETCH_THREADS,
     cache_root
 from zerobatch.readers.base import BatchReader, OpensOnFirstUse
 
-__all__ = ["TokenStreamReader", "VerifyReport", "WindowMetadata"]
+__all__ = ["LOSS_MASK_DIR", "TokenStreamReader", "VerifyReport", "WindowMetadata", "open_loss_mask"]
+
+#: The folder of a chat dataset's loss mask (a TOKSTREAM dataset of 0/1 per token, ``convert --chat``).
+LOSS_MASK_DIR = "loss_mask"
 
 #: The files read through the storage backend (the index files and digests are small and
 #: mapped at open); with metadata, ``metadata.bin`` gets a quarter of ``max_open_files``.
@@ -955,3 +958,30 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
     def __repr__(self) -> str:
         return (f"TokenStreamReader({self.folder!r}, tokens={getattr(self, 'num_tokens', '?')}, "
                 f"documents={getattr(self, 'num_documents', '?')}, shards={len(self._shards)})")
+
+
+def open_loss_mask(reader: TokenStreamReader) -> TokenStreamReader:
+    """The loss mask of the chat dataset ``reader`` reads (``<dataset>/loss_mask``: a
+    TOKSTREAM dataset of one 0/1 per token, written by ``convert --chat``), checked to have
+    the dataset's shards and documents.
+
+    Raises:
+        NotFoundError: the dataset has no loss mask (not converted with ``--chat``).
+        CorruptError: a mask of another dataset.
+    """
+    remote = reader._store is not None
+    base = reader._store.root if reader._store is not None else reader.folder
+    path = f"{base.rstrip('/')}/{LOSS_MASK_DIR}" if remote else os.path.join(base, LOSS_MASK_DIR)
+    options = {k: v for k, v in reader._remote_options.items() if v is not None} if remote else {}
+    try:
+        mask = TokenStreamReader(path, verify=reader.verify_checksums, **options)
+    except NotFoundError:
+        raise NotFoundError("loss_mask: the dataset has no loss mask (convert chat data with --chat)", path=path,
+                            field="loss_mask") from None
+    theirs = [(s.num_tokens, s.num_documents) for s in mask.manifest.shards]
+    ours = [(s.num_tokens, s.num_documents) for s in reader.manifest.shards]
+    if theirs != ours:
+        mask.close()
+        raise CorruptError("loss_mask: its shards and documents differ from the dataset's (a mask of another "
+                           "dataset)", path=path, field="loss_mask")
+    return mask

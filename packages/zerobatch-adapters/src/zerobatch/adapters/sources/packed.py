@@ -46,6 +46,8 @@ class PackedDocuments(Source):
         mask_boundaries: ``labels`` are ``-100`` where the next token starts another
             document (no document is trained to predict the next one's first token).
         position_dtype: ``int64`` or ``int32`` position ids.
+        loss_mask: ``labels`` are also ``-100`` where the dataset's loss mask
+            (``convert --chat``) is off: only the trained roles' tokens are targets.
         verify: check chunk checksums on first read.
 
     A document longer than a row is split, never dropped or truncated: its first tokens fill
@@ -65,10 +67,12 @@ class PackedDocuments(Source):
 
     def __init__(self, reader: Any, seq_len: int, *, next_token: bool = True, algorithm: str = "best-fit",
                  buffer: int = 4096, seed: int | None = 0, pad_id: int = 0, mask_boundaries: bool = True,
-                 position_dtype: Any = np.int64, verify: bool = True) -> None:
+                 position_dtype: Any = np.int64, loss_mask: bool = False, verify: bool = True) -> None:
         super().__init__()
+        from zerobatch.adapters.sources.tokstream import _loss_mask
         from zerobatch.readers.tokstream import TokenStreamReader
         self.reader = open_reader(reader, TokenStreamReader, verify=verify)
+        self.mask_reader = _loss_mask(self.reader, loss_mask, next_token)
         self.seq_len = check_seq_len(seq_len)
         self.next_token = bool(next_token)
         self.capacity = self.seq_len + 1 if self.next_token else self.seq_len
@@ -144,6 +148,10 @@ class PackedDocuments(Source):
         labels = self._buffer((n, cap - 1), dtype) if self.next_token else None
         cu, longest = pack_rows(flat, lens, which, self.seq_len, tokens, seg, pos, mask, labels, pad_id=self.pad_id,
                                 ignore_id=IGNORE_INDEX, mask_boundaries=self.mask_boundaries)
+        if self.mask_reader is not None and labels is not None:
+            keep = np.zeros((n, cap), np.int32)
+            keep[mask] = self.mask_reader.ranges(starts, starts + lens, dtype=np.int32)
+            labels[keep[:, 1:] == 0] = IGNORE_INDEX
         out: dict[str, Any] = {"tokens": tokens, "segment_ids": seg, "position_ids": pos, "mask": mask,
                                "cu_seqlens": cu.copy(), "max_seqlen": longest}
         if labels is not None:
@@ -152,3 +160,5 @@ class PackedDocuments(Source):
 
     def close(self) -> None:
         self.reader.close()
+        if self.mask_reader is not None:
+            self.mask_reader.close()

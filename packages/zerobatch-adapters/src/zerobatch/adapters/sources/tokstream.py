@@ -32,20 +32,24 @@ class TokenWindows(Source):
         metadata: also hand out ``metadata_ids`` (``int32`` per input token, -1 where none)
             and ``metadata`` (the distinct objects, decoded on access).
         position_dtype: ``int64`` or ``int32`` position ids.
+        loss_mask: ``labels`` are ``-100`` where the dataset's loss mask (``convert --chat``)
+            is off: only the tokens of the trained roles are targets.
         verify: check chunk checksums on first read.
 
-    With ``boundaries`` or ``metadata`` a step is a dict (``input_ids``, ``labels`` or
-    ``input_ids`` alone, and the extras); otherwise the tokens, or the ``(x, y)`` pair.
+    With ``boundaries``, ``metadata`` or ``loss_mask`` a step is a dict (``input_ids``,
+    ``labels`` or ``input_ids`` alone, and the extras); otherwise the tokens, or the
+    ``(x, y)`` pair.
     """
 
     kind = "tokstream-windows"
 
     def __init__(self, reader: Any, seq_len: int, *, next_token: bool = True, stride: int | None = None,
                  boundaries: bool = False, metadata: bool = False, position_dtype: Any = np.int64,
-                 verify: bool = True) -> None:
+                 loss_mask: bool = False, verify: bool = True) -> None:
         super().__init__()
         from zerobatch.readers.tokstream import TokenStreamReader
         self.reader = open_reader(reader, TokenStreamReader, verify=verify)
+        self.mask_reader = _loss_mask(self.reader, loss_mask, next_token)
         self.seq_len = check_seq_len(seq_len)
         self.next_token = bool(next_token)
         self.length = self.seq_len + 1 if self.next_token else self.seq_len
@@ -56,7 +60,7 @@ class TokenWindows(Source):
         if self.position_dtype not in (np.int64, np.int32):
             raise ConfigError(f"position_dtype must be int64 or int32, got {self.position_dtype}",
                               field="position_dtype")
-        self.stacked = not (self.boundaries or self.metadata)
+        self.stacked = not (self.boundaries or self.metadata or self.mask_reader is not None)
         self.output = self._output()
         self.num_items = self.reader.num_windows(self.length, self.stride)
         self.fingerprint = self.reader.manifest.build_id
@@ -72,7 +76,7 @@ class TokenWindows(Source):
         if self.metadata:
             out.update(metadata_ids=Array("metadata_ids"), metadata=Value("metadata"))
         if self.next_token:
-            out.update(input_ids=tokens[0], labels=tokens[1])
+            out.update(input_ids=tokens[0], labels=Array("labels") if self.mask_reader is not None else tokens[1])
         else:
             out["input_ids"] = tokens
         return out
@@ -108,6 +112,11 @@ class TokenWindows(Source):
                             max_seqlen=int(longest))
             else:
                 step["tokens"] = reader.windows(st, length, dtype=dtype)
+            if self.mask_reader is not None:
+                keep = self.mask_reader.windows(st, length, dtype=np.int32)[:, 1:]
+                labels = step["tokens"][:, 1:].copy()
+                labels[keep == 0] = IGNORE_INDEX
+                step["labels"] = labels
             if self.metadata:
                 meta = reader.windows_metadata(st, inputs)
                 step.update(metadata_ids=meta.ids, metadata=meta.objects)
@@ -116,6 +125,18 @@ class TokenWindows(Source):
 
     def close(self) -> None:
         self.reader.close()
+        if self.mask_reader is not None:
+            self.mask_reader.close()
+
+
+def _loss_mask(reader: Any, loss_mask: bool, next_token: bool) -> Any:
+    """The loss-mask reader of ``reader``'s chat dataset when ``loss_mask``, else None."""
+    if not loss_mask:
+        return None
+    if not next_token:
+        raise ConfigError("loss_mask: the mask turns off labels; it needs next_token=True", field="loss_mask")
+    from zerobatch.readers.tokstream import open_loss_mask
+    return open_loss_mask(reader)
 
 
 class TokenDocuments(Source):
@@ -127,6 +148,8 @@ class TokenDocuments(Source):
         pad_id: the token written into padding.
         next_token: hand out ``input_ids = t[:, :-1]`` and ``labels = t[:, 1:]`` (padding
             labelled ``-100``, the ignore index of ``cross_entropy``); else ``input_ids``.
+        loss_mask: ``labels`` are also ``-100`` where the dataset's loss mask
+            (``convert --chat``) is off.
 
     Each step is a dict with ``input_ids``, ``attention_mask`` (bool) and, for next-token
     pairs, ``labels``.
@@ -135,10 +158,11 @@ class TokenDocuments(Source):
     kind = "tokstream-documents"
 
     def __init__(self, reader: Any, width: int, *, pad_id: int = 0, next_token: bool = True,
-                 verify: bool = True) -> None:
+                 loss_mask: bool = False, verify: bool = True) -> None:
         super().__init__()
         from zerobatch.readers.tokstream import TokenStreamReader
         self.reader = open_reader(reader, TokenStreamReader, verify=verify)
+        self.mask_reader = _loss_mask(self.reader, loss_mask, next_token)
         self.width = check_count(width, "width", minimum=2 if next_token else 1)
         self.pad_id = check_pad_id(pad_id)
         self.next_token = bool(next_token)
@@ -185,6 +209,11 @@ class TokenDocuments(Source):
         mask = self._buffer((flat.size, width), np.dtype(np.bool_))
         labels = self._buffer((flat.size, width), dtype) if self.next_token else None
         pad_rows(tokens, lengths, self.pad_id, mask, labels, IGNORE_INDEX)
+        if self.mask_reader is not None and labels is not None:
+            keep = np.zeros((flat.size, width), np.int32)
+            keep[np.arange(width)[None, :] < lengths[:, None]] = self.mask_reader.ranges(starts, starts + lengths,
+                                                                                       dtype=np.int32)
+            labels[keep == 0] = IGNORE_INDEX
         out = {"tokens": tokens.reshape(steps, per, width), "mask": mask.reshape(steps, per, width)}
         if labels is not None:
             out["labels"] = labels.reshape(steps, per, width)
@@ -192,3 +221,5 @@ class TokenDocuments(Source):
 
     def close(self) -> None:
         self.reader.close()
+        if self.mask_reader is not None:
+            self.mask_reader.close()

@@ -1,0 +1,161 @@
+"""convert --chat: conversations rendered with the tokenizer folder's chat template give the ids
+of transformers' apply_chat_template token for token, and a loss mask equal to its assistant
+mask (the {% generation %} marks), for conversations of system, user, assistant and tool
+messages, empty messages and unicode (hypothesis); the mask is stored beside the tokens and
+the loaders turn it into labels of -100."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("jinja2")
+transformers = pytest.importorskip("transformers")
+
+from zerobatch.cli.chat import ChatTemplate  # noqa: E402
+from zerobatch.cli.convert import convert  # noqa: E402
+from zerobatch.cli.quickstart import bundled_text, train_tokenizer  # noqa: E402
+from zerobatch.formats.errors import ConfigError, CorruptError  # noqa: E402
+from zerobatch.readers.tokstream import TokenStreamReader, open_loss_mask  # noqa: E402
+
+CHATML = ("{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+          "{%- if message['role'] == 'assistant' %}{% generation %}{{ (message['content'] or '') + '<|im_end|>\\n' }}"
+          "{% endgeneration %}{%- else %}{{ (message['content'] or '') + '<|im_end|>\\n' }}{%- endif %}"
+          "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
+LLAMA = ("{{ bos_token }}{%- for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
+         "'<|end_header_id|>\\n\\n' }}{%- if message['role'] == 'assistant' %}{% generation %}"
+         "{{ message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}{%- else %}"
+         "{{ message['content'] | trim + '<|eot_id|>' }}{%- endif %}{%- endfor %}"
+         "{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}")
+
+
+def make_tokenizer(folder, template, specials):
+    from tokenizers import Tokenizer
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "t.txt").write_text(bundled_text()[:60_000])
+    train_tokenizer(str(folder / "t.txt"), 400, str(folder / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_special_tokens(list(specials.values()))
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"chat_template": template, "tokenizer_class": "PreTrainedTokenizerFast", **specials}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def chatml(tmp_path_factory):
+    return make_tokenizer(tmp_path_factory.mktemp("chatml"), CHATML,
+                          {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": "<|im_start|>"})
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return make_tokenizer(tmp_path_factory.mktemp("llama"), LLAMA,
+                          {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+                           "pad_token": "<|start_header_id|>", "unk_token": "<|end_header_id|>"})
+
+
+def reference(folder, messages):
+    """transformers' ids and assistant mask."""
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    return list(out["input_ids"]), list(out["assistant_masks"])
+
+
+texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool"]),
+                                           "content": st.one_of(texts, st.sampled_from(["", "héllo wörld ✓ 你好 🙂"]))}),
+                    min_size=1, max_size=6)
+
+
+@pytest.mark.parametrize("which", ["chatml", "llama"])
+def test_ids_and_mask_equal_transformers_on_random_conversations(which, request):
+    folder = request.getfixturevalue(which)
+    chat = ChatTemplate(folder)
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(messages)
+    def check(msgs):
+        ids, mask = chat.encode(msgs)
+        want_ids, want_mask = reference(folder, msgs)
+        assert ids.tolist() == want_ids
+        assert mask.tolist() == want_mask
+    check()
+
+
+def test_roles_choose_what_is_trained_on(chatml):
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"}, {"role": "tool", "content": "{\"t\": 21}"},
+            {"role": "assistant", "content": "It is 21."}]
+    ids, only = ChatTemplate(chatml).encode(msgs)
+    _, both = ChatTemplate(chatml, roles=("assistant", "tool")).encode(msgs)
+    assert only.sum() > 0 and both.sum() > only.sum() and (both >= only).all()
+    tok = transformers.AutoTokenizer.from_pretrained(chatml)
+    assert tok.decode(ids[only.astype(bool)].tolist()) == "Hello!<|im_end|>\nIt is 21.<|im_end|>\n"
+
+
+def test_convert_chat_writes_the_mask_and_the_loaders_use_it(chatml, tmp_path):
+    from zerobatch.adapters.torch import Loader, PackedDocuments, TokenDocuments, TokenWindows
+    convs = [[{"role": "user", "content": f"question {i} " * (i % 5 + 1)},
+              {"role": "assistant", "content": f"answer {i} ✓ " * (i % 3 + 1)}] for i in range(60)]
+    src = tmp_path / "chat.jsonl"
+    src.write_text("".join(json.dumps({"messages": m}) + "\n" for m in convs) + "\n")
+    dst = tmp_path / "ds"
+    r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "convert", str(src), str(dst), "--to", "tokstream",
+                        "--tokenizer", chatml, "--chat"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "60 conversations" in r.stdout, r.stderr
+    chat = ChatTemplate(chatml)
+    with TokenStreamReader(dst) as reader, open_loss_mask(reader) as mask:
+        assert reader.num_documents == 60
+        for i in (0, 17, 59):
+            ids, m = chat.encode(convs[i])
+            assert reader.document(i).tolist() == ids.tolist() and mask.document(i).tolist() == m.tolist()
+    r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "verify", str(dst)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    def trained(reader, mask):
+        """The (token, next token) pairs the mask trains on: next token masked in."""
+        pairs = set()
+        for i in range(reader.num_documents):
+            t, m = reader.document(i), mask.document(i)
+            pairs |= {(int(t[j]), int(t[j + 1]), i) for j in range(t.size - 1) if m[j + 1]}
+        return pairs
+    for src_ in (PackedDocuments(str(dst), 64, loss_mask=True, buffer=8),
+                 TokenDocuments(str(dst), 80, loss_mask=True), TokenWindows(str(dst), 48, loss_mask=True)):
+        kept = masked = 0
+        for b in Loader(src_, batch_size=4, tail="keep", shuffle=False):
+            y = b["labels"]
+            kept += int((y != -100).sum())
+            masked += int((y == -100).sum())
+        assert kept > 0 and masked > 0, type(src_).__name__
+    # the packed rows' labels keep exactly the masked-in next tokens (each once)
+    with TokenStreamReader(dst) as reader, open_loss_mask(reader) as mask:
+        want = sum(int(mask.document(i)[1:].sum()) for i in range(reader.num_documents))
+    got = 0
+    for b in Loader(PackedDocuments(str(dst), 64, loss_mask=True, buffer=8), batch_size=4, tail="keep"):
+        got += int((b["labels"] != -100).sum())
+    assert got <= want and got >= want - 60 * 2     # a split conversation loses its cut's label
+
+
+def test_bad_chat_inputs_are_refused(chatml, tmp_path):
+    src = tmp_path / "bad.jsonl"
+    src.write_text(json.dumps({"messages": "not a list"}) + "\n")
+    with pytest.raises(CorruptError, match="messages"):
+        convert(str(src), str(tmp_path / "o"), to="tokstream", tokenizer=chatml, chat=True, log=lambda *_: None)
+    src.write_text(json.dumps({"text": "no messages"}) + "\n")
+    with pytest.raises(CorruptError, match="no field 'messages'"):
+        convert(str(src), str(tmp_path / "o"), to="tokstream", tokenizer=chatml, chat=True, log=lambda *_: None)
+    with pytest.raises(ConfigError, match="--chat"):
+        convert(str(src), str(tmp_path / "o"), to="llmbatch", tokenizer=chatml, chat=True, log=lambda *_: None)
+    odd = tmp_path / "odd"
+    make_tokenizer(odd, "{{ messages | length }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+                   {"eos_token": "<|im_end|>"})
+    with pytest.raises(ConfigError, match="not a prefix"):
+        ChatTemplate(str(odd)).encode([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
