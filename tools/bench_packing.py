@@ -5,6 +5,9 @@ decreasing over all documents, as ``NumpyPackedFSLDataset``) and Grain's
 real tokens per second through the loader of packed rows against whole documents padded to
 the row width (``TokenDocuments``), on the same dataset.
 
+Also whole documents flat (no padding, ``cu_seqlens``) against slicing each document out of an
+``np.memmap`` (``--only-flat`` runs that alone).
+
 Document lengths: lognormal with a median of 600 tokens (sigma 1.1), at most 32,768. Documents
 longer than a row are cut into row-sized fragments plus a rest for every packer alike (zerobatch
 does so itself; OLMo-core's ``long_doc_strategy="fragment"`` and Grain's truncation would
@@ -25,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -134,6 +138,93 @@ def loader_rate(seq_len: int, docs: int, batch: int, seconds: float) -> dict:
     return out
 
 
+def flat_rate(docs: int, batch_docs: int, budget: int, seconds: float) -> dict:
+    """Real tokens/s of whole documents flat: zerobatch's FlatDocuments (a document count per
+    step, and a token budget) against slicing each document out of an ``np.memmap`` of the
+    same tokens and concatenating them (what a map-style ``Dataset.__getitem__`` returning
+    ``mm[start:end]`` and a flattening collate do), in one process."""
+    import torch
+    from zerobatch.adapters.torch import FlatDocuments, Loader
+    from zerobatch.writers.tokstream import TokenStreamWriter
+    lengths = lengths_of(docs, seed=3)
+    tmp = tempfile.mkdtemp(prefix="zb-flat-")
+    rng = np.random.default_rng(4)
+    tokens = rng.integers(1, 50_000, int(lengths.sum()), dtype=np.int64).astype(np.uint16)
+    folder = os.path.join(tmp, "d")
+    with TokenStreamWriter(folder, vocab_size=50_000, shard_tokens=1 << 24) as w:
+        w.add_documents(tokens, lengths)
+    flat_path = os.path.join(tmp, "tokens.bin")
+    tokens.tofile(flat_path)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    out = {}
+    mm = np.memmap(flat_path, dtype=np.uint16, mode="r")
+    real = steps = 0
+    order = np.random.default_rng(5).permutation(docs)
+    t0 = time.perf_counter()
+    at = 0
+    while time.perf_counter() - t0 < seconds:
+        idx = order[at:at + batch_docs]
+        at = (at + batch_docs) % (docs - batch_docs)
+        pieces = [torch.from_numpy(mm[starts[i]:ends[i]].astype(np.int64)) for i in idx.tolist()]
+        x = torch.cat(pieces)[None, :]
+        cu = torch.zeros(len(pieces) + 1, dtype=torch.int32)
+        cu[1:] = torch.cumsum(torch.tensor([p.numel() for p in pieces]), 0)
+        real += x.numel()
+        steps += 1
+    out["np.memmap, a slice per document + torch.cat"] = {"steps": steps, "real tokens/s": real /
+                                                          (time.perf_counter() - t0)}
+
+    class Docs(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return docs
+
+        def __getitem__(self, i: int) -> Any:
+            return torch.from_numpy(mm[starts[i]:ends[i]].astype(np.int64))
+
+    def flatten(batch: list) -> dict:
+        cu = torch.zeros(len(batch) + 1, dtype=torch.int32)
+        cu[1:] = torch.cumsum(torch.tensor([p.numel() for p in batch]), 0)
+        return {"input_ids": torch.cat(batch)[None, :], "cu_seqlens": cu}
+    real = steps = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for b in torch.utils.data.DataLoader(Docs(), batch_size=batch_docs, shuffle=True, collate_fn=flatten):
+            real += b["input_ids"].numel()
+            steps += 1
+            if time.perf_counter() - t0 >= seconds:
+                break
+    out["np.memmap Dataset + torch DataLoader (flattening collate)"] = {
+        "steps": steps, "real tokens/s": real / (time.perf_counter() - t0)}
+
+    def pad(batch: list) -> dict:
+        x = torch.nn.utils.rnn.pad_sequence(batch, batch_first=True, padding_value=0)
+        mask = torch.arange(x.shape[1])[None, :] < torch.tensor([p.numel() for p in batch])[:, None]
+        return {"input_ids": x, "attention_mask": mask}
+    real = steps = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for b in torch.utils.data.DataLoader(Docs(), batch_size=batch_docs, shuffle=True, collate_fn=pad):
+            real += int(b["attention_mask"].sum())
+            steps += 1
+            if time.perf_counter() - t0 >= seconds:
+                break
+    out["np.memmap Dataset + torch DataLoader (pad_sequence collate)"] = {
+        "steps": steps, "real tokens/s": real / (time.perf_counter() - t0)}
+    for name, src, bs in ((f"FlatDocuments, {batch_docs} documents per step", FlatDocuments(folder), batch_docs),
+                          (f"FlatDocuments, token budget {budget}", FlatDocuments(folder, budget), 1)):
+        real = steps = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for b in Loader(src, batch_size=bs, seed=steps):
+                real += b["input_ids"].numel()
+                steps += 1
+                if time.perf_counter() - t0 >= seconds:
+                    break
+        out[name] = {"steps": steps, "real tokens/s": real / (time.perf_counter() - t0)}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", type=int, default=200_000)
@@ -145,12 +236,23 @@ def main() -> int:
     ap.add_argument("--loader-docs", type=int, default=50_000)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--flat-docs", type=int, default=32, help="documents per step of the flat comparison")
+    ap.add_argument("--budget", type=int, default=32_768, help="tokens per step of the token-budget run")
+    ap.add_argument("--only-flat", action="store_true", help="the flat-documents comparison alone")
     ap.add_argument("--json")
     a = ap.parse_args()
     caps = [int(x) for x in a.seq_lens.split(",")]
     bins = [int(x) for x in a.grain_bins.split(",")]
     if a.peer:
         print(json.dumps(peer(a.peer, caps, bins)))
+        return 0
+    flat = flat_rate(a.loader_docs, a.flat_docs, a.budget, a.seconds)
+    print(f"whole documents flat ({a.loader_docs:,} documents, one process, {a.seconds:.0f} s each):")
+    base = flat["np.memmap, a slice per document + torch.cat"]["real tokens/s"]
+    for name, v in flat.items():
+        print(f"  {name:<52} {v['real tokens/s'] / 1e6:8.2f} M tokens/s  {v['real tokens/s'] / base:5.2f}x "
+              f"({v['steps']} steps)")
+    if a.only_flat:
         return 0
     lengths = lengths_of(a.docs)
     print(f"{lengths.size:,} documents, {int(lengths.sum()):,} tokens, median {int(np.median(lengths))}, "
@@ -183,7 +285,7 @@ def main() -> int:
         print(f"packed / {k}: {rate[keys[0]]['real tokens/s'] / rate[k]['real tokens/s']:.2f}x real tokens/s")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"packing": results, "loader": rate}, f, indent=1)
+            json.dump({"packing": results, "loader": rate, "flat": flat}, f, indent=1)
     return 0
 
 

@@ -118,3 +118,27 @@ def test_bad_arguments_are_refused(dataset, tmp_path):
         PackedDocuments(folder, SEQ, buffer=0)
     with pytest.raises(ConfigError, match="seed"):
         PackedDocuments(folder, SEQ, seed=-1)
+
+
+@pytest.mark.parametrize("budget", [None, 100, 500])
+def test_flat_documents_hand_out_every_token_once_with_consistent_boundaries(dataset, budget):
+    from zerobatch.adapters.torch import FlatDocuments
+    folder, lengths = dataset
+    src = FlatDocuments(folder, budget, buffer=64, seed=4)
+    seen = []
+    for b in Loader(src, batch_size=3 if budget is None else 1, tail="keep", seed=2):
+        x, y, pos, cu = b["input_ids"], b["labels"], b["position_ids"], b["cu_seqlens"]
+        assert x.shape[0] == 1 and x.shape == y.shape == pos.shape
+        t = x[0].numpy()
+        cu = cu.numpy()
+        assert cu[0] == 0 and cu[-1] == t.size and (b["lengths"].numpy() == np.diff(cu)).all()
+        if budget is not None:
+            assert t.size <= budget
+        assert b["max_seqlen"] == int(np.diff(cu).max())
+        for a, e in zip(cu[:-1], cu[1:], strict=True):
+            piece = t[a:e]
+            assert np.array_equal(piece, piece[0] + np.arange(e - a))            # one document's run
+            assert np.array_equal(pos[0, a:e].numpy(), np.arange(e - a))
+            assert np.array_equal(y[0, a:e - 1].numpy(), piece[1:]) and int(y[0, e - 1]) == -100
+        seen.append(t)
+    assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(int(lengths.sum())))

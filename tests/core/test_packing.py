@@ -127,3 +127,20 @@ def test_a_layout_the_rows_cannot_hold_is_refused(mod):
             mod.pack_rows(flat, lens, rows, 4, *arrays(2, 6))
     with pytest.raises(ConfigError, match="flat"):
         mod.pack_rows(flat, [5, 4], [0, 1], 4, *arrays(2, 6))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 30), max_size=20), st.sampled_from([np.int64, np.int32]),
+       st.sampled_from([np.int64, np.int32]), st.booleans())
+def test_the_compiled_flat_layout_equals_its_twin(lengths, dtype, pos_dtype, labels):
+    tokens = np.arange(sum(lengths), dtype=dtype) * 3 + 1
+    got = []
+    for mod in (_packing, twin):
+        pos = np.full(tokens.size, -9, pos_dtype)
+        lab = np.full(tokens.size, -9, dtype) if labels else None
+        mod.flat_layout(tokens, lengths, pos, lab)
+        got.append((pos, lab))
+    assert np.array_equal(got[0][0], got[1][0])
+    assert (got[0][1] is None and got[1][1] is None) or np.array_equal(got[0][1], got[1][1])
+    with pytest.raises(ConfigError):
+        _packing.flat_layout(tokens, [*lengths, 1], np.empty(tokens.size, np.int64))

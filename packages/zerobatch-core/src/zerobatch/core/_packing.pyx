@@ -29,6 +29,9 @@
 #       where it is a token (of the same piece, with mask_boundaries), else ignore_id;
 #       cu_seqlens the starts, over rows of seq_len inputs flattened, of every piece starting
 #       inside them and of every row's padding when it starts inside them, then n * seq_len.
+#   zb_flat_layout(tokens, lengths, positions, labels): documents back to back
+#     post: positions[t] = t's place in its document; labels[t] = tokens[t + 1] inside a
+#       document, ignore_id at each document's last token.
 
 from libc.stdint cimport int32_t, int64_t, uint8_t
 
@@ -36,7 +39,7 @@ import numpy as np
 
 from zerobatch.formats.errors import ConfigError
 
-__all__ = ["PACKING_ALGORITHMS", "pack_plan", "pack_rows"]
+__all__ = ["PACKING_ALGORITHMS", "flat_layout", "pack_plan", "pack_rows"]
 
 #: The packing algorithms, by name (their codes are their places).
 PACKING_ALGORITHMS = ("concat", "first-fit", "best-fit")
@@ -442,3 +445,60 @@ def pack_rows(flat, piece_len, piece_row, int64_t seq_len, tokens, segment_ids, 
         raise ConfigError("pack_rows: the pieces do not lay out as rows (a row empty or over capacity, rows out "
                           "of order, or an empty piece)", field="piece_row")
     return cu_seqlens[:count], int(longest)
+
+
+cdef void zb_flat_layout(const void *tokens, bint wide, const int64_t *lens, int64_t k, void *pos, bint pos_wide,
+                         void *labels, int64_t ignore_id) noexcept nogil:
+    cdef int64_t d, j, t = 0, n
+    for d in range(k):
+        n = lens[d]
+        for j in range(n):
+            put(pos, pos_wide, t + j, j)
+        if labels != NULL:
+            for j in range(n - 1):
+                put(labels, wide, t + j, get(tokens, wide, t + j + 1))
+            if n > 0:
+                put(labels, wide, t + n - 1, ignore_id)
+        t += n
+
+
+def flat_layout(tokens, lengths, position_ids, labels=None, int64_t ignore_id=-100):
+    """Positions and next-token labels of documents laid back to back (see the contract),
+    GIL released.
+
+    Args:
+        tokens: the documents' tokens, ``int64`` or ``int32``, 1-D.
+        lengths: each document's tokens (they add up to ``tokens.size``).
+        position_ids: ``int64`` / ``int32`` output of ``tokens``' size.
+        labels: ``None`` or an output of ``tokens``' size and dtype.
+
+    Raises:
+        ConfigError: an unfit array, or lengths that do not add up.
+    """
+    if not isinstance(tokens, np.ndarray) or tokens.dtype not in (np.int64, np.int32) or tokens.ndim != 1 \
+            or not tokens.flags.c_contiguous:
+        raise ConfigError("flat_layout: tokens must be a C-contiguous 1-D int64 or int32 array", field="tokens")
+    _c_array(position_ids, (np.int64, np.int32), 1, "position_ids")
+    if position_ids.size != tokens.size:
+        raise ConfigError(f"flat_layout: position_ids holds {position_ids.size}, not {tokens.size}",
+                          field="position_ids")
+    if labels is not None:
+        _c_array(labels, (tokens.dtype,), 1, "labels")
+        if labels.size != tokens.size:
+            raise ConfigError(f"flat_layout: labels holds {labels.size}, not {tokens.size}", field="labels")
+    if tokens.dtype == np.int32 and not -2**31 <= ignore_id < 2**31:
+        raise ConfigError("flat_layout: ignore_id does not fit int32", field="ignore_id")
+    cdef const int64_t[::1] lens = np.ascontiguousarray(lengths, dtype=np.int64).reshape(-1)
+    cdef int64_t k = lens.shape[0]
+    arr = np.asarray(lens)
+    if (k and int(arr.min()) < 0) or int(arr.sum()) != tokens.size:
+        raise ConfigError(f"flat_layout: lengths add up to {int(arr.sum())}, not the {tokens.size} tokens",
+                          field="lengths")
+    cdef bint wide = tokens.dtype == np.int64
+    cdef bint pos_wide = position_ids.dtype == np.int64
+    cdef Py_ssize_t tok_addr = tokens.ctypes.data, pos_addr = position_ids.ctypes.data
+    cdef Py_ssize_t lab_addr = 0 if labels is None else labels.ctypes.data
+    with nogil:
+        zb_flat_layout(<const void *>tok_addr, wide, &lens[0] if k else NULL, k, <void *>pos_addr, pos_wide,
+                       <void *>lab_addr, ignore_id)
+    return position_ids

@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 
 from zerobatch.adapters.sources._base import IGNORE_INDEX, Array, Source, Value, check_pad_id, check_seq_len, open_reader
-from zerobatch.core import PACKING_ALGORITHMS, pack_plan, pack_rows
+from zerobatch.core import PACKING_ALGORITHMS, flat_layout, pack_plan, pack_rows
 from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError
 from zerobatch.samplers import GlobalRandomOrder
 
-__all__ = ["PackedDocuments"]
+__all__ = ["FlatDocuments", "PackedDocuments"]
 
 
 class PackedDocuments(Source):
@@ -132,7 +132,8 @@ class PackedDocuments(Source):
         """A dataset at a URL: these rows' tokens fetched in the background, steps ahead."""
         if self.reader.remote:
             starts, lens, _ = self.pieces(items)
-            self.reader.prefetch(starts, int(lens.max()) if lens.size else 1)
+            if lens.size:
+                self.reader.prefetch(starts, stops=starts + lens)
 
     def read(self, items: np.ndarray, dtype: np.dtype) -> list[dict[str, Any]]:
         return [self._step(items[s], dtype) for s in range(items.shape[0])]
@@ -156,6 +157,109 @@ class PackedDocuments(Source):
                                "cu_seqlens": cu.copy(), "max_seqlen": longest}
         if labels is not None:
             out["labels"] = labels
+        return out
+
+    def close(self) -> None:
+        self.reader.close()
+        if self.mask_reader is not None:
+            self.mask_reader.close()
+
+
+class FlatDocuments(Source):
+    """Whole documents of a TOKSTREAM dataset handed out flat, without padding: each step's
+    documents back to back as one ``[1, T]`` row with ``cu_seqlens`` (the layout of Hugging
+    Face's ``DataCollatorWithFlattening`` and of variable-length attention kernels).
+
+    Args:
+        reader: the dataset folder (or URL), or an open reader.
+        token_budget: None: an item is a document, and the loader's ``batch_size`` counts
+            documents per step. A number: an item is a group of whole documents holding at
+            most this many tokens (planned as :class:`PackedDocuments` plans rows: best-fit
+            decreasing over ``buffer`` documents in the Feistel order of ``seed``; a longer
+            document is split into pieces of the budget), and ``batch_size`` counts groups:
+            ``batch_size=1`` gives steps of at most ``token_budget`` tokens.
+        algorithm, buffer, seed: the grouping with a ``token_budget`` (see
+            :class:`PackedDocuments`).
+        next_token: hand out ``labels`` (the next token of the same document, ``-100`` at
+            each document's last token); else ``input_ids`` and the boundaries alone.
+        position_dtype: ``int64`` or ``int32`` position ids.
+        loss_mask: ``labels`` are also ``-100`` where the dataset's loss mask is off.
+        verify: check chunk checksums on first read.
+
+    A step is a dict: ``input_ids`` ``[1, T]``, ``labels`` ``[1, T]``, ``position_ids``
+    ``[1, T]`` (restarting at each document), ``cu_seqlens`` (``int32``, documents + 1 entries,
+    ending with ``T``), ``max_seqlen`` and ``lengths`` (each document's tokens).
+    """
+
+    kind = "tokstream-flat"
+
+    def __init__(self, reader: Any, token_budget: int | None = None, *, algorithm: str = "best-fit",
+                 buffer: int = 4096, seed: int | None = 0, next_token: bool = True, position_dtype: Any = np.int64,
+                 loss_mask: bool = False, verify: bool = True) -> None:
+        super().__init__()
+        from zerobatch.adapters.sources.tokstream import _loss_mask
+        from zerobatch.readers.tokstream import TokenStreamReader
+        self.reader = open_reader(reader, TokenStreamReader, verify=verify)
+        self.next_token = bool(next_token)
+        self.mask_reader = _loss_mask(self.reader, loss_mask, self.next_token)
+        self.position_dtype = np.dtype(position_dtype)
+        if self.position_dtype not in (np.int64, np.int32):
+            raise ConfigError(f"position_dtype must be int64 or int32, got {self.position_dtype}",
+                              field="position_dtype")
+        self.stacked = False
+        self.output = {"input_ids": Array("tokens"), "position_ids": Array("position_ids"),
+                       "cu_seqlens": Array("cu_seqlens"), "max_seqlen": Value("max_seqlen"),
+                       "lengths": Array("lengths")}
+        if self.next_token:
+            self.output["labels"] = Array("labels")
+        self.token_budget = None if token_budget is None else check_count(token_budget, "token_budget", minimum=1)
+        build_id = self.reader.manifest.build_id
+        if self.token_budget is None:
+            self.groups = None
+            self.num_items = self.reader.num_documents
+            self.fingerprint = build_id
+        else:
+            self.groups = PackedDocuments(self.reader, self.token_budget, next_token=False, algorithm=algorithm,
+                                          buffer=buffer, seed=seed)
+            self.num_items = self.groups.num_items
+            self.fingerprint = self.groups.fingerprint.replace(":packed:", ":flat:")
+        if self.num_items == 0:
+            raise ConfigError("the dataset holds no documents", path=self.reader.path, field="documents")
+
+    def _pieces(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.groups is not None:
+            starts, lens, _ = self.groups.pieces(items)
+            return starts, lens
+        starts, stops = self.reader.document_spans(items)
+        keep = stops > starts
+        return starts[keep], (stops - starts)[keep]
+
+    def prepare(self, items: np.ndarray) -> None:
+        """A dataset at a URL: these documents' tokens fetched in the background, steps ahead."""
+        if self.reader.remote:
+            starts, lens = self._pieces(items.reshape(-1))
+            if lens.size:
+                self.reader.prefetch(starts, stops=starts + lens)
+
+    def read(self, items: np.ndarray, dtype: np.dtype) -> list[dict[str, Any]]:
+        return [self._step(items[s], dtype) for s in range(items.shape[0])]
+
+    def _step(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
+        starts, lens = self._pieces(items)
+        tokens = self.reader.ranges(starts, starts + lens, dtype=dtype)
+        total = tokens.size
+        cu = np.zeros(lens.size + 1, np.int32)
+        np.cumsum(lens, out=cu[1:])
+        pos = np.empty(total, self.position_dtype)
+        labels = np.empty_like(tokens) if self.next_token else None
+        flat_layout(tokens, lens, pos, labels, IGNORE_INDEX)     # one compiled pass, GIL released
+        out: dict[str, Any] = {"tokens": tokens[None, :], "position_ids": pos[None, :], "cu_seqlens": cu,
+                               "max_seqlen": int(lens.max()) if lens.size else 0, "lengths": lens}
+        if labels is not None:
+            if self.mask_reader is not None and total:
+                keep = self.mask_reader.ranges(starts, starts + lens, dtype=np.int32)
+                labels[:-1][keep[1:] == 0] = IGNORE_INDEX
+            out["labels"] = labels[None, :]
         return out
 
     def close(self) -> None:

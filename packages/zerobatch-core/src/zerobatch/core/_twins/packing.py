@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from zerobatch.formats.errors import ConfigError
 
-__all__ = ["PACKING_ALGORITHMS", "pack_plan", "pack_rows"]
+__all__ = ["PACKING_ALGORITHMS", "flat_layout", "pack_plan", "pack_rows"]
 
 PACKING_ALGORITHMS = ("concat", "first-fit", "best-fit")
 
@@ -161,3 +161,32 @@ def pack_rows(flat: Any, piece_len: Any, piece_row: Any, seq_len: int, tokens: n
     cu = np.sort(np.concatenate(cuts + [np.array([n * seq_len])]))
     cu_seqlens[:cu.size] = cu
     return cu_seqlens[:cu.size], int(np.diff(cu).max()) if cu.size > 1 else 0
+
+
+def flat_layout(tokens: Any, lengths: Any, position_ids: np.ndarray, labels: np.ndarray | None = None,
+                ignore_id: int = -100) -> np.ndarray:
+    """Positions and next-token labels of documents laid back to back (see the compiled twin)."""
+    if not isinstance(tokens, np.ndarray) or tokens.dtype not in (np.int64, np.int32) or tokens.ndim != 1 \
+            or not tokens.flags.c_contiguous:
+        raise ConfigError("flat_layout: tokens must be a C-contiguous 1-D int64 or int32 array", field="tokens")
+    _c_array(position_ids, (np.int64, np.int32), 1, "position_ids")
+    if position_ids.size != tokens.size:
+        raise ConfigError(f"flat_layout: position_ids holds {position_ids.size}, not {tokens.size}",
+                          field="position_ids")
+    if labels is not None:
+        _c_array(labels, (tokens.dtype,), 1, "labels")
+        if labels.size != tokens.size:
+            raise ConfigError(f"flat_layout: labels holds {labels.size}, not {tokens.size}", field="labels")
+    if tokens.dtype == np.int32 and not -2**31 <= ignore_id < 2**31:
+        raise ConfigError("flat_layout: ignore_id does not fit int32", field="ignore_id")
+    lens = np.ascontiguousarray(lengths, dtype=np.int64).reshape(-1)
+    if (lens.size and int(lens.min()) < 0) or int(lens.sum()) != tokens.size:
+        raise ConfigError(f"flat_layout: lengths add up to {int(lens.sum())}, not the {tokens.size} tokens",
+                          field="lengths")
+    starts = np.cumsum(lens) - lens
+    position_ids[...] = np.arange(tokens.size) - np.repeat(starts, lens)
+    if labels is not None:
+        labels[:-1] = tokens[1:]
+        ends = (starts + lens)[lens > 0]
+        labels[ends - 1] = ignore_id
+    return position_ids
