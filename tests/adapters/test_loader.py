@@ -476,6 +476,47 @@ def test_mixture_ranks_and_resume_on_another_world_size(tmp_path, w_from, w_to):
     assert got == ref
 
 
+@pytest.mark.parametrize("interpolation", ["constant", "linear"])
+def test_a_mixture_weight_schedule_resumes_at_every_change_point_on_another_world_size(tmp_path, interpolation):
+    from zerobatch.samplers import WeightSchedule
+    a, _ = token_stream(tmp_path / "a", n_tokens=1500, seed=1)
+    b, _ = token_stream(tmp_path / "b", n_tokens=700, seed=2, offset=1 << 19)
+    sched = WeightSchedule([(3, {"a": 0.1, "b": 0.9}), (6, {"a": 0.9, "b": 0.1})], interpolation=interpolation)
+
+    def make(rank, world):
+        mix = Mixture([("a", TokenWindows(a, SEQ), 1.0), ("b", TokenWindows(b, SEQ), 1.0)], seed=8,
+                      weight_schedule=sched)
+        return Loader(mix, global_batch_size=8, rank=rank, world_size=world)
+
+    def steps(loader, k):
+        out = []
+        for i, batch in enumerate(loader):
+            out.append(batch[0][:, 0].tolist())
+            if i + 1 == k:
+                return out
+        return out
+
+    ref = steps(make(0, 1), 10)
+    from_b = [sum(v >= 1 << 19 for v in step) for step in ref]
+    if interpolation == "constant":
+        assert sum(from_b[3:6]) in (21, 22) and sum(from_b[6:]) in (3, 4)      # 0.9 of 24, 0.1 of 32
+    for k in (2, 3, 4, 6, 7):
+        for w_from, w_to in ((2, 1), (1, 4)):
+            got: list[list[int]] = [[] for _ in range(10)]
+            state = None
+            for r in range(w_from):
+                ld = make(r, w_from)
+                for s, ids in enumerate(steps(ld, k)):
+                    got[s] += ids
+                state = ld.state_dict()
+            for r in range(w_to):
+                ld = make(r, w_to)
+                ld.load_state_dict(state)
+                for s, ids in enumerate(steps(ld, 10 - k)):
+                    got[k + s] += ids
+            assert got == ref, (k, w_from, w_to)
+
+
 def test_mixture_refuses_unlike_sources(stream, tmp_path):
     folder, _ = stream
     with pytest.raises(ConfigError):

@@ -28,7 +28,7 @@ from zerobatch.core.checks import check_count, check_rank, check_seed
 from zerobatch.samplers._dist import resolve_rank
 from zerobatch.samplers._version import __version__
 from zerobatch.samplers.block_shuffle import BlockShuffleOrder
-from zerobatch.samplers.mixture import MIXTURE_STATE_VERSION, MixtureSchedule
+from zerobatch.samplers.mixture import MIXTURE_STATE_VERSION, MixtureSchedule, WeightSchedule
 from zerobatch.samplers.orders import GlobalRandomOrder, IndexOrder, RandomOrder, SequentialOrder, SlidingOrder
 from zerobatch.samplers.sampler import TAILS, IndexSampler
 from zerobatch.samplers.schedule import MixtureSampler, Planned, Schedule
@@ -46,6 +46,7 @@ __all__ = [
     "IndexSampler",
     "MixtureSampler",
     "MixtureSchedule",
+    "WeightSchedule",
     "OrderState",
     "Planned",
     "RandomOrder",

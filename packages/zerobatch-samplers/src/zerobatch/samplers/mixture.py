@@ -37,9 +37,74 @@ from zerobatch.core.checks import check_count, check_rank, check_seed
 from zerobatch.formats.errors import ConfigError, StateError
 from zerobatch.samplers.orders import GlobalRandomOrder, IndexOrder, SequentialOrder
 
-__all__ = ["MIXTURE_STATE_VERSION", "MixtureSchedule"]
+__all__ = ["MIXTURE_STATE_VERSION", "MixtureSchedule", "WeightSchedule"]
 
 MIXTURE_STATE_VERSION = 1
+
+
+class WeightSchedule:
+    """Mixture weights that change with the training step.
+
+    Args:
+        points: ``(step, weights)`` pairs, steps strictly increasing from 0; ``weights`` a
+            mapping of source name to weight (a source left out weighs 0 there), or a list
+            in the sources' order. Before the first point the mixture's own weights hold.
+        interpolation: ``"constant"`` (each point's weights hold until the next point) or
+            ``"linear"`` (weights move linearly from each point to the next, step by step;
+            the last point's hold after it).
+
+    Raises:
+        ConfigError: steps not increasing, or weights that are not non-negative finite
+            numbers adding up to more than 0.
+    """
+
+    def __init__(self, points: Sequence[tuple[int, Any]], *, interpolation: str = "constant") -> None:
+        if interpolation not in ("constant", "linear"):
+            raise ConfigError(f"interpolation must be 'constant' or 'linear', got {interpolation!r}",
+                              field="interpolation")
+        if not points:
+            raise ConfigError("points: a schedule needs at least one (step, weights) point", field="points")
+        steps = []
+        for entry in points:
+            if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+                raise ConfigError(f"points: each point is (step, weights), got {entry!r}", field="points")
+            steps.append(check_count(entry[0], "step"))
+        if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
+            raise ConfigError(f"points: steps must increase, got {steps}", field="points")
+        self.steps = steps
+        self.raw = [entry[1] for entry in points]
+        self.interpolation = interpolation
+
+    def resolve(self, names: list[str]) -> list[list[float]]:
+        """Each point's weights as a list in the order of ``names``, normalized."""
+        out = []
+        for step, w in zip(self.steps, self.raw, strict=True):
+            if isinstance(w, Mapping):
+                unknown = sorted(set(w) - set(names))
+                if unknown:
+                    raise ConfigError(f"points: step {step} weighs {unknown[0]!r}, which is not a source of the "
+                                      f"mixture ({names})", field="points")
+                row = [w.get(n, 0.0) for n in names]
+            else:
+                row = list(w)
+                if len(row) != len(names):
+                    raise ConfigError(f"points: step {step} gives {len(row)} weights for {len(names)} sources",
+                                      field="points")
+            if any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0
+                   for x in row) or sum(row) <= 0:
+                raise ConfigError(f"points: the weights of step {step} must be non-negative numbers adding up to "
+                                  f"more than 0, got {row}", field="points")
+            total = float(sum(row))
+            out.append([float(x) / total for x in row])
+        return out
+
+    def fingerprint(self, names: list[str]) -> str:
+        """What identifies the schedule (a state saved under another one restarts the proportions)."""
+        rows = self.resolve(names)
+        return hashlib.blake2b(repr((self.interpolation, self.steps, rows)).encode(), digest_size=8).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"WeightSchedule({list(zip(self.steps, self.raw, strict=True))!r}, interpolation={self.interpolation!r})"
 
 
 def _source_seed(seed: int, name: str) -> int:
@@ -57,13 +122,19 @@ class MixtureSchedule:
             normalized).
         seed: the seed of every source's order.
         shuffle: each source in a fresh permutation per epoch (else ascending).
+        weight_schedule: a :class:`WeightSchedule`: the weights change with the step (each
+            :meth:`take_step` is one step). Within a stretch of constant weights the rule is
+            the one above, counted from the stretch's start; while weights move linearly the
+            error of source ``k`` is the sum of its weight over the picks so far minus its
+            picks, so the proportions follow the moving weights within one sample.
 
     Raises:
         ConfigError: a duplicate or empty name, a size below 1, a weight that is not a
             positive finite number.
     """
 
-    def __init__(self, sources: Sequence[tuple[str, int, float]], *, seed: int = 0, shuffle: bool = True) -> None:
+    def __init__(self, sources: Sequence[tuple[str, int, float]], *, seed: int = 0, shuffle: bool = True,
+                 weight_schedule: WeightSchedule | None = None) -> None:
         if not sources:
             raise ConfigError("sources: a mixture needs at least one source", field="sources")
         names, sizes, weights = [], [], []
@@ -95,6 +166,15 @@ class MixtureSchedule:
         self.consumed = [0] * len(names)     # samples taken from each source, ever
         self._since = [0] * len(names)       # picks of each source since the weights last changed
         self._steps = 0                      # picks since the weights last changed
+        if weight_schedule is not None and not isinstance(weight_schedule, WeightSchedule):
+            raise ConfigError(f"weight_schedule must be a WeightSchedule, got {type(weight_schedule).__name__}",
+                              field="weight_schedule")
+        self.weight_schedule = weight_schedule
+        self.base_weights = list(self.weights)
+        self._points = weight_schedule.resolve(names) if weight_schedule is not None else []
+        self.step = 0                        # steps taken (take_step)
+        self._segment: int | None = None     # the stretch of the schedule the counters are of
+        self._target = [0.0] * len(names)    # linear stretches: each source's weight summed over picks
 
     @property
     def total(self) -> int:
@@ -118,10 +198,65 @@ class MixtureSchedule:
         self._steps = t
         return out
 
+    def _stretch(self, step: int) -> tuple[int, bool, list[float]]:
+        """``(stretch, moving, weights)`` at ``step``: stretch -1 is before the first point
+        (the mixture's own weights); stretch ``i`` starts at point ``i``; ``moving`` while
+        the weights move linearly to the next point."""
+        sched = self.weight_schedule
+        if sched is None:
+            return -1, False, self.base_weights
+        i = int(np.searchsorted(np.asarray(sched.steps), step, side="right")) - 1
+        if i < 0:
+            return -1, False, self.base_weights
+        if sched.interpolation == "constant" or i == len(sched.steps) - 1:
+            return i, False, self._points[i]
+        a, b = sched.steps[i], sched.steps[i + 1]
+        f = (step - a) / (b - a)
+        return i, True, [x + (y - x) * f for x, y in zip(self._points[i], self._points[i + 1], strict=True)]
+
+    def _pick_moving(self, n: int, w: list[float]) -> np.ndarray:
+        """:meth:`_pick` while the weights move: errors against each source's summed weight."""
+        since, target = self._since, self._target
+        out = np.empty(n, np.int32)
+        for i in range(n):
+            for k in range(len(w)):
+                target[k] += w[k]
+            best, best_err = 0, target[0] - since[0]
+            for k in range(len(w)):
+                err = target[k] - since[k]
+                if err > best_err:
+                    best, best_err = k, err
+            since[best] += 1
+            out[i] = best
+        self._steps += n
+        return out
+
+    def take_step(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``n`` samples of the next step (:meth:`take` under the weights the schedule
+        gives this step); advances the step."""
+        n = check_count(n, "n")
+        if self.weight_schedule is None:
+            self.step += 1
+            return self.take(n)
+        stretch, moving, w = self._stretch(self.step)
+        if stretch != self._segment:
+            # a new stretch of the schedule: its proportions count from here
+            self._segment = stretch
+            self._since, self._steps = [0] * len(self.names), 0
+            self._target = [0.0] * len(self.names)
+        self.weights = list(w)
+        self.step += 1
+        if moving:
+            return self._items(self._pick_moving(n, w))
+        return self.take(n)
+
     def take(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The next ``n`` samples: ``(source index int32[n], item int64[n])``; advances."""
         n = check_count(n, "n")
-        src = self._pick(n)
+        return self._items(self._pick(n))
+
+    def _items(self, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = src.size
         items = np.empty(n, np.int64)
         for k, order in enumerate(self._orders):
             where = np.flatnonzero(src == k)
@@ -141,7 +276,7 @@ class MixtureSchedule:
         (every rank advances by the whole global batch, with no communication)."""
         batch_size = check_count(batch_size, "batch_size", minimum=1)
         rank, world_size = check_rank(rank, world_size)
-        src, items = self.take(batch_size * world_size)
+        src, items = self.take_step(batch_size * world_size)
         part = slice(rank * batch_size, (rank + 1) * batch_size)
         return src[part].copy(), items[part].copy()
 
@@ -158,10 +293,17 @@ class MixtureSchedule:
                         for name, c, n, w, s in zip(self.names, self.consumed, self.sizes, self.weights,
                                                     self._since, strict=True)},
             "steps": self._steps,
+            **({} if self.weight_schedule is None else {
+                "step": self.step, "stretch": self._segment, "target": list(self._target),
+                "schedule": self.weight_schedule.fingerprint(self.names)}),
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state``, even with other weights or sources (module docs).
+    def load_state_dict(self, state: Mapping[str, Any], *, step: int | None = None) -> None:
+        """Continue from ``state``, even with other weights or sources (module docs). With a
+        :class:`WeightSchedule`, the schedule continues at the state's step (``step``: the
+        step to continue at when the state has none, a state saved without a schedule);
+        the counters continue when the state was saved in the same stretch of the same
+        schedule, else the proportions count from here.
 
         Raises:
             StateError: not a mixture state, another seed or shuffle, a source whose size
@@ -196,6 +338,33 @@ class MixtureSchedule:
             if not isinstance(w, float) or abs(w - self.weights[k]) > 1e-12:
                 same_weights = False
         steps = state.get("steps")
+        if self.weight_schedule is not None:
+            saved_step = state.get("step", step if step is not None else 0)
+            try:
+                self.step = check_count(saved_step, "step")
+            except ConfigError as exc:
+                raise StateError(f"state: {exc}", field="step") from None
+            stretch, _, w = self._stretch(self.step)
+            target = state.get("target")
+            if (state.get("schedule") == self.weight_schedule.fingerprint(self.names) and set(saved) == set(self.names)
+                    and state.get("stretch") == stretch and isinstance(target, list) and len(target) == len(since)
+                    and all(isinstance(x, float) and math.isfinite(x) for x in target)):
+                try:
+                    steps = check_count(steps, "steps")
+                except ConfigError as exc:
+                    raise StateError(f"state: {exc}", field="steps") from None
+                if sum(since) != steps:
+                    raise StateError("state: the picks since the last reweighting do not add up", field="steps")
+                self._since, self._steps, self._target = since, steps, [float(x) for x in target]
+                self._segment = stretch
+            else:
+                # saved without this schedule, or in another stretch of it: the proportions of
+                # the current stretch count from here
+                self._since, self._steps, self._target = [0] * len(self.names), 0, [0.0] * len(self.names)
+                self._segment = stretch
+            self.weights = list(w)
+            self.consumed = consumed
+            return
         if same_weights:
             try:
                 steps = check_count(steps, "steps")

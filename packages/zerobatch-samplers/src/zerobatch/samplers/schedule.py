@@ -223,9 +223,9 @@ class MixtureSampler(Schedule):
         step = first
         while True:
             while taken < step:
-                sched.take(g)                   # a step of another worker
+                sched.take_step(g)              # a step of another worker
                 taken += 1
-            src, items = sched.take(g)
+            src, items = sched.take_step(g)
             taken += 1
             yield Planned(items[part].reshape(1, b), src[part].reshape(1, b),
                           [(sched.state_dict(), self._steps + taken)])
@@ -268,7 +268,8 @@ class MixtureSampler(Schedule):
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise StateError(f"steps: must be a count, got {steps!r}", field="steps")
         probe = copy.deepcopy(self.schedule)
-        probe.load_state_dict(state.get("mixture"))   # raises StateError for a state that does not fit
+        # raises StateError for a state that does not fit; a weight schedule continues at `steps`
+        probe.load_state_dict(state.get("mixture"), step=steps)
         self._state = probe.state_dict()
         self._steps = steps
 

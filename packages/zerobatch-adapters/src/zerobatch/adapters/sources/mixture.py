@@ -10,7 +10,7 @@ import numpy as np
 
 from zerobatch.adapters.sources._base import DEFAULT_SEED, Source
 from zerobatch.formats.errors import ConfigError
-from zerobatch.samplers import IndexOrder, MixtureSampler, MixtureSchedule, Schedule
+from zerobatch.samplers import IndexOrder, MixtureSampler, MixtureSchedule, Schedule, WeightSchedule
 
 __all__ = ["Mixture"]
 
@@ -32,11 +32,16 @@ class Mixture(Source):
             the same ``seq_len``), read as stacked arrays.
         seed: the seed of every source's order.
         shuffle: shuffle each source (else each is read in ascending order).
+        weight_schedule: a :class:`~zerobatch.samplers.WeightSchedule`: weights that change
+            at given steps (piecewise constant, or linear between points); the loader's state
+            records the step, so a run resumed anywhere (at a change point, on another world
+            size) continues as an uninterrupted one.
     """
 
     kind = "mixture"
 
-    def __init__(self, sources: Sequence[tuple[Any, ...]], *, seed: int = DEFAULT_SEED, shuffle: bool = True) -> None:
+    def __init__(self, sources: Sequence[tuple[Any, ...]], *, seed: int = DEFAULT_SEED, shuffle: bool = True,
+                 weight_schedule: WeightSchedule | None = None) -> None:
         super().__init__()
         entries = []
         for i, entry in enumerate(sources):
@@ -65,7 +70,7 @@ class Mixture(Source):
         self.weights = [e[2] for e in entries]
         self.seed, self.shuffle = seed, shuffle
         self.mixture_schedule = MixtureSchedule([(n, s.num_items, w) for n, s, w in entries], seed=seed,
-                                                shuffle=shuffle)
+                                                shuffle=shuffle, weight_schedule=weight_schedule)
         self.num_items = sum(s.num_items for s in self.sources)
         self.fingerprint = ",".join(f"{n}={s.fingerprint}" for n, s in zip(self.names, self.sources, strict=True))
         self.rows_per_item = first.rows_per_item
