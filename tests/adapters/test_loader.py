@@ -443,6 +443,16 @@ def test_mixture_proportions_and_resume_after_reweighting(tmp_path):
     assert counts["c"]["consumed"] == 4 and counts["a"]["consumed"] + counts["b"]["consumed"] == 168 + 4
 
 
+def first_ids(loader, k):
+    """The first token of every window of the loader's first ``k`` steps."""
+    out = []
+    for i, batch in enumerate(loader):
+        out.append(batch[0][:, 0].tolist())
+        if i + 1 == k:
+            return out
+    return out
+
+
 @pytest.mark.parametrize("w_from, w_to", [(2, 1), (1, 4), (4, 2)])
 def test_mixture_ranks_and_resume_on_another_world_size(tmp_path, w_from, w_to):
     a, _ = token_stream(tmp_path / "a", n_tokens=1500, seed=1)
@@ -452,13 +462,7 @@ def test_mixture_ranks_and_resume_on_another_world_size(tmp_path, w_from, w_to):
         mix = Mixture([("a", TokenWindows(a, SEQ), 2.0), ("b", TokenWindows(b, SEQ), 1.0)], seed=8)
         return Loader(mix, global_batch_size=8, rank=rank, world_size=world)
 
-    def steps(loader, k):
-        out = []
-        for i, batch in enumerate(loader):
-            out.append(batch[0][:, 0].tolist())
-            if i + 1 == k:
-                return out
-        return out
+    steps = first_ids
 
     ref = [sum((steps(make(r, 1), 10)[s] for r in range(1)), []) for s in range(10)]
     got: list[list[int]] = [[] for _ in range(10)]
@@ -488,13 +492,7 @@ def test_a_mixture_weight_schedule_resumes_at_every_change_point_on_another_worl
                       weight_schedule=sched)
         return Loader(mix, global_batch_size=8, rank=rank, world_size=world)
 
-    def steps(loader, k):
-        out = []
-        for i, batch in enumerate(loader):
-            out.append(batch[0][:, 0].tolist())
-            if i + 1 == k:
-                return out
-        return out
+    steps = first_ids
 
     ref = steps(make(0, 1), 10)
     from_b = [sum(v >= 1 << 19 for v in step) for step in ref]

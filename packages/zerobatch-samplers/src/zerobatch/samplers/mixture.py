@@ -107,6 +107,21 @@ class WeightSchedule:
         return f"WeightSchedule({list(zip(self.steps, self.raw, strict=True))!r}, interpolation={self.interpolation!r})"
 
 
+def _picks(steps: Any, since: list[int]) -> int:
+    """A state's picks since the weights last changed, checked against the per-source counts.
+
+    Raises:
+        StateError: not a count, or not their sum.
+    """
+    try:
+        steps = check_count(steps, "steps")
+    except ConfigError as exc:
+        raise StateError(f"state: {exc}", field="steps") from None
+    if sum(since) != steps:
+        raise StateError("state: the picks since the last reweighting do not add up", field="steps")
+    return steps
+
+
 def _source_seed(seed: int, name: str) -> int:
     """A source's own seed: independent of the other sources, stable across reweighting."""
     digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
@@ -349,13 +364,8 @@ class MixtureSchedule:
             if (state.get("schedule") == self.weight_schedule.fingerprint(self.names) and set(saved) == set(self.names)
                     and state.get("stretch") == stretch and isinstance(target, list) and len(target) == len(since)
                     and all(isinstance(x, float) and math.isfinite(x) for x in target)):
-                try:
-                    steps = check_count(steps, "steps")
-                except ConfigError as exc:
-                    raise StateError(f"state: {exc}", field="steps") from None
-                if sum(since) != steps:
-                    raise StateError("state: the picks since the last reweighting do not add up", field="steps")
-                self._since, self._steps, self._target = since, steps, [float(x) for x in target]
+                self._since, self._steps = since, _picks(steps, since)
+                self._target = [float(x) for x in target]
                 self._segment = stretch
             else:
                 # saved without this schedule, or in another stretch of it: the proportions of
@@ -366,13 +376,7 @@ class MixtureSchedule:
             self.consumed = consumed
             return
         if same_weights:
-            try:
-                steps = check_count(steps, "steps")
-            except ConfigError as exc:
-                raise StateError(f"state: {exc}", field="steps") from None
-            if sum(since) != steps:
-                raise StateError("state: the picks since the last reweighting do not add up", field="steps")
-            self._since, self._steps = since, steps
+            self._since, self._steps = since, _picks(steps, since)
         else:
             # New weights (or sources): the exact proportions start again from here; every
             # source keeps its place in its own order.
