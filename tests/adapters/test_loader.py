@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 import torch
+import zbtest
 from zbtest import run_python, token_stream
 
 from zerobatch.adapters.torch import (Loader, LLMBatchSource, Mixture, RecordFields, Source, TokenDocuments,
@@ -513,6 +514,45 @@ def test_a_mixture_weight_schedule_resumes_at_every_change_point_on_another_worl
                 for s, ids in enumerate(steps(ld, 10 - k)):
                     got[k + s] += ids
             assert got == ref, (k, w_from, w_to)
+
+
+def test_a_curriculum_changes_seq_len_and_batch_and_resumes_at_every_step(tmp_path):
+    """Windows of 8 tokens at a global batch of 8, ramped to 12 at step 2, then windows of 16
+    at a global batch of 4 from step 5 (and packed rows the same way): every step has the
+    phase's shape, and a run resumed at every step, on another world size, equals an
+    uninterrupted one."""
+    from zerobatch.adapters.torch import Curriculum, PackedDocuments
+    folder, _ = token_stream(tmp_path / "a", n_tokens=3000, seed=1)
+
+    def make(rank, world, packed=False):
+        kind = (lambda n: PackedDocuments(folder, n, buffer=32)) if packed else (lambda n: TokenWindows(folder, n))
+        cur = Curriculum([("short", 0, kind(8), 8), ("long", 5, kind(16), 4)], seed=3, batch_schedule=[(2, 12)])
+        return Loader(cur, rank=rank, world_size=world)
+
+    def ids(batch):
+        x = batch["input_ids"] if isinstance(batch, dict) else batch[0]
+        return [tuple(x.shape), x[:, 0].tolist()]
+
+    for packed in (False, True):
+        ref = zbtest.take(make(0, 1, packed), 9, ids)
+        assert [r[0] for r in ref] == [(8, 8)] * 2 + [(12, 8)] * 3 + [(4, 16)] * 4
+        for k in range(9):
+            for w_from, w_to in ((2, 1), (1, 4), (4, 2)):
+                got = [[None, []] for _ in range(9)]
+                state = None
+                for r in range(w_from):
+                    ld = make(r, w_from, packed)
+                    for s_, (shape, first) in enumerate(zbtest.take(ld, k, ids)):
+                        got[s_][0] = (shape[0] * w_from, shape[1])
+                        got[s_][1] += first
+                    state = ld.state_dict()
+                for r in range(w_to):
+                    ld = make(r, w_to, packed)
+                    ld.load_state_dict(state)
+                    for s_, (shape, first) in enumerate(zbtest.take(ld, 9 - k, ids)):
+                        got[k + s_][0] = (shape[0] * w_to, shape[1])
+                        got[k + s_][1] += first
+                assert [[tuple(g[0]), g[1]] for g in got] == [[r[0], r[1]] for r in ref], (packed, k, w_from, w_to)
 
 
 def test_mixture_refuses_unlike_sources(stream, tmp_path):

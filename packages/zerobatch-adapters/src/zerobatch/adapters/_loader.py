@@ -86,6 +86,8 @@ class BaseLoader:
                 raise ConfigError(f"global_batch_size {g} cannot be split over {world_size} ranks",
                                   field="global_batch_size")
             batch_size = g // world_size
+        if batch_size is None and getattr(self.source, "batch_schedule", None) is not None:
+            batch_size = rows       # the source's batch schedule sets every step's batch
         if batch_size is None:
             if rows == 1:
                 raise ConfigError("batch_size: give the rows per batch (per rank)", field="batch_size")

@@ -45,6 +45,33 @@ from zerobatch.samplers.state import STATE_VERSION
 __all__ = ["MixtureSampler", "Planned", "Schedule", "batch_sizes"]
 
 
+def check_batch_schedule(points: Any, world_size: int) -> list[tuple[int, int]]:
+    """``[(step, global batch)]`` from a step-keyed global batch schedule (a ramp): steps
+    increasing from 0, every batch a positive multiple of ``world_size``.
+
+    Raises:
+        ConfigError: points out of order, or a batch that does not split over the ranks.
+    """
+    if points is None:
+        return []
+    out: list[tuple[int, int]] = []
+    for entry in points:
+        if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+            raise ConfigError(f"batch_schedule: each point is (step, global batch), got {entry!r}",
+                              field="batch_schedule")
+        step = check_count(entry[0], "batch_schedule step")
+        g = check_count(entry[1], "batch_schedule global batch", minimum=1, maximum=2**48)
+        if g % world_size:
+            raise ConfigError(f"batch_schedule: a global batch of {g} at step {step} cannot be split over "
+                              f"{world_size} ranks", field="batch_schedule")
+        if out and step <= out[-1][0]:
+            raise ConfigError("batch_schedule: steps must increase", field="batch_schedule")
+        out.append((step, g))
+    if not out or out[0][0] != 0:
+        raise ConfigError("batch_schedule: the first point is step 0", field="batch_schedule")
+    return out
+
+
 def batch_sizes(batch_size: int | None, global_batch_size: int | None, world_size: int) -> tuple[int, int]:
     """``(per rank, global)`` batch sizes from exactly one of them.
 
@@ -182,17 +209,23 @@ class MixtureSampler(Schedule):
     The state holds the mixture's (counts consumed per source, by name) and the steps
     delivered; it resumes on any world size, with other weights or added sources
     (:meth:`MixtureSchedule.load_state_dict`).
+
+    ``batch_schedule``: ``[(step, global batch), ...]`` from step 0: the global batch changes
+    at those steps (a batch-size ramp); every rank reads its share of each step's batch.
     """
 
     kind = "mixture"
 
     def __init__(self, schedule: MixtureSchedule, batch_size: int | None = None, *,
                  global_batch_size: int | None = None, rank: int | None = None,
-                 world_size: int | None = None) -> None:
+                 world_size: int | None = None, batch_schedule: Any = None) -> None:
         if not isinstance(schedule, MixtureSchedule):
             raise ConfigError(f"schedule must be a MixtureSchedule, got {type(schedule).__name__}", field="schedule")
         self.schedule = schedule
         self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.batch_schedule = check_batch_schedule(batch_schedule, self.world_size)
+        if self.batch_schedule and batch_size is None and global_batch_size is None:
+            global_batch_size = self.batch_schedule[0][1]
         self.batch_size, self.global_batch_size = batch_sizes(batch_size, global_batch_size, self.world_size)
         self.epoch = 0
         self._state = schedule.state_dict()     # the schedule after the last delivered step
@@ -216,20 +249,31 @@ class MixtureSampler(Schedule):
         first = check_count(first, "first")
         stride = check_count(stride, "stride", minimum=1)
         sched = copy.deepcopy(self.schedule)
-        sched.load_state_dict(self._state)
-        g, b = self.global_batch_size, self.batch_size
-        part = slice(self.rank * b, (self.rank + 1) * b)
+        sched.load_state_dict(self._state, step=self._steps)
+        at = self._steps                        # the global step the plan starts at
         taken = 0
         step = first
         while True:
             while taken < step:
-                sched.take_step(g)              # a step of another worker
+                sched.take_step(self.global_batch_at(at + taken))     # a step of another worker
                 taken += 1
+            g = self.global_batch_at(at + taken)
+            b = g // self.world_size
             src, items = sched.take_step(g)
             taken += 1
+            part = slice(self.rank * b, (self.rank + 1) * b)
             yield Planned(items[part].reshape(1, b), src[part].reshape(1, b),
-                          [(sched.state_dict(), self._steps + taken)])
+                          [(sched.state_dict(), at + taken)])
             step += stride
+
+    def global_batch_at(self, step: int) -> int:
+        """The global batch of ``step`` (the batch schedule's, else the fixed one)."""
+        g = self.global_batch_size
+        for start, size in self.batch_schedule:
+            if start > step:
+                break
+            g = size
+        return g
 
     @property
     def position(self) -> Any:

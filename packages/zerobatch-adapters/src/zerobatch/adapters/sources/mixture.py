@@ -11,8 +11,9 @@ import numpy as np
 from zerobatch.adapters.sources._base import DEFAULT_SEED, Source
 from zerobatch.formats.errors import ConfigError
 from zerobatch.samplers import IndexOrder, MixtureSampler, MixtureSchedule, Schedule, WeightSchedule
+from zerobatch.samplers.schedule import check_batch_schedule
 
-__all__ = ["Mixture"]
+__all__ = ["Curriculum", "Mixture"]
 
 
 class Mixture(Source):
@@ -36,13 +37,20 @@ class Mixture(Source):
             at given steps (piecewise constant, or linear between points); the loader's state
             records the step, so a run resumed anywhere (at a change point, on another world
             size) continues as an uninterrupted one.
+        batch_schedule: ``[(step, global batch), ...]`` from step 0: a global-batch-size ramp
+            (the loader then needs no batch size; every batch splits over the ranks).
     """
 
     kind = "mixture"
 
+    #: every step reads one source (a :class:`Curriculum`): sources of other shapes may follow
+    #: one another, and sources that read step by step are allowed
+    one_source_per_step = False
+
     def __init__(self, sources: Sequence[tuple[Any, ...]], *, seed: int = DEFAULT_SEED, shuffle: bool = True,
-                 weight_schedule: WeightSchedule | None = None) -> None:
+                 weight_schedule: WeightSchedule | None = None, batch_schedule: Any = None) -> None:
         super().__init__()
+        self.batch_schedule = None if batch_schedule is None else check_batch_schedule(batch_schedule, 1)
         entries = []
         for i, entry in enumerate(sources):
             if not isinstance(entry, tuple) or len(entry) not in (2, 3):
@@ -51,7 +59,7 @@ class Mixture(Source):
             name, source, weight = entry if len(entry) == 3 else (None, *entry)
             if not isinstance(source, Source) or isinstance(source, Mixture):
                 raise ConfigError(f"sources: entry {i} is not a zerobatch source", field="sources")
-            if not source.stacked:
+            if not source.stacked and not self.one_source_per_step:
                 raise ConfigError(f"sources: {source.kind} source {i} reads step by step (boundaries, metadata "
                                   "or unpadded fields); a mixture needs stacked reads", field="sources")
             if name is None:
@@ -61,16 +69,21 @@ class Mixture(Source):
             raise ConfigError("sources: a mixture needs at least one source", field="sources")
         first = entries[0][1]
         for name, source, _ in entries[1:]:
-            if type(source) is not type(first) or source.rows_per_item != first.rows_per_item:
+            if type(source) is not type(first) or source.rows_per_item != first.rows_per_item \
+                    or source.output != first.output or source.stacked != first.stacked:
                 raise ConfigError(f"sources: {name!r} is a {source.kind} source; every source of a mixture must be "
-                                  f"of one kind ({first.kind}) with the same rows per item", field="sources")
-        _check_shapes(entries)
+                                  f"of one kind ({first.kind}) with the same rows per item and outputs",
+                                  field="sources")
+        if not self.one_source_per_step:
+            _check_shapes(entries)
+        self.stacked = first.stacked
         self.names = [e[0] for e in entries]
         self.sources = [e[1] for e in entries]
         self.weights = [e[2] for e in entries]
         self.seed, self.shuffle = seed, shuffle
         self.mixture_schedule = MixtureSchedule([(n, s.num_items, w) for n, s, w in entries], seed=seed,
                                                 shuffle=shuffle, weight_schedule=weight_schedule)
+        self.weight_schedule = weight_schedule
         self.num_items = sum(s.num_items for s in self.sources)
         self.fingerprint = ",".join(f"{n}={s.fingerprint}" for n, s in zip(self.names, self.sources, strict=True))
         self.rows_per_item = first.rows_per_item
@@ -93,6 +106,9 @@ class Mixture(Source):
             raise ConfigError("order: a mixture orders each source itself", field="order")
         if epoch:
             raise ConfigError("epoch: a mixture has no epochs", field="epoch")
+        if self.batch_schedule is not None:
+            return MixtureSampler(copy.deepcopy(self.mixture_schedule), rank=rank, world_size=world_size,
+                                  batch_schedule=self.batch_schedule)
         return MixtureSampler(copy.deepcopy(self.mixture_schedule), batch_size, rank=rank, world_size=world_size)
 
     def chunk_steps(self, items_per_step: int) -> int:
@@ -101,6 +117,12 @@ class Mixture(Source):
     def read(self, items: np.ndarray, dtype: np.dtype, sources: np.ndarray | None = None) -> dict[str, Any]:
         if sources is None:
             raise ConfigError("a mixture is read with the source of every item", field="sources")
+        if self.one_source_per_step:
+            # a step of one source: its own read (each step is read alone: chunk_steps is 1)
+            ks = np.unique(sources)
+            if ks.size != 1:
+                raise ConfigError("a curriculum step mixes sources", field="sources")
+            return self.sources[int(ks[0])].read(items, dtype)
         steps, per = items.shape
         flat_items, flat_tags = items.reshape(-1), sources.reshape(-1)
         out: dict[str, np.ndarray] = {}
@@ -123,6 +145,49 @@ class Mixture(Source):
     def close(self) -> None:
         for s in self.sources:
             s.close()
+
+
+class Curriculum(Mixture):
+    """Sources that follow one another by step: a sequence-length curriculum (windows of 512
+    tokens, then of 2048), with a global batch per phase (a batch-size ramp).
+
+    Args:
+        phases: ``(start step, source, global batch)`` per phase, or ``(name, start step,
+            source, global batch)`` (the name identifies the phase's source in a saved
+            state); the first phase starts at step 0. Every source hands out the same kind of
+            step (for example ``TokenWindows`` of different ``seq_len``, or
+            ``PackedDocuments`` rows of different lengths).
+        seed, shuffle: as for :class:`Mixture`: each phase's source is read in its own order,
+            continuing across its passes (a fresh shuffle per pass).
+        batch_schedule: extra ``(step, global batch)`` points inside phases (a finer ramp);
+            each phase's start sets its own batch.
+
+    Step ``s`` reads the phase that started last at or before ``s``; the state records the
+    step and each phase's consumed count, so a run resumed anywhere (at a phase change, on
+    another world size) continues as an uninterrupted one. Give the loader no batch size.
+    """
+
+    kind = "curriculum"
+    one_source_per_step = True
+
+    def __init__(self, phases: Sequence[tuple[Any, ...]], *, seed: int = DEFAULT_SEED, shuffle: bool = True,
+                 batch_schedule: Any = None) -> None:
+        entries, points, sizes = [], [], []
+        for i, phase in enumerate(phases):
+            if not isinstance(phase, tuple) or len(phase) not in (3, 4):
+                raise ConfigError(f"phases: each is (start step, source, global batch) or (name, start step, source, "
+                                  f"global batch), got {phase!r}", field="phases")
+            name, start, source, g = phase if len(phase) == 4 else (f"phase{i}", *phase)
+            entries.append((name, source, 1.0))
+            points.append((start, {name: 1.0}))
+            sizes.append((start, g))
+        if not entries or points[0][0] != 0:
+            raise ConfigError("phases: the first phase starts at step 0", field="phases")
+        merged = dict(sizes)
+        for step, g in batch_schedule or ():
+            merged.setdefault(step, g)
+        super().__init__(entries, seed=seed, shuffle=shuffle, weight_schedule=WeightSchedule(points),
+                         batch_schedule=sorted(merged.items()))
 
 
 def _check_shapes(entries: list[tuple[str, Source, Any]]) -> None:
