@@ -142,3 +142,16 @@ def test_flat_documents_hand_out_every_token_once_with_consistent_boundaries(dat
             assert np.array_equal(y[0, a:e - 1].numpy(), piece[1:]) and int(y[0, e - 1]) == -100
         seen.append(t)
     assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(int(lengths.sum())))
+
+
+def test_a_pickled_source_plans_again_to_the_same_rows(dataset):
+    import pickle
+    folder, _ = dataset
+    src = PackedDocuments(folder, SEQ, buffer=40, seed=6)
+    raw = pickle.dumps(src)
+    assert len(raw) < 4096                                   # the plan does not travel
+    again = pickle.loads(raw)
+    assert np.array_equal(again.row_ptr, src.row_ptr) and np.array_equal(again.piece_start, src.piece_start)
+    rows = np.arange(10, dtype=np.int64)[None, :]
+    a, b = src.read(rows, np.dtype(np.int64))[0], again.read(rows, np.dtype(np.int64))[0]
+    assert all(np.array_equal(a[k], b[k]) for k in ("tokens", "labels", "segment_ids", "cu_seqlens"))
