@@ -144,6 +144,24 @@ def test_convert_chat_writes_the_mask_and_the_loaders_use_it(chatml, tmp_path):
     assert got <= want and got >= want - 60 * 2     # a split conversation loses its cut's label
 
 
+def test_parquet_conversations_equal_jsonl_ones(chatml, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    convs = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"q{i} ünï"},
+              {"role": "assistant", "content": f"a{i}"}] for i in range(30)]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"messages": m}) + "\n" for m in convs))
+    pq.write_table(pa.table({"messages": convs}), tmp_path / "c.parquet", row_group_size=7)
+    for name in ("c.jsonl", "c.parquet"):
+        convert(str(tmp_path / name), str(tmp_path / f"out-{name}"), to="tokstream", tokenizer=chatml, chat=True,
+                log=lambda *_: None)
+    with TokenStreamReader(tmp_path / "out-c.jsonl") as a, TokenStreamReader(tmp_path / "out-c.parquet") as b, \
+            open_loss_mask(a) as ma, open_loss_mask(b) as mb:
+        assert a.num_documents == b.num_documents == 30
+        for i in range(30):
+            assert a.document(i).tolist() == b.document(i).tolist()
+            assert ma.document(i).tolist() == mb.document(i).tolist()
+
+
 def test_bad_chat_inputs_are_refused(chatml, tmp_path):
     src = tmp_path / "bad.jsonl"
     src.write_text(json.dumps({"messages": "not a list"}) + "\n")

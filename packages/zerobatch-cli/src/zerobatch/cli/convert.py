@@ -933,10 +933,28 @@ def run_task(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[[str
 
 
 def _chat_records(srcs: list[str], field: str) -> Iterator[tuple[str, int, Any]]:
-    """``(file, line number, messages)`` of the JSONL conversations of ``srcs``."""
-    from zerobatch.cli.sources import _files, _open_bytes
+    """``(file, line or row number, messages)`` of the conversations of ``srcs``: JSONL
+    records, or Parquet rows (a column of lists of role/content structs)."""
+    from zerobatch.cli.sources import _files, _open_bytes, _pyarrow_parquet
     for src in srcs:
-        for path in _files(src, ("*.jsonl", "*.jsonl.gz", "*.ndjson", "*.json")):
+        for path in _files(src, ("*.jsonl", "*.jsonl.gz", "*.ndjson", "*.json", "*.parquet")):
+            if path.lower().endswith(".parquet"):
+                pq = _pyarrow_parquet()
+                try:
+                    pf = pq.ParquetFile(path)
+                    if field not in pf.schema_arrow.names:
+                        raise CorruptError(f"parquet: no column {field!r} (a list of messages; choose it with --field; "
+                                           f"columns: {pf.schema_arrow.names})", path=path, field=field)
+                    row = 0
+                    for batch in pf.iter_batches(batch_size=1024, columns=[field]):
+                        for messages in batch.column(0).to_pylist():
+                            row += 1
+                            yield path, row, messages
+                except CorruptError:
+                    raise
+                except Exception as exc:  # pyarrow's own errors for damaged files
+                    raise CorruptError(f"parquet: {exc}", path=path, field="parquet") from None
+                continue
             with _open_bytes(path) as f:
                 for lineno, raw in enumerate(f, 1):
                     if not raw.strip():
