@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources._base import IGNORE_INDEX, Array, Source, Value, check_pad_id, check_seq_len, open_reader
+from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Array, Source, Value, check_pad_id,
+                                              check_seq_len, open_reader)
 from zerobatch.core import PACKING_ALGORITHMS, flat_layout, pack_plan, pack_rows
 from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError
@@ -48,6 +49,10 @@ class PackedDocuments(Source):
         position_dtype: ``int64`` or ``int32`` position ids.
         loss_mask: ``labels`` are also ``-100`` where the dataset's loss mask
             (``convert --chat``) is off: only the trained roles' tokens are targets.
+        cu_seqlens: hand out ``cu_seqlens`` and ``max_seqlen``. Without them every step has
+            the same shapes, so reads are stacked (several steps at once) and the source can
+            go into a weighted :class:`Mixture` (attention kernels can take the boundaries
+            from ``position_ids``, as Hugging Face's flash-attention path does).
         verify: check chunk checksums on first read.
 
     A document longer than a row is split, never dropped or truncated: its first tokens fill
@@ -67,7 +72,8 @@ class PackedDocuments(Source):
 
     def __init__(self, reader: Any, seq_len: int, *, next_token: bool = True, algorithm: str = "best-fit",
                  buffer: int = 4096, seed: int | None = 0, pad_id: int = 0, mask_boundaries: bool = True,
-                 position_dtype: Any = np.int64, loss_mask: bool = False, verify: bool = True) -> None:
+                 position_dtype: Any = np.int64, loss_mask: bool = False, cu_seqlens: bool = True,
+                 verify: bool = True) -> None:
         super().__init__()
         from zerobatch.adapters.sources.tokstream import _loss_mask
         from zerobatch.readers.tokstream import TokenStreamReader
@@ -89,11 +95,13 @@ class PackedDocuments(Source):
         if self.position_dtype not in (np.int64, np.int32):
             raise ConfigError(f"position_dtype must be int64 or int32, got {self.position_dtype}",
                               field="position_dtype")
-        self.stacked = False
+        self.with_cu_seqlens = bool(cu_seqlens)
+        self.stacked = not self.with_cu_seqlens
         inputs = slice(None, -1) if self.next_token else None
         self.output = {"input_ids": Array("tokens", inputs), "position_ids": Array("position_ids", inputs),
-                       "segment_ids": Array("segment_ids", inputs), "attention_mask": Array("mask", inputs),
-                       "cu_seqlens": Array("cu_seqlens"), "max_seqlen": Value("max_seqlen")}
+                       "segment_ids": Array("segment_ids", inputs), "attention_mask": Array("mask", inputs)}
+        if self.with_cu_seqlens:
+            self.output.update(cu_seqlens=Array("cu_seqlens"), max_seqlen=Value("max_seqlen"))
         if self.next_token:
             self.output["labels"] = Array("labels")
         self._plan()
@@ -147,7 +155,18 @@ class PackedDocuments(Source):
             if lens.size:
                 self.reader.prefetch(starts, stops=starts + lens)
 
-    def read(self, items: np.ndarray, dtype: np.dtype) -> list[dict[str, Any]]:
+    def chunk_steps(self, items_per_step: int) -> int:
+        if not self.stacked:
+            return 1
+        return max(1, CHUNK_BYTES // (items_per_step * self.capacity * 32))
+
+    def read(self, items: np.ndarray, dtype: np.dtype) -> list[dict[str, Any]] | dict[str, Any]:
+        if self.stacked:
+            # every step's rows laid out at once; arrays with a leading step axis
+            steps, per = items.shape
+            out = self._step(items.reshape(-1), dtype)
+            return {k: v.reshape(steps, per, *v.shape[1:]) for k, v in out.items() if isinstance(v, np.ndarray)
+                    and k != "cu_seqlens"}
         return [self._step(items[s], dtype) for s in range(items.shape[0])]
 
     def _step(self, rows: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
