@@ -1,4 +1,5 @@
-"""The resume matrix, over next-token windows and packed documents: the loader and its
+"""The resume matrix, over next-token windows, packed documents and packed chat data with its
+loss mask: the loader and its
 DataLoader-worker face, restored from every step, at
 the epoch boundary, after a previous resume, on other world sizes, with 0 and 2 worker
 processes under fork, forkserver and spawn. Each must deliver every sample exactly once per
@@ -20,11 +21,20 @@ SEQ = 16
 G = 8          # global batch (items per step over all ranks)
 
 
-@pytest.fixture(scope="module", params=["windows", "packed"])
+@pytest.fixture(scope="module", params=["windows", "packed", "packed-chat"])
 def source(request, tmp_path_factory):
-    """Next-token windows, and whole documents packed into rows by best-fit decreasing (a
-    row's first token names it: the dataset's token at position p is p)."""
-    folder, _ = token_stream(tmp_path_factory.mktemp("rm") / "d", n_tokens=2600)
+    """Next-token windows, whole documents packed into rows by best-fit decreasing (a row's
+    first token names it: the dataset's token at position p is p), and the same rows of a
+    chat dataset read with its loss mask (labels -100 where the mask is off)."""
+    folder, docs = token_stream(tmp_path_factory.mktemp("rm") / "d", n_tokens=2600)
+    if request.param == "packed-chat":
+        import numpy as np
+        from zerobatch.writers.tokstream import TokenStreamWriter
+        rng = np.random.default_rng(4)
+        with TokenStreamWriter(f"{folder}/loss_mask", vocab_size=2, shard_tokens=900) as w:
+            for d in docs:
+                w.add_document((rng.random(len(d)) < 0.6).astype(np.uint16))
+        return PackedDocuments(folder, SEQ, buffer=16, seed=5, loss_mask=True)
     if request.param == "packed":
         return PackedDocuments(folder, SEQ, buffer=16, seed=5)
     return TokenWindows(folder, SEQ)
