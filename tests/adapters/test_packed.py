@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zerobatch.adapters.torch import Loader, PackedDocuments
+from zerobatch.adapters.torch import FlatDocuments, Loader, PackedDocuments
 from zerobatch.formats.errors import ConfigError
 import zbtest
 from zerobatch.writers.tokstream import TokenStreamWriter
@@ -195,3 +195,136 @@ def test_packed_rows_without_cu_seqlens_go_into_a_weighted_mixture(dataset, tmp_
     again = make()
     again.load_state_dict(ld.state_dict())
     assert head + zbtest.take(again, 7, firsts) == ref
+
+
+@pytest.fixture(scope="module")
+def chat_dataset(tmp_path_factory):
+    """Conversations of 1..12 messages of 0..30 tokens with a loss mask (every other message
+    trained, as an assistant's are); some far longer than a row, some trained stretches too."""
+    rng = np.random.default_rng(11)
+    folder = tmp_path_factory.mktemp("chatpacked") / "d"
+    docs, masks, at = [], [], 0
+    for k in range(300):
+        turns = rng.integers(0, 31, rng.integers(1, 13)) if k % 50 else np.array([3, 90, 2, 70])
+        m = np.concatenate([np.full(n, j % 2, np.uint16) for j, n in enumerate(turns.tolist())] or [[]])
+        if m.size == 0:
+            continue
+        docs.append(np.arange(at, at + m.size))
+        masks.append(m)
+        at += m.size
+    with TokenStreamWriter(folder, vocab_size=1 << 20, shard_tokens=2500) as w:
+        for d in docs:
+            w.add_document(d)
+    with TokenStreamWriter(folder / "loss_mask", vocab_size=2, shard_tokens=2500) as w:
+        for m in masks:
+            w.add_document(m)
+    return str(folder), docs, masks
+
+
+@pytest.mark.parametrize("seq_len", [7, 16, 40])
+@pytest.mark.parametrize("flat", [False, True])
+def test_long_conversations_are_cut_where_a_trained_message_ends(chat_dataset, seq_len, flat):
+    folder, docs, masks = chat_dataset
+    if flat:
+        src = FlatDocuments(folder, seq_len, buffer=64, loss_mask=True).groups
+        cap = seq_len
+    else:
+        src = PackedDocuments(folder, seq_len, buffer=64, loss_mask=True)
+        cap = seq_len + 1
+    assert src.split_at_turns
+    starts, lens, _ = src.pieces(np.arange(src.num_items))
+    doc_start = np.cumsum([0] + [d.size for d in docs])
+    cut_at: dict[int, list[int]] = {}
+    for s, n in zip(starts.tolist(), lens.tolist(), strict=True):
+        d = int(np.searchsorted(doc_start, s, side="right")) - 1
+        cut_at.setdefault(d, []).append(s - int(doc_start[d]))
+        assert 1 <= n <= cap
+    split = 0
+    for d, offsets in cut_at.items():
+        n, m = docs[d].size, masks[d]
+        offsets.sort()
+        edges = offsets + [n]
+        assert offsets[0] == 0 and all(b > a for a, b in zip(edges, edges[1:], strict=False))   # every token once
+        ends = [p for p in range(1, n) if m[p - 1] == 1 and m[p] == 0]
+        for a, b in zip(edges[:-1], edges[1:-1], strict=False):
+            reach = [e for e in ends if a < e <= a + cap]
+            # a cut is the last turn end a row reaches, or a row's end when it reaches none
+            assert b == (reach[-1] if reach else a + cap), (d, a, b)
+        split += len(offsets) > 1
+    assert set(cut_at) == set(range(len(docs)))
+    assert split == src.split_documents > 0
+    # the same plan without the turns cuts long conversations at row ends
+    plain = (FlatDocuments(folder, seq_len, buffer=64).groups if flat else
+             PackedDocuments(folder, seq_len, buffer=64))
+    assert not plain.split_at_turns and plain.fingerprint != src.fingerprint
+
+
+def test_turn_cuts_without_a_loss_mask_or_with_concat_are_refused(dataset):
+    from zerobatch.formats.errors import NotFoundError
+    with pytest.raises(NotFoundError, match="loss_mask"):
+        PackedDocuments(dataset[0], SEQ, split_at_turns=True)
+    with pytest.raises(ConfigError, match="split_at_turns"):
+        PackedDocuments(dataset[0], SEQ, split_at_turns=True, algorithm="concat")
+
+
+@pytest.fixture(scope="module")
+def chunk_file(dataset, tmp_path_factory):
+    """The documents of ``dataset`` as the records of an LLMCHNK file."""
+    from zerobatch.writers.llmchnk import LLMChunkWriter
+    path = tmp_path_factory.mktemp("packedchnk") / "docs.chunk"
+    at = 0
+    with LLMChunkWriter(path, seq_len=0) as w:
+        for n in dataset[1].tolist():
+            w.add(np.arange(at, at + n, dtype=np.uint32))
+            at += n
+    return str(path)
+
+
+@pytest.mark.parametrize("algorithm", ["best-fit", "concat"])
+def test_llmchnk_records_pack_like_the_same_documents_in_tokstream(dataset, chunk_file, algorithm):
+    import pickle
+
+    from zerobatch.readers.llmchnk import LLMChunkReader
+    want = PackedDocuments(dataset[0], SEQ, algorithm=algorithm, buffer=50)
+    for source in (chunk_file, LLMChunkReader(chunk_file)):
+        got = PackedDocuments(source, SEQ, algorithm=algorithm, buffer=50)
+        assert got.num_items == want.num_items and got.padding == want.padding
+        assert got.split_documents == want.split_documents
+        assert got.fingerprint.startswith("llmchnk:") and got.fingerprint != want.fingerprint
+        for dtype in (np.int64, np.int32):
+            a, b = rows_of(want, dtype), rows_of(got, dtype)
+            assert a.keys() == b.keys()
+            for k in a:
+                assert np.array_equal(a[k], b[k]), k
+        again = pickle.loads(pickle.dumps(got))           # a worker process re-indexes and plans
+        assert np.array_equal(rows_of(again)["tokens"], rows_of(want)["tokens"])
+    # whole documents flat, per document and by token budget
+    for budget in (None, 100):
+        a, b = FlatDocuments(dataset[0], budget), FlatDocuments(chunk_file, budget)
+        assert a.num_items == b.num_items
+        items = np.arange(a.num_items)[:, None]
+        for x, y in zip(a.read(items, np.dtype(np.int64)), b.read(items, np.dtype(np.int64)), strict=True):
+            assert np.array_equal(x["tokens"], y["tokens"]) and np.array_equal(x["labels"], y["labels"])
+    # through the loader, shuffled: every row once
+    src = PackedDocuments(chunk_file, SEQ, algorithm=algorithm)
+    seen = [b["input_ids"] for b in Loader(src, batch_size=8, tail="keep", seed=3)]
+    assert sum(x.shape[0] for x in seen) == src.num_items
+    with pytest.raises(ConfigError, match="loss_mask"):
+        PackedDocuments(chunk_file, SEQ, loss_mask=True)
+    with pytest.raises(ConfigError, match="split_at_turns"):
+        FlatDocuments(chunk_file, 64, split_at_turns=True)
+
+
+def test_llmchnk_records_pack_from_an_s3_store(dataset, chunk_file, s3_endpoint, tmp_path):
+    from s3kit import new_bucket, options
+
+    from zerobatch.core.remote import ObjectStore
+    from zerobatch.readers.llmchnk import LLMChunkReader
+    url = f"s3://{new_bucket(s3_endpoint)}/docs.chunk"
+    ObjectStore(url.rsplit("/", 1)[0], options(s3_endpoint)).put("docs.chunk", chunk_file)
+    far = LLMChunkReader(url, storage_options=options(s3_endpoint), cache_dir=tmp_path / "cache")
+    local = list(Loader(PackedDocuments(chunk_file, SEQ), batch_size=4, seed=9, tail="keep"))
+    remote = list(Loader(PackedDocuments(far, SEQ), batch_size=4, seed=9, tail="keep"))
+    assert len(local) == len(remote) > 5
+    for a, b in zip(local, remote, strict=True):
+        assert all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in ("input_ids", "labels", "position_ids"))

@@ -97,6 +97,17 @@ def check_pad_id(value: Any) -> int:
     return int(value)
 
 
+def check_position_dtype(value: Any) -> np.dtype:
+    """The dtype of position ids: ``int64`` or ``int32``."""
+    try:
+        dt = np.dtype(value)
+    except TypeError:
+        dt = None
+    if dt not in (np.dtype(np.int64), np.dtype(np.int32)):
+        raise ConfigError(f"position_dtype must be int64 or int32, got {value!r}", field="position_dtype")
+    return dt
+
+
 def open_reader(value: Any, cls: type, **kwargs: Any) -> Any:
     """``value`` if it is already a ``cls`` reader, else ``cls(value, **kwargs)``."""
     return value if isinstance(value, cls) else cls(value, **kwargs)

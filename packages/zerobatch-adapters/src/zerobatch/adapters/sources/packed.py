@@ -11,18 +11,137 @@ does windows (exact and elastic resume included).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
 from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Array, Source, Value, check_pad_id,
-                                              check_seq_len, open_reader)
+                                              check_position_dtype, check_seq_len)
 from zerobatch.core import PACKING_ALGORITHMS, flat_layout, pack_plan, pack_rows
 from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError
 from zerobatch.samplers import GlobalRandomOrder
 
-__all__ = ["FlatDocuments", "PackedDocuments"]
+__all__ = ["FlatDocuments", "PackedDocuments", "RecordDocuments"]
+
+
+class RecordDocuments:
+    """The records of an LLMCHNK file as documents for :class:`PackedDocuments` and
+    :class:`FlatDocuments`: the reader interface they use (document spans, flat reads of
+    ``[start, stop)`` token ranges), over token positions counted across the records in order.
+    Each read goes through :meth:`~zerobatch.readers.llmchnk.LLMChunkReader.read_record`, so
+    every record is checked against its checksum the first time it is read (and fetched by
+    byte range from a URL).
+
+    Args:
+        reader: an open :class:`~zerobatch.readers.llmchnk.LLMChunkReader`.
+    """
+
+    def __init__(self, reader: Any) -> None:
+        self.records = reader
+        self._index()
+
+    def _index(self) -> None:
+        lengths = self.records.lengths()
+        self.record_start = np.zeros(lengths.size + 1, np.int64)
+        np.cumsum(lengths, out=self.record_start[1:])
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"records": self.records}          # the index is recomputed: 8 bytes a record
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.records = d["records"]
+        self._index()
+
+    @property
+    def path(self) -> str:
+        return self.records.path
+
+    @property
+    def build_id(self) -> str:
+        return f"llmchnk:{self.records.fingerprint}"
+
+    @property
+    def remote(self) -> bool:
+        return self.records.remote
+
+    @property
+    def num_documents(self) -> int:
+        return self.records.num_records
+
+    def document_spans(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.asarray(indices, dtype=np.int64)
+        return self.record_start[idx], self.record_start[idx + 1]
+
+    def _records_of(self, starts: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.record_start, starts, side="right") - 1
+
+    def ranges(self, starts: np.ndarray, stops: np.ndarray, *, dtype: Any = np.int64) -> np.ndarray:
+        """Tokens ``[starts[k], stops[k])`` back to back; each range lies in one record."""
+        dt = np.dtype(dtype)
+        recs = self._records_of(starts)
+        out = np.empty(int((stops - starts).sum()), dt)
+        at = 0
+        for r, a, b in zip(recs.tolist(), starts.tolist(), stops.tolist(), strict=True):
+            base = int(self.record_start[r])
+            part = self.records.read_record(r)[a - base:b - base]
+            if dt == np.int32 and part.dtype == np.uint32 and part.size and int(part.max()) >= 1 << 31:
+                raise ConfigError("a token id does not fit int32 (read int64)", path=self.path, field="dtype")
+            out[at:at + part.size] = part
+            at += part.size
+        return out
+
+    def prefetch(self, starts: np.ndarray, *, stops: np.ndarray) -> None:
+        self.records.prefetch(np.unique(self._records_of(starts)))
+
+    def close(self) -> None:
+        self.records.close()
+
+
+def open_documents(value: Any, verify: bool) -> Any:
+    """A TOKSTREAM reader or, for an LLMCHNK file (a path, URL or open reader), its records as
+    :class:`RecordDocuments`."""
+    from zerobatch.readers.llmchnk import LLMChunkReader
+    from zerobatch.readers.tokstream import TokenStreamReader
+    if isinstance(value, (TokenStreamReader, RecordDocuments)):
+        return value
+    if isinstance(value, LLMChunkReader):
+        return RecordDocuments(value)
+    if isinstance(value, (str, os.PathLike)):
+        from zerobatch.readers.detect import find
+        fmt = find(value)
+        if fmt is not None and fmt.name == "llmchnk":
+            return RecordDocuments(LLMChunkReader(value, verify=verify))
+    return TokenStreamReader(value, verify=verify)
+
+
+def _no_mask_in_records(reader: Any, loss_mask: bool, split_at_turns: bool | None) -> None:
+    if isinstance(reader, RecordDocuments) and (loss_mask or split_at_turns):
+        field = "loss_mask" if loss_mask else "split_at_turns"
+        raise ConfigError(f"{field}: an LLMCHNK file has no loss mask (convert chat data to TOKSTREAM with --chat)",
+                          path=reader.path, field=field)
+
+
+def _build_id(reader: Any) -> str:
+    return reader.build_id if isinstance(reader, RecordDocuments) else reader.manifest.build_id
+
+
+TURN_SCAN_TOKENS = 1 << 24
+"""Loss-mask tokens read at once while looking for turn ends (64 MiB as int32)."""
+
+
+def _greedy_cuts(ends: np.ndarray, n: int, cap: int) -> list[int]:
+    """Cut points of a document of ``n`` tokens into pieces of at most ``cap``: each piece
+    ends at the last of ``ends`` (sorted) it can reach, or at ``cap`` tokens when it reaches
+    none."""
+    cuts, pos = [], 0
+    while n - pos > cap:
+        j = int(np.searchsorted(ends, pos + cap, side="right")) - 1
+        cut = int(ends[j]) if j >= 0 and ends[j] > pos else pos + cap
+        cuts.append(cut)
+        pos = cut
+    return cuts
 
 
 class PackedDocuments(Source):
@@ -30,7 +149,9 @@ class PackedDocuments(Source):
 
     Args:
         reader: the dataset folder (or URL), or an open
-            :class:`~zerobatch.readers.tokstream.TokenStreamReader`.
+            :class:`~zerobatch.readers.tokstream.TokenStreamReader`; or an LLMCHNK file (path,
+            URL or open :class:`~zerobatch.readers.llmchnk.LLMChunkReader`), whose records
+            are the documents.
         seq_len: input tokens per row.
         next_token: rows of ``seq_len + 1`` tokens handed out as ``input_ids = row[:-1]`` and
             ``labels`` (the next token, ``-100`` where it is padding or, with
@@ -53,10 +174,16 @@ class PackedDocuments(Source):
             the same shapes, so reads are stacked (several steps at once) and the source can
             go into a weighted :class:`Mixture` (attention kernels can take the boundaries
             from ``position_ids``, as Hugging Face's flash-attention path does).
+        split_at_turns: cut a conversation longer than a row where a trained message ends
+            (the loss mask of ``convert --chat`` turning off: the end of an assistant turn), so
+            that each piece holds whole exchanges and no answer is parted from its prompt; a
+            stretch of more than a row without such an end is cut at the row's end. ``None``
+            (default): when ``loss_mask`` is on. Needs the dataset's loss mask.
         verify: check chunk checksums on first read.
 
     A document longer than a row is split, never dropped or truncated: its first tokens fill
-    whole rows, its rest is packed like a short document. Each step is a dict: ``input_ids``
+    whole rows (or, with ``split_at_turns``, pieces end at turn ends), its rest is packed like
+    a short document. Each step is a dict: ``input_ids``
     (and ``labels``), ``position_ids`` (restarting at 0 at each piece of a document),
     ``segment_ids`` (the piece's number in its row, ``-1`` on padding), ``attention_mask``
     (``False`` on padding), and for the inputs of the whole step ``cu_seqlens`` (``int32``
@@ -73,11 +200,11 @@ class PackedDocuments(Source):
     def __init__(self, reader: Any, seq_len: int, *, next_token: bool = True, algorithm: str = "best-fit",
                  buffer: int = 4096, seed: int | None = 0, pad_id: int = 0, mask_boundaries: bool = True,
                  position_dtype: Any = np.int64, loss_mask: bool = False, cu_seqlens: bool = True,
-                 verify: bool = True) -> None:
+                 split_at_turns: bool | None = None, verify: bool = True) -> None:
         super().__init__()
         from zerobatch.adapters.sources.tokstream import _loss_mask
-        from zerobatch.readers.tokstream import TokenStreamReader
-        self.reader = open_reader(reader, TokenStreamReader, verify=verify)
+        self.reader = open_documents(reader, verify)
+        _no_mask_in_records(self.reader, loss_mask, split_at_turns)
         self.mask_reader = _loss_mask(self.reader, loss_mask, next_token)
         self.seq_len = check_seq_len(seq_len)
         self.next_token = bool(next_token)
@@ -91,12 +218,13 @@ class PackedDocuments(Source):
         self.seed = None if seed is None else int(seed)
         self.pad_id = check_pad_id(pad_id)
         self.mask_boundaries = bool(mask_boundaries)
-        self.position_dtype = np.dtype(position_dtype)
-        if self.position_dtype not in (np.int64, np.int32):
-            raise ConfigError(f"position_dtype must be int64 or int32, got {self.position_dtype}",
-                              field="position_dtype")
+        self.position_dtype = check_position_dtype(position_dtype)
         self.with_cu_seqlens = bool(cu_seqlens)
         self.stacked = not self.with_cu_seqlens
+        self.split_at_turns = bool(loss_mask) if split_at_turns is None else bool(split_at_turns)
+        if self.split_at_turns and self.algorithm == "concat":
+            raise ConfigError("split_at_turns: concat cuts documents at row ends by definition; use best-fit or "
+                              "first-fit", field="split_at_turns")
         inputs = slice(None, -1) if self.next_token else None
         self.output = {"input_ids": Array("tokens", inputs), "position_ids": Array("position_ids", inputs),
                        "segment_ids": Array("segment_ids", inputs), "attention_mask": Array("mask", inputs)}
@@ -105,26 +233,73 @@ class PackedDocuments(Source):
         if self.next_token:
             self.output["labels"] = Array("labels")
         self._plan()
-        m = self.reader.manifest
-        self.fingerprint = (f"{m.build_id}:packed:{self.algorithm}:{self.capacity}:{self.buffer}:"
-                            f"{'none' if self.seed is None else self.seed}")
+        self.fingerprint = (f"{_build_id(self.reader)}:packed:{self.algorithm}:{self.capacity}:{self.buffer}:"
+                            f"{'none' if self.seed is None else self.seed}{':turns' if self.split_at_turns else ''}")
 
     def _plan(self) -> None:
         n = self.reader.num_documents
         starts, stops = self.reader.document_spans(np.arange(n, dtype=np.int64))
         order = (np.arange(n, dtype=np.int64) if self.seed is None or n < 2 else
                  GlobalRandomOrder(n, seed=self.seed).items(0, np.arange(n, dtype=np.int64)))
-        lengths = (stops - starts)[order]
-        row_ptr, piece_doc, piece_offset, piece_len = pack_plan(lengths, self.capacity, self.buffer, self.algorithm)
+        starts, lengths = starts[order], (stops - starts)[order]
+        # the planner's items: documents, or with split_at_turns the pieces of long ones
+        item_start, item_len, item_doc = (self._turn_pieces(starts, lengths) if self.split_at_turns else
+                                          (starts, lengths, None))
+        row_ptr, piece_item, piece_offset, piece_len = pack_plan(item_len, self.capacity, self.buffer,
+                                                                 self.algorithm)
         self.row_ptr = row_ptr
-        self.piece_start = starts[order[piece_doc]] + piece_offset
+        self.piece_start = item_start[piece_item] + piece_offset
         self.piece_len = piece_len
         self.num_items = row_ptr.size - 1
         total = int(lengths.sum())
         self.padding = 1.0 - total / (self.num_items * self.capacity) if self.num_items else 0.0
+        piece_doc = piece_item if item_doc is None else item_doc[piece_item]
         self.split_documents = int(np.count_nonzero(np.bincount(piece_doc, minlength=n) > 1))
         if self.num_items == 0:
             raise ConfigError("the dataset holds no tokens to pack", path=self.reader.path, field="documents")
+
+    def _turn_pieces(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Documents longer than a row cut where a trained message ends (the loss mask going
+        from 1 to 0), each piece as long as a row allows; ``(starts, lengths, document)`` of
+        the pieces, in document order. Only the long documents' masks are read, in batches of
+        at most :data:`TURN_SCAN_TOKENS`."""
+        from zerobatch.readers.tokstream import open_loss_mask
+        cap = self.capacity
+        long_docs = np.flatnonzero(lengths > cap)
+        mask = self.mask_reader if self.mask_reader is not None else open_loss_mask(self.reader)
+        cuts: dict[int, list[int]] = {}
+        try:
+            first = 0
+            while first < long_docs.size:
+                sizes = np.cumsum(lengths[long_docs[first:]])
+                last = first + max(1, int(np.searchsorted(sizes, TURN_SCAN_TOKENS, side="right")))
+                batch = long_docs[first:last]
+                a, b = starts[batch], starts[batch] + lengths[batch]
+                flat = mask.ranges(a, b, dtype=np.int32)
+                at = 0
+                for d, n in zip(batch.tolist(), lengths[batch].tolist(), strict=True):
+                    m = flat[at:at + n]
+                    at += n
+                    ends = np.flatnonzero(m[:-1] > m[1:]) + 1     # a trained stretch ends here
+                    cuts[d] = _greedy_cuts(ends, n, cap)
+                first = last
+        finally:
+            if mask is not self.mask_reader:
+                mask.close()
+        if long_docs.size == 0:
+            return starts, lengths, np.arange(starts.size, dtype=np.int64)
+        counts = np.ones(starts.size, np.int64)
+        counts[long_docs] = [len(cuts[d]) + 1 for d in long_docs.tolist()]
+        item_doc = np.repeat(np.arange(starts.size, dtype=np.int64), counts)
+        offsets = np.zeros(item_doc.size, np.int64)
+        item_len = np.repeat(lengths, counts)
+        first_item = np.cumsum(counts) - counts
+        for d in long_docs.tolist():
+            edges = np.asarray([0, *cuts[d], int(lengths[d])], np.int64)
+            k = int(first_item[d])
+            offsets[k:k + edges.size - 1] = edges[:-1]
+            item_len[k:k + edges.size - 1] = np.diff(edges)
+        return starts[item_doc] + offsets, item_len, item_doc
 
     def __getstate__(self) -> dict[str, Any]:
         # a worker process plans again (deterministic, about 0.1 s per million documents)
@@ -202,7 +377,8 @@ class FlatDocuments(Source):
     Face's ``DataCollatorWithFlattening`` and of variable-length attention kernels).
 
     Args:
-        reader: the dataset folder (or URL), or an open reader.
+        reader: the dataset folder (or URL), or an open reader; or an LLMCHNK file, whose
+            records are the documents (as for :class:`PackedDocuments`).
         token_budget: None: an item is a document, and the loader's ``batch_size`` counts
             documents per step. A number: an item is a group of whole documents holding at
             most this many tokens (planned as :class:`PackedDocuments` plans rows: best-fit
@@ -215,6 +391,9 @@ class FlatDocuments(Source):
             each document's last token); else ``input_ids`` and the boundaries alone.
         position_dtype: ``int64`` or ``int32`` position ids.
         loss_mask: ``labels`` are also ``-100`` where the dataset's loss mask is off.
+        split_at_turns: with a ``token_budget``, a conversation longer than the budget is cut
+            where a trained message ends (see :class:`PackedDocuments`); ``None``: when
+            ``loss_mask`` is on.
         verify: check chunk checksums on first read.
 
     A step is a dict: ``input_ids`` ``[1, T]``, ``labels`` ``[1, T]``, ``position_ids``
@@ -226,17 +405,14 @@ class FlatDocuments(Source):
 
     def __init__(self, reader: Any, token_budget: int | None = None, *, algorithm: str = "best-fit",
                  buffer: int = 4096, seed: int | None = 0, next_token: bool = True, position_dtype: Any = np.int64,
-                 loss_mask: bool = False, verify: bool = True) -> None:
+                 loss_mask: bool = False, split_at_turns: bool | None = None, verify: bool = True) -> None:
         super().__init__()
         from zerobatch.adapters.sources.tokstream import _loss_mask
-        from zerobatch.readers.tokstream import TokenStreamReader
-        self.reader = open_reader(reader, TokenStreamReader, verify=verify)
+        self.reader = open_documents(reader, verify)
+        _no_mask_in_records(self.reader, loss_mask, split_at_turns)
         self.next_token = bool(next_token)
         self.mask_reader = _loss_mask(self.reader, loss_mask, self.next_token)
-        self.position_dtype = np.dtype(position_dtype)
-        if self.position_dtype not in (np.int64, np.int32):
-            raise ConfigError(f"position_dtype must be int64 or int32, got {self.position_dtype}",
-                              field="position_dtype")
+        self.position_dtype = check_position_dtype(position_dtype)
         self.stacked = False
         self.output = {"input_ids": Array("tokens"), "position_ids": Array("position_ids"),
                        "cu_seqlens": Array("cu_seqlens"), "max_seqlen": Value("max_seqlen"),
@@ -244,14 +420,15 @@ class FlatDocuments(Source):
         if self.next_token:
             self.output["labels"] = Array("labels")
         self.token_budget = None if token_budget is None else check_count(token_budget, "token_budget", minimum=1)
-        build_id = self.reader.manifest.build_id
+        build_id = _build_id(self.reader)
         if self.token_budget is None:
             self.groups = None
             self.num_items = self.reader.num_documents
             self.fingerprint = build_id
         else:
             self.groups = PackedDocuments(self.reader, self.token_budget, next_token=False, algorithm=algorithm,
-                                          buffer=buffer, seed=seed)
+                                          buffer=buffer, seed=seed, split_at_turns=(
+                                              bool(loss_mask) if split_at_turns is None else split_at_turns))
             self.num_items = self.groups.num_items
             self.fingerprint = self.groups.fingerprint.replace(":packed:", ":flat:")
         if self.num_items == 0:

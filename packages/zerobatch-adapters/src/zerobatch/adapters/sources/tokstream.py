@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Array, Source, Value, check_pad_id,
-                                              check_seq_len, next_token_pair, open_reader)
+                                              check_position_dtype, check_seq_len, next_token_pair,
+                                              open_reader)
 from zerobatch.core import pad_rows
 from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError
@@ -56,10 +57,7 @@ class TokenWindows(Source):
         self.stride = self.seq_len if stride is None else check_count(stride, "stride", minimum=1)
         self.boundaries = bool(boundaries)
         self.metadata = bool(metadata)
-        self.position_dtype = np.dtype(position_dtype)
-        if self.position_dtype not in (np.int64, np.int32):
-            raise ConfigError(f"position_dtype must be int64 or int32, got {self.position_dtype}",
-                              field="position_dtype")
+        self.position_dtype = check_position_dtype(position_dtype)
         self.stacked = not (self.boundaries or self.metadata or self.mask_reader is not None)
         self.output = self._output()
         self.num_items = self.reader.num_windows(self.length, self.stride)
