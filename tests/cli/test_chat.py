@@ -177,3 +177,31 @@ def test_bad_chat_inputs_are_refused(chatml, tmp_path):
                    {"eos_token": "<|im_end|>"})
     with pytest.raises(ConfigError, match="not a prefix"):
         ChatTemplate(str(odd)).encode([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
+
+
+def test_worker_processes_convert_chat_as_one_process_does(chatml, tmp_path, monkeypatch):
+    import zerobatch.cli.convert as conv
+    monkeypatch.setattr(conv, "CHAT_GROUP", 8)          # 100 conversations: 13 groups over 2 processes
+    started = []
+    real = conv.mp.get_context
+    monkeypatch.setattr(conv.mp, "get_context", lambda method: started.append(method) or real(method))
+    convs = [[{"role": "user", "content": f"q{i} " * (i % 7)}, {"role": "assistant", "content": f"a{i} ✓" * (i % 4)}]
+             for i in range(100)]
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps({"messages": m}) + "\n" for m in convs))
+    for workers in (1, 2):
+        convert(str(src), str(tmp_path / f"w{workers}"), to="tokstream", tokenizer=chatml, chat=True, workers=workers,
+                log=lambda *_: None)
+    with TokenStreamReader(tmp_path / "w1") as a, TokenStreamReader(tmp_path / "w2") as b, \
+            open_loss_mask(a) as ma, open_loss_mask(b) as mb:
+        assert a.num_documents == b.num_documents == 100
+        for i in range(100):
+            assert a.document(i).tolist() == b.document(i).tolist()
+            assert ma.document(i).tolist() == mb.document(i).tolist()
+    assert started == ["forkserver"]                    # workers=2 started a pool, workers=1 none
+    # a bad record in a worker's group is reported by file and line
+    src.write_text("".join(json.dumps({"messages": m}) + "\n" for m in convs[:50]) + '{"messages": 3}\n')
+    with pytest.raises(CorruptError, match="c.jsonl line 51"):
+        convert(str(src), str(tmp_path / "bad"), to="tokstream", tokenizer=chatml, chat=True, workers=2,
+                log=lambda *_: None)
+    assert not (tmp_path / "bad").exists()

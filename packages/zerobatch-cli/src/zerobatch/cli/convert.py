@@ -970,6 +970,53 @@ def _chat_records(srcs: list[str], field: str) -> Iterator[tuple[str, int, Any]]
                     yield path, lineno, obj[field]
 
 
+CHAT_GROUP = 256
+"""Conversations a ``--chat`` worker process renders and tokenizes per task."""
+
+_CHAT: Any = None
+
+
+def _init_chat_worker(folder: str, roles: tuple[str, ...]) -> None:
+    global _CHAT
+    from zerobatch.cli.chat import ChatTemplate
+    _CHAT = ChatTemplate(folder, roles)
+
+
+def _encode_chat_group(group: list[tuple[str, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(ids, loss mask)`` of each ``(where, messages)`` of ``group``, with the process's
+    template (:func:`_init_chat_worker`)."""
+    return [_CHAT.encode(messages, where=where) for where, messages in group]
+
+
+def _encoded_chat(groups: Iterator[list[tuple[str, Any]]], chat: Any, workers: int
+                  ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The conversations of ``groups`` encoded, in order: on the calling process, or on
+    ``workers`` processes (started at the second group, so a small input starts none), with
+    at most two groups per worker in flight."""
+    groups = iter(groups)
+    first = next(groups, None)
+    second = next(groups, None) if first is not None else None
+    everything = itertools.chain([first, second] if second is not None else [first] if first is not None else [],
+                                 groups)
+    if workers < 2 or second is None:
+        for group in everything:
+            yield from (chat.encode(messages, where=where) for where, messages in group)
+        return
+    ctx = mp.get_context("forkserver" if sys.platform != "win32" else "spawn")
+    pool = ctx.Pool(workers, _init_chat_worker, (chat.folder, chat.roles))
+    pending: deque[Any] = deque()
+    try:
+        for group in everything:
+            pending.append(pool.apply_async(_encode_chat_group, (group,)))
+            while len(pending) > 2 * workers:
+                yield from pending.popleft().get()
+        while pending:
+            yield from pending.popleft().get()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
 def convert_chat(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[[str], None]) -> str:
     """``convert --chat``: JSONL conversations into a TOKSTREAM dataset (one document per
     conversation, rendered with the tokenizer folder's chat template) and its loss mask
@@ -1001,9 +1048,18 @@ def convert_chat(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[
     def build(folder: str) -> str:
         w = TokenStreamWriter(folder, vocab_size=chat.vocab_size, shard_tokens=args.shard_tokens)
         m = TokenStreamWriter(os.path.join(folder, LOSS_MASK_DIR), vocab_size=2, shard_tokens=args.shard_tokens)
-        try:
+        def groups() -> Iterator[list[tuple[str, Any]]]:
+            group: list[tuple[str, Any]] = []
             for path, lineno, messages in _chat_records(srcs, field):
-                ids, mask = chat.encode(messages, where=f"{os.path.basename(path)} line {lineno}")
+                group.append((f"{os.path.basename(path)} line {lineno}", messages))
+                if len(group) == CHAT_GROUP:
+                    yield group
+                    group = []
+            if group:
+                yield group
+
+        try:
+            for ids, mask in _encoded_chat(groups(), chat, args.workers):
                 if not ids.size:
                     counts["empty"] += 1
                     continue
