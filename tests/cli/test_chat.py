@@ -144,6 +144,16 @@ def test_convert_chat_writes_the_mask_and_the_loaders_use_it(chatml, tmp_path):
     assert got <= want and got >= want - 60 * 2     # a split conversation loses its cut's label
 
 
+def assert_same_chat_data(first, second, count):
+    """Two chat datasets hold ``count`` conversations with equal tokens and loss masks."""
+    with TokenStreamReader(first) as a, TokenStreamReader(second) as b, \
+            open_loss_mask(a) as ma, open_loss_mask(b) as mb:
+        assert a.num_documents == b.num_documents == count
+        for i in range(count):
+            assert a.document(i).tolist() == b.document(i).tolist()
+            assert ma.document(i).tolist() == mb.document(i).tolist()
+
+
 def test_parquet_conversations_equal_jsonl_ones(chatml, tmp_path):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
@@ -154,12 +164,7 @@ def test_parquet_conversations_equal_jsonl_ones(chatml, tmp_path):
     for name in ("c.jsonl", "c.parquet"):
         convert(str(tmp_path / name), str(tmp_path / f"out-{name}"), to="tokstream", tokenizer=chatml, chat=True,
                 log=lambda *_: None)
-    with TokenStreamReader(tmp_path / "out-c.jsonl") as a, TokenStreamReader(tmp_path / "out-c.parquet") as b, \
-            open_loss_mask(a) as ma, open_loss_mask(b) as mb:
-        assert a.num_documents == b.num_documents == 30
-        for i in range(30):
-            assert a.document(i).tolist() == b.document(i).tolist()
-            assert ma.document(i).tolist() == mb.document(i).tolist()
+    assert_same_chat_data(tmp_path / "out-c.jsonl", tmp_path / "out-c.parquet", 30)
 
 
 def test_bad_chat_inputs_are_refused(chatml, tmp_path):
@@ -192,12 +197,7 @@ def test_worker_processes_convert_chat_as_one_process_does(chatml, tmp_path, mon
     for workers in (1, 2):
         convert(str(src), str(tmp_path / f"w{workers}"), to="tokstream", tokenizer=chatml, chat=True, workers=workers,
                 log=lambda *_: None)
-    with TokenStreamReader(tmp_path / "w1") as a, TokenStreamReader(tmp_path / "w2") as b, \
-            open_loss_mask(a) as ma, open_loss_mask(b) as mb:
-        assert a.num_documents == b.num_documents == 100
-        for i in range(100):
-            assert a.document(i).tolist() == b.document(i).tolist()
-            assert ma.document(i).tolist() == mb.document(i).tolist()
+    assert_same_chat_data(tmp_path / "w1", tmp_path / "w2", 100)
     assert started == ["forkserver"]                    # workers=2 started a pool, workers=1 none
     # a bad record in a worker's group is reported by file and line
     src.write_text("".join(json.dumps({"messages": m}) + "\n" for m in convs[:50]) + '{"messages": 3}\n')
