@@ -205,3 +205,48 @@ def test_worker_processes_convert_chat_as_one_process_does(chatml, tmp_path, mon
         convert(str(src), str(tmp_path / "bad"), to="tokstream", tokenizer=chatml, chat=True, workers=2,
                 log=lambda *_: None)
     assert not (tmp_path / "bad").exists()
+
+
+def test_chat_tasks_and_commit_give_the_dataset_and_mask_of_one_process(chatml, tmp_path, s3_endpoint, monkeypatch):
+    """convert --chat --task I --tasks N over a JSONL file cut into byte ranges and a Parquet
+    file split by row group: for N = 1 and 3 (tasks in any order), after commit, the dataset
+    and its loss mask equal a one-process conversion, file for file across N; commit refuses
+    while a task is missing (no manifest in either stream) and works at an s3:// URL too."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from zerobatch.cli.tasks import commit
+    convs = [[{"role": "user", "content": f"question {i} " * (i % 6 + 1)},
+              {"role": "assistant", "content": f"answer {i} ✓ " * (i % 4 + 1)}] for i in range(120)]
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text("".join(json.dumps({"messages": m}) + "\n" for m in convs[:80]))
+    pq.write_table(pa.table({"messages": convs[80:]}), src / "b.parquet", row_group_size=9)
+    one = tmp_path / "one"
+    convert(str(src), str(one), to="tokstream", tokenizer=chatml, chat=True, log=lambda *_: None)
+    opts = dict(to="tokstream", tokenizer=chatml, chat=True, unit_bytes=2048, shard_tokens=1500, workers=1,
+                quiet=True, log=lambda *_: None)
+    files = {}
+    for n, order in ((1, [0]), (3, [2, 0, 1])):
+        dst = tmp_path / f"n{n}"
+        for i in order:
+            if n == 3 and i == 1:
+                with pytest.raises(ConfigError, match="run these of the 3 tasks again: 1"):
+                    commit(str(dst), log=lambda *_: None)
+                assert not (dst / "manifest.json").exists() and not (dst / "loss_mask" / "manifest.json").exists()
+            convert(str(src), str(dst), task=i, tasks=n, **opts)
+        commit(str(dst), log=lambda *_: None)
+        assert_same_chat_data(one, dst, 120)
+        files[n] = {str(p.relative_to(dst)): p.read_bytes() for p in sorted(dst.rglob("*")) if p.is_file()}
+        assert not any(k.startswith("_parts") or "/_parts" in k for k in files[n])
+    assert files[1] == files[3]
+    # the same at a URL: the mask's manifest, then the dataset's
+    from s3kit import new_bucket
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+                 "AWS_ENDPOINT_URL": s3_endpoint, "AWS_ALLOW_HTTP": "true",
+                 "ZEROBATCH_CACHE_DIR": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(k, v)
+    url = f"s3://{new_bucket(s3_endpoint)}/sft"
+    for i in range(2):
+        convert(str(src), url, task=i, tasks=2, **opts)
+    commit(url, log=lambda *_: None)
+    assert_same_chat_data(one, url, 120)

@@ -25,6 +25,7 @@ metadata ids, and read with the same compiled gathers as the tokens);
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -122,6 +123,10 @@ class ChatTemplate:
             raise ConfigError("--chat needs tokenizers: pip install tokenizers", field="chat") from None
         self.tokenizer = Tokenizer.from_file(tok_path)
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        digest = hashlib.sha256(json.dumps([template, self.specials, self.roles]).encode("utf-8"))
+        digest.update(self.tokenizer.to_str().encode("utf-8"))
+        #: what decides the ids and masks: the template, special tokens, roles and tokenizer
+        self.fingerprint = digest.hexdigest()[:32]
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
         """The text of ``messages`` (as ``apply_chat_template(..., tokenize=False)``)."""

@@ -710,8 +710,6 @@ def convert(src: str | os.PathLike[str] | list[Any], dst: str, *, to: str, log: 
     if not is_url(dst) and not os.path.isdir(parent):
         raise NotFoundError("destination: the parent folder does not exist", path=dst, field="destination")
     if args.task is not None or args.tasks is not None:
-        if args.chat:
-            raise ConfigError("--chat: chat data is converted by one process (not with --tasks)", field="chat")
         return run_task(srcs, dst, args, log)    # the tasks share the destination folder
     if args.chat or args.chat_roles:
         return convert_chat(srcs, dst, args, log)
@@ -881,6 +879,8 @@ def run_task(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[[str
                           ("--overwrite", args.overwrite or None)):
         if value is not None:
             raise ConfigError(f"{option}: not with --tasks", field="tasks")
+    if args.chat or args.chat_roles:
+        return run_chat_task(srcs, dst, args, log)
     source = _open(srcs, args)
     if not isinstance(source, TextSource):
         raise ConfigError(f"--tasks: distributed preparation tokenizes text (JSONL, Parquet, text, HF); a "
@@ -932,42 +932,63 @@ def run_task(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[[str
     return summary
 
 
-def _chat_records(srcs: list[str], field: str) -> Iterator[tuple[str, int, Any]]:
-    """``(file, line or row number, messages)`` of the conversations of ``srcs``: JSONL
-    records, or Parquet rows (a column of lists of role/content structs)."""
-    from zerobatch.cli.sources import _files, _open_bytes, _pyarrow_parquet
-    for src in srcs:
-        for path in _files(src, ("*.jsonl", "*.jsonl.gz", "*.ndjson", "*.json", "*.parquet")):
-            if path.lower().endswith(".parquet"):
-                pq = _pyarrow_parquet()
+CHAT_PATTERNS = ("*.jsonl", "*.jsonl.gz", "*.ndjson", "*.json", "*.parquet")
+
+
+def _chat_records(srcs: list[str], field: str, units: list[Any] | None = None) -> Iterator[tuple[str, Any]]:
+    """``(where, messages)`` of the conversations of ``srcs`` (or of ``units``, parts of
+    them: :class:`zerobatch.cli.tasks.Unit`): JSONL records, or Parquet rows (a column of
+    lists of role/content structs); ``where`` names the file and line (or row)."""
+    from zerobatch.cli.sources import _files, _open_bytes, _pyarrow_parquet, span_lines
+    parts = ([(u.file, u.span) for u in units] if units is not None else
+             [(path, None) for src in srcs for path in _files(src, CHAT_PATTERNS)])
+    for path, span in parts:
+        name = os.path.basename(path)
+        if path.lower().endswith(".parquet"):
+            after = "" if span is None else f" of row groups {span[0]}-{span[1] - 1}"
+            pq = _pyarrow_parquet()
+            try:
+                pf = pq.ParquetFile(path)
+                if field not in pf.schema_arrow.names:
+                    raise CorruptError(f"parquet: no column {field!r} (a list of messages; choose it with --field; "
+                                       f"columns: {pf.schema_arrow.names})", path=path, field=field)
+                row = 0
+                groups = None if span is None else list(range(*span))
+                for batch in pf.iter_batches(batch_size=1024, columns=[field], row_groups=groups):
+                    for messages in batch.column(0).to_pylist():
+                        row += 1
+                        yield f"{name} row {row}{after}", messages
+            except CorruptError:
+                raise
+            except Exception as exc:  # pyarrow's own errors for damaged files
+                raise CorruptError(f"parquet: {exc}", path=path, field="parquet") from None
+            continue
+        after = "" if span is None or not span[0] else f" after byte {span[0]}"
+        with _open_bytes(path) as f:
+            for lineno, raw in enumerate(span_lines(f, span), 1):
+                if not raw.strip():
+                    continue
                 try:
-                    pf = pq.ParquetFile(path)
-                    if field not in pf.schema_arrow.names:
-                        raise CorruptError(f"parquet: no column {field!r} (a list of messages; choose it with --field; "
-                                           f"columns: {pf.schema_arrow.names})", path=path, field=field)
-                    row = 0
-                    for batch in pf.iter_batches(batch_size=1024, columns=[field]):
-                        for messages in batch.column(0).to_pylist():
-                            row += 1
-                            yield path, row, messages
-                except CorruptError:
-                    raise
-                except Exception as exc:  # pyarrow's own errors for damaged files
-                    raise CorruptError(f"parquet: {exc}", path=path, field="parquet") from None
-                continue
-            with _open_bytes(path) as f:
-                for lineno, raw in enumerate(f, 1):
-                    if not raw.strip():
-                        continue
-                    try:
-                        obj = json.loads(raw)
-                    except ValueError as exc:
-                        raise CorruptError(f"line {lineno}: not valid JSON ({exc})", path=path,
-                                           field=f"line {lineno}") from None
-                    if not isinstance(obj, dict) or field not in obj:
-                        raise CorruptError(f"line {lineno}: no field {field!r} (a list of messages; choose it with "
-                                           f"--field)", path=path, field=field)
-                    yield path, lineno, obj[field]
+                    obj = json.loads(raw)
+                except ValueError as exc:
+                    raise CorruptError(f"line {lineno}{after}: not valid JSON ({exc})", path=path,
+                                       field=f"line {lineno}") from None
+                if not isinstance(obj, dict) or field not in obj:
+                    raise CorruptError(f"line {lineno}{after}: no field {field!r} (a list of messages; choose it "
+                                       f"with --field)", path=path, field=field)
+                yield f"{name} line {lineno}{after}", obj[field]
+
+
+def _chat_groups(records: Iterator[tuple[str, Any]]) -> Iterator[list[tuple[str, Any]]]:
+    """``records`` in groups of :data:`CHAT_GROUP`."""
+    group: list[tuple[str, Any]] = []
+    for record in records:
+        group.append(record)
+        if len(group) == CHAT_GROUP:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 CHAT_GROUP = 256
@@ -1017,14 +1038,9 @@ def _encoded_chat(groups: Iterator[list[tuple[str, Any]]], chat: Any, workers: i
         pool.join()
 
 
-def convert_chat(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[[str], None]) -> str:
-    """``convert --chat``: JSONL conversations into a TOKSTREAM dataset (one document per
-    conversation, rendered with the tokenizer folder's chat template) and its loss mask
-    (``DST/loss_mask``, see :mod:`zerobatch.cli.chat`); returns the summary."""
+def _chat_setup(args: ConvertOptions) -> tuple[Any, str]:
+    """The options of ``--chat`` checked; ``(template, messages field)``."""
     from zerobatch.cli.chat import DEFAULT_ROLES, ChatTemplate
-    from zerobatch.readers.tokstream import LOSS_MASK_DIR
-    from zerobatch.writers.tokstream import TokenStreamWriter
-
     if args.to != "tokstream":
         raise ConfigError(f"--chat: chat data is written --to tokstream (not {args.to}), with its loss mask",
                           field="to")
@@ -1036,7 +1052,62 @@ def convert_chat(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[
         raise ConfigError("--chat: --tokenizer must be a Hugging Face tokenizer folder (tokenizer.json and "
                           "tokenizer_config.json with its chat_template)", field="tokenizer")
     chat = ChatTemplate(args.tokenizer, args.chat_roles or DEFAULT_ROLES)
-    field = "messages" if args.field == "text" else args.field
+    return chat, "messages" if args.field == "text" else args.field
+
+
+def run_chat_task(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[[str], None]) -> str:
+    """``convert --chat --task I --tasks N``: task ``I``'s units of the conversations written
+    into ``dst`` as finished parts, and their loss masks into ``dst/loss_mask`` (each stream a
+    preparation of its own, with the same units and shard cuts); ``zerobatch commit`` commits
+    the mask, then the dataset. A unit's mask is written before its tokens, so a unit whose
+    tokens are finished has its mask too."""
+    import zerobatch.cli.tasks as TK
+    from zerobatch.readers.tokstream import LOSS_MASK_DIR
+
+    chat, field = _chat_setup(args)
+    source = _open(srcs, args)
+    if not isinstance(source, TextSource):
+        raise ConfigError("--chat: conversations come from JSONL or Parquet files", path=" ".join(srcs),
+                          field="chat")
+    t0 = time.perf_counter()
+    units = TK.plan_units(source, args.unit_bytes)
+    plan = {"version": 1, "zerobatch": __version__, "tasks": args.tasks, "units": [u.to_list() for u in units],
+            "source": source.fingerprint(), "chat": chat.fingerprint, "field": field, "vocab_size": chat.vocab_size,
+            "shard_tokens": args.shard_tokens}
+    mask_plan = {**plan, "stream": LOSS_MASK_DIR, "vocab_size": 2}
+    if not is_url(dst):
+        os.makedirs(os.path.join(dst, LOSS_MASK_DIR), exist_ok=True)
+    d = TK.Destination(dst)
+    md = TK.Destination(f"{dst.rstrip('/')}/{LOSS_MASK_DIR}" if is_url(dst) else os.path.join(dst, LOSS_MASK_DIR))
+    TK.write_plan(d, plan)
+    TK.write_plan(md, mask_plan)
+    mine = TK.task_units(len(units), args.task, args.tasks)
+    done = skipped = 0
+    for u in mine:
+        if TK.finished(d, u) is not None:
+            skipped += 1
+            continue
+        records = _chat_records(srcs, field, [units[u]])
+        encoded = [(ids, mask) for ids, mask in _encoded_chat(_chat_groups(records), chat, args.workers) if ids.size]
+        TK.write_unit(md, u, (m.astype(np.uint16) for _, m in encoded), vocab_size=2, eod=None,
+                      shard_tokens=args.shard_tokens, build_seed=TK.unit_seed(mask_plan, u))
+        TK.write_unit(d, u, (ids for ids, _ in encoded), vocab_size=chat.vocab_size, eod=None,
+                      shard_tokens=args.shard_tokens, build_seed=TK.unit_seed(plan, u))
+        done += 1
+    summary = (f"task {args.task} of {args.tasks}: units [{mine.start}, {mine.stop}) of {len(units)}: {done} "
+               f"written, {skipped} finished before (chat, with the loss mask)")
+    log(f"{summary} in {time.perf_counter() - t0:.1f} s; when every task is done: zerobatch commit {redact(dst)}")
+    return summary
+
+
+def convert_chat(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[[str], None]) -> str:
+    """``convert --chat``: JSONL conversations into a TOKSTREAM dataset (one document per
+    conversation, rendered with the tokenizer folder's chat template) and its loss mask
+    (``DST/loss_mask``, see :mod:`zerobatch.cli.chat`); returns the summary."""
+    from zerobatch.readers.tokstream import LOSS_MASK_DIR
+    from zerobatch.writers.tokstream import TokenStreamWriter
+
+    chat, field = _chat_setup(args)
     if not is_url(dst):
         check_destination(dst, "folder", args.overwrite)
     else:
@@ -1048,18 +1119,8 @@ def convert_chat(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[
     def build(folder: str) -> str:
         w = TokenStreamWriter(folder, vocab_size=chat.vocab_size, shard_tokens=args.shard_tokens)
         m = TokenStreamWriter(os.path.join(folder, LOSS_MASK_DIR), vocab_size=2, shard_tokens=args.shard_tokens)
-        def groups() -> Iterator[list[tuple[str, Any]]]:
-            group: list[tuple[str, Any]] = []
-            for path, lineno, messages in _chat_records(srcs, field):
-                group.append((f"{os.path.basename(path)} line {lineno}", messages))
-                if len(group) == CHAT_GROUP:
-                    yield group
-                    group = []
-            if group:
-                yield group
-
         try:
-            for ids, mask in _encoded_chat(groups(), chat, args.workers):
+            for ids, mask in _encoded_chat(_chat_groups(_chat_records(srcs, field)), chat, args.workers):
                 if not ids.size:
                     counts["empty"] += 1
                     continue

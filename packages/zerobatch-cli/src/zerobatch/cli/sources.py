@@ -185,6 +185,26 @@ def _open_bytes(path: str) -> io.BufferedIOBase:
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")  # noqa: SIM115
 
 
+def span_lines(f: io.BufferedIOBase, span: tuple[int, int] | None) -> Iterator[bytes]:
+    """The lines of ``f`` (each with its ending), or with ``span`` the lines that start
+    in bytes ``[a, b)`` of it (a line that starts before ``a`` belongs to the span before)."""
+    if span is None:
+        yield from f
+        return
+    a, b = span
+    if a:
+        f.seek(a - 1)
+        if f.read(1) != b"\n":
+            f.readline()              # the rest of a line that started in the span before
+    pos = f.tell()
+    while pos < b:
+        raw = f.readline()
+        if not raw:
+            return
+        pos += len(raw)
+        yield raw
+
+
 def _lines(f: io.BufferedIOBase) -> Iterator[bytes]:
     """The lines of a binary file with their endings, split on ``\n``, ``\r\n`` and ``\r``
     (Python's universal newlines)."""
@@ -348,23 +368,7 @@ class TextSource:
             return raw.decode("utf-8", "replace"), True
 
     def _raw_lines(self, f: io.BufferedIOBase) -> Iterator[bytes]:
-        """The lines of ``f`` (each with its ending), or with :attr:`span` the lines that start
-        in bytes ``[a, b)`` of it (a line that starts before ``a`` belongs to the span before)."""
-        if self.span is None:
-            yield from f
-            return
-        a, b = self.span
-        if a:
-            f.seek(a - 1)
-            if f.read(1) != b"\n":
-                f.readline()              # the rest of a line that started in the span before
-        pos = f.tell()
-        while pos < b:
-            raw = f.readline()
-            if not raw:
-                return
-            pos += len(raw)
-            yield raw
+        return span_lines(f, self.span)
 
     def _text_documents(self) -> Iterator[tuple[str | None, int, bool]]:
         for path in self.files:

@@ -369,6 +369,12 @@ def commit(dst: str | os.PathLike[str], *, storage_options: dict[str, Any] | Non
     names = [name for r in records if r is not None for name in r["shards"]]
     if not names:
         raise ConfigError("commit: the inputs hold no documents", path=d.shown, field="tasks")
+    # a chat preparation's loss mask (a unit's mask is finished before its tokens): committed
+    # first, so the dataset's manifest, the switch readers open, comes last
+    from zerobatch.readers.tokstream import LOSS_MASK_DIR
+    mask = f"{d.root}/{LOSS_MASK_DIR}" if d.remote else os.path.join(d.root, LOSS_MASK_DIR)
+    if Destination(mask, storage_options).exists(f"{PARTS_DIR}/{PLAN_NAME}"):
+        commit(mask, storage_options=storage_options, log=log)
     raws: list[bytes | None] = [None] * len(names)
 
     def shard_json(i: int) -> None:
