@@ -902,12 +902,8 @@ def run_task(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[[str
         os.makedirs(dst, exist_ok=True)
     d = TK.Destination(dst)
     TK.write_plan(d, plan)
-    mine = TK.task_units(len(units), args.task, args.tasks)
-    done = skipped = 0
-    for u in mine:
-        if TK.finished(d, u) is not None:
-            skipped += 1
-            continue
+    run = TK.TaskRun(d, len(units), args.task, args.tasks)
+    for u in run.todo:
         sub = TK.unit_source(source, units[u])
         staging = d.scratch(f"unit-{u:06d}.staging")
         try:
@@ -925,9 +921,7 @@ def run_task(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[[str
             if d.remote:            # local staging (in _parts) stays for a rerun after a crash to resume
                 d.release(staging)
         d.release(staging)
-        done += 1
-    summary = (f"task {args.task} of {args.tasks}: units [{mine.start}, {mine.stop}) of {len(units)}: {done} "
-               f"written, {skipped} finished before")
+    summary = run.summary()
     log(f"{summary} in {time.perf_counter() - t0:.1f} s; when every task is done: zerobatch commit {redact(dst)}")
     return summary
 
@@ -1078,24 +1072,18 @@ def run_chat_task(srcs: list[str], dst: str, args: ConvertOptions, log: Callable
     if not is_url(dst):
         os.makedirs(os.path.join(dst, LOSS_MASK_DIR), exist_ok=True)
     d = TK.Destination(dst)
-    md = TK.Destination(f"{dst.rstrip('/')}/{LOSS_MASK_DIR}" if is_url(dst) else os.path.join(dst, LOSS_MASK_DIR))
+    md = d.child(LOSS_MASK_DIR)
     TK.write_plan(d, plan)
     TK.write_plan(md, mask_plan)
-    mine = TK.task_units(len(units), args.task, args.tasks)
-    done = skipped = 0
-    for u in mine:
-        if TK.finished(d, u) is not None:
-            skipped += 1
-            continue
+    run = TK.TaskRun(d, len(units), args.task, args.tasks)
+    for u in run.todo:
         records = _chat_records(srcs, field, [units[u]])
         encoded = [(ids, mask) for ids, mask in _encoded_chat(_chat_groups(records), chat, args.workers) if ids.size]
         TK.write_unit(md, u, (m.astype(np.uint16) for _, m in encoded), vocab_size=2, eod=None,
                       shard_tokens=args.shard_tokens, build_seed=TK.unit_seed(mask_plan, u))
         TK.write_unit(d, u, (ids for ids, _ in encoded), vocab_size=chat.vocab_size, eod=None,
                       shard_tokens=args.shard_tokens, build_seed=TK.unit_seed(plan, u))
-        done += 1
-    summary = (f"task {args.task} of {args.tasks}: units [{mine.start}, {mine.stop}) of {len(units)}: {done} "
-               f"written, {skipped} finished before (chat, with the loss mask)")
+    summary = run.summary(" (chat, with the loss mask)")
     log(f"{summary} in {time.perf_counter() - t0:.1f} s; when every task is done: zerobatch commit {redact(dst)}")
     return summary
 

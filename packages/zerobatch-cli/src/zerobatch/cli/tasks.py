@@ -45,7 +45,8 @@ from zerobatch.core.remote import ObjectStore, is_url, redact
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import ConfigError, CorruptError, NotFoundError
 
-__all__ = ["DEFAULT_UNIT_BYTES", "PARTS_DIR", "Destination", "Unit", "commit", "plan_units", "task_units"]
+__all__ = ["DEFAULT_UNIT_BYTES", "PARTS_DIR", "Destination", "TaskRun", "Unit", "commit", "plan_units",
+           "task_units"]
 
 #: Bytes of a large JSONL or line-split text file per unit.
 DEFAULT_UNIT_BYTES = 64 << 20
@@ -121,9 +122,15 @@ class Destination:
     def __init__(self, dst: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> None:
         dst = os.fspath(dst)
         self.remote = is_url(dst)
+        self.storage_options = storage_options
         self.store = ObjectStore(dst, storage_options) if self.remote else None
         self.root = dst.rstrip("/") if self.remote else os.path.abspath(dst)
         self.shown = redact(self.root)
+
+    def child(self, folder: str) -> Destination:
+        """The destination of ``folder`` inside this one (a chat dataset's ``loss_mask``)."""
+        sub = f"{self.root}/{folder}" if self.remote else os.path.join(self.root, folder)
+        return Destination(sub, self.storage_options)
 
     def name(self, key: str) -> str:
         """``key``'s path or URL, for messages."""
@@ -309,6 +316,21 @@ def write_unit(dst: str | Destination, u: int, documents: Any = (), *, vocab_siz
     return record
 
 
+class TaskRun:
+    """Task ``task`` of ``tasks`` over ``num_units`` units in ``dst``: :attr:`todo`, its units
+    not finished yet (a rerun skips the finished ones), and the summary a task logs."""
+
+    def __init__(self, dst: Destination, num_units: int, task: int, tasks: int) -> None:
+        self.num_units, self.task, self.tasks = num_units, task, tasks
+        self.mine = task_units(num_units, task, tasks)
+        self.todo = [u for u in self.mine if finished(dst, u) is None]
+
+    def summary(self, what: str = "") -> str:
+        done = len(self.todo)
+        return (f"task {self.task} of {self.tasks}: units [{self.mine.start}, {self.mine.stop}) of {self.num_units}: "
+                f"{done} written, {len(self.mine) - done} finished before{what}")
+
+
 def unit_seed(plan: dict[str, Any], u: int) -> bytes:
     """The build seed of unit ``u`` of ``plan``: the plan names everything that decides the
     unit's contents (input files with sizes and times, tokenizer, options, version), so the
@@ -372,9 +394,9 @@ def commit(dst: str | os.PathLike[str], *, storage_options: dict[str, Any] | Non
     # a chat preparation's loss mask (a unit's mask is finished before its tokens): committed
     # first, so the dataset's manifest, the switch readers open, comes last
     from zerobatch.readers.tokstream import LOSS_MASK_DIR
-    mask = f"{d.root}/{LOSS_MASK_DIR}" if d.remote else os.path.join(d.root, LOSS_MASK_DIR)
-    if Destination(mask, storage_options).exists(f"{PARTS_DIR}/{PLAN_NAME}"):
-        commit(mask, storage_options=storage_options, log=log)
+    mask = d.child(LOSS_MASK_DIR)
+    if mask.exists(f"{PARTS_DIR}/{PLAN_NAME}"):
+        commit(mask.root, storage_options=storage_options, log=log)
     raws: list[bytes | None] = [None] * len(names)
 
     def shard_json(i: int) -> None:
