@@ -187,9 +187,10 @@ def test_bad_chat_inputs_are_refused(chatml, tmp_path):
 def test_worker_processes_convert_chat_as_one_process_does(chatml, tmp_path, monkeypatch):
     import zerobatch.cli.convert as conv
     monkeypatch.setattr(conv, "CHAT_GROUP", 8)          # 100 conversations: 13 groups over 2 processes
+    import zerobatch.cli.workers as workers_module
     started = []
-    real = conv.mp.get_context
-    monkeypatch.setattr(conv.mp, "get_context", lambda method: started.append(method) or real(method))
+    real = workers_module.mp.get_context
+    monkeypatch.setattr(workers_module.mp, "get_context", lambda method: started.append(method) or real(method))
     convs = [[{"role": "user", "content": f"q{i} " * (i % 7)}, {"role": "assistant", "content": f"a{i} ✓" * (i % 4)}]
              for i in range(100)]
     src = tmp_path / "c.jsonl"

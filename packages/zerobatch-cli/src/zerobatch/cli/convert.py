@@ -29,7 +29,6 @@ from __future__ import annotations
 import io
 import itertools
 import json
-import multiprocessing as mp
 import os
 import shutil
 import sys
@@ -45,6 +44,7 @@ from zerobatch.cli._version import __version__
 from zerobatch.cli.exports import EXPORTS
 from zerobatch.cli.sources import TextSource, documents, open_sources
 from zerobatch.cli.tokenizer import TextTokenizer, load_tokenizer
+from zerobatch.cli.workers import WorkerPool
 from zerobatch.core import xxh3_64
 from zerobatch.core.io import fsync_dir, replace_folder, sweep_orphans
 from zerobatch.core.remote import is_url, local_path, redact
@@ -304,8 +304,7 @@ def tokenize_to_staging(source: TextSource, tokenizer: Any, eod: int, staging: s
     resumed = 0
     pool = None
     if workers > 1:
-        ctx = mp.get_context("forkserver" if sys.platform != "win32" else "spawn")
-        pool = ctx.Pool(workers, _init_worker, (tokenizer, eod, staging, False, bos))
+        pool = WorkerPool(workers, _init_worker, (tokenizer, eod, staging, False, bos))
     else:
         _init_worker(tokenizer, eod, staging, True, bos)
     pending: deque[tuple[Any, int]] = deque()
@@ -313,7 +312,7 @@ def tokenize_to_staging(source: TextSource, tokenizer: Any, eod: int, staging: s
         def drain(limit: int) -> None:
             while len(pending) > limit:
                 res, work = pending.popleft()
-                _, ntok, _ = res.get() if pool is not None else res
+                _, ntok, _ = WorkerPool.result(res) if pool is not None else res
                 progress.update(work, ntok)
 
         for k, (texts, work, row_ids, metas) in enumerate(source.shards_with_rows()):
@@ -324,8 +323,7 @@ def tokenize_to_staging(source: TextSource, tokenizer: Any, eod: int, staging: s
                 progress.update(work, 0)
                 continue
             if pool is not None:
-                pending.append((pool.apply_async(_tokenize_shard, (k, texts, row_ids if rows else None, metas)),
-                                work))
+                pending.append((pool.submit(_tokenize_shard, k, texts, row_ids if rows else None, metas), work))
                 drain(2 * workers)       # bounded: never more than 2 groups per worker in flight
             else:
                 pending.append((_tokenize_shard(k, texts, row_ids if rows else None, metas), work))
@@ -334,8 +332,7 @@ def tokenize_to_staging(source: TextSource, tokenizer: Any, eod: int, staging: s
     finally:
         progress.close()
         if pool is not None:
-            pool.terminate()
-            pool.join()
+            pool.close()
     if resumed:
         log(f"resumed: {resumed} of {len(paths)} tokenized groups were already staged in {staging}")
     return paths
@@ -1017,19 +1014,14 @@ def _encoded_chat(groups: Iterator[list[tuple[str, Any]]], chat: Any, workers: i
         for group in everything:
             yield from (chat.encode(messages, where=where) for where, messages in group)
         return
-    ctx = mp.get_context("forkserver" if sys.platform != "win32" else "spawn")
-    pool = ctx.Pool(workers, _init_chat_worker, (chat.folder, chat.roles))
-    pending: deque[Any] = deque()
-    try:
+    with WorkerPool(workers, _init_chat_worker, (chat.folder, chat.roles)) as pool:
+        pending: deque[Any] = deque()
         for group in everything:
-            pending.append(pool.apply_async(_encode_chat_group, (group,)))
+            pending.append(pool.submit(_encode_chat_group, group))
             while len(pending) > 2 * workers:
-                yield from pending.popleft().get()
+                yield from WorkerPool.result(pending.popleft())
         while pending:
-            yield from pending.popleft().get()
-    finally:
-        pool.terminate()
-        pool.join()
+            yield from WorkerPool.result(pending.popleft())
 
 
 def _chat_setup(args: ConvertOptions) -> tuple[Any, str]:
