@@ -251,3 +251,38 @@ def test_chat_tasks_and_commit_give_the_dataset_and_mask_of_one_process(chatml, 
         convert(str(src), url, task=i, tasks=2, **opts)
     commit(url, log=lambda *_: None)
     assert_same_chat_data(one, url, 120)
+
+
+def test_verify_and_inspect_check_the_loss_mask_too(tmp_path):
+    """`zerobatch verify` checks a chat dataset's loss mask with its tokens: a flipped byte in
+    the mask, or a mask of other documents, is a fault naming the mask; inspect shows it."""
+    import numpy as np
+
+    from zerobatch.writers.tokstream import TokenStreamWriter
+
+    def build(folder, mask_lengths):
+        with TokenStreamWriter(folder, vocab_size=100, shard_tokens=500) as w:
+            for n in (30, 50, 70):
+                w.add_document(np.arange(n) % 100)
+        with TokenStreamWriter(folder / "loss_mask", vocab_size=2, shard_tokens=500) as w:
+            for n in mask_lengths:
+                w.add_document(np.arange(n) % 2)
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "zerobatch.cli", *args], capture_output=True, text=True,
+                              timeout=120)
+    good = tmp_path / "good"
+    build(good, (30, 50, 70))
+    r = cli("verify", str(good))
+    assert r.returncode == 0 and "its loss mask: 1 shards" in r.stdout, r.stdout + r.stderr
+    assert "loss_mask" in cli("inspect", str(good)).stdout
+    tokens = next((good / "loss_mask").glob("*/tokens.bin"))
+    raw = bytearray(tokens.read_bytes())
+    raw[40] ^= 1
+    tokens.write_bytes(bytes(raw))
+    r = cli("verify", str(good))
+    assert r.returncode == 1 and "loss_mask" in r.stderr, r.stdout + r.stderr
+    other = tmp_path / "other"
+    build(other, (30, 120))
+    r = cli("verify", str(other))
+    assert r.returncode == 1 and "a mask of another dataset" in r.stderr, r.stdout + r.stderr

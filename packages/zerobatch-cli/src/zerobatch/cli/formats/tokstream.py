@@ -38,13 +38,53 @@ class TokStream(Dataset):
             ("metadata", "per-token metadata ids + blobs" if m.metadata else "none"),
             ("checksums", f"XXH3-64 per {block} block of every file, index files in full"),
             ("build_id", m.build_id), ("size", f"{size} ({human(size)})"),
-        ]
+        ] + self._mask_info()
+
+    def _mask_info(self) -> list[tuple[str, Any]]:
+        from zerobatch.readers.tokstream import LOSS_MASK_DIR
+        try:
+            mask = self._loss_mask()
+        except CorruptError as exc:
+            return [("loss_mask", f"FAULT: {exc}")]
+        if mask is None:
+            return []
+        with mask:
+            return [("loss_mask", f"{LOSS_MASK_DIR}/: one 0/1 per token (convert --chat), build {mask.manifest.build_id}")]
+
+    def _loss_mask(self) -> Any:
+        """The chat dataset's loss mask (``convert --chat``) checked to match, or None."""
+        from zerobatch.formats.errors import NotFoundError
+        from zerobatch.readers.tokstream import open_loss_mask
+        try:
+            return open_loss_mask(self.r)
+        except NotFoundError:
+            return None
 
     def verify(self, progress: Progress | None) -> tuple[list[str], str]:
-        report = self.r.verify(progress)
+        first = [0]
+
+        def main_part(done: int, total: int) -> None:
+            first[0] = total
+            if progress is not None:
+                progress(done, total)
+
+        def mask_part(done: int, total: int) -> None:        # the bar goes on from the tokens' end
+            if progress is not None:
+                progress(first[0] + done, first[0] + total)
+        report = self.r.verify(main_part)
         faults = [f"{p}: {msg}" for p, msg in report.problems]
-        return faults, (f"{report.shards} shards, {report.files} files, {human(report.bytes_checked)} checked "
-                        "(checksums, indexes, vocabulary)")
+        summary = (f"{report.shards} shards, {report.files} files, {human(report.bytes_checked)} checked "
+                   "(checksums, indexes, vocabulary)")
+        try:
+            mask = self._loss_mask()
+        except CorruptError as exc:     # a mask of another dataset, or a damaged one
+            return [*faults, f"{exc.path}: {exc}"], summary
+        if mask is not None:
+            with mask:
+                extra = mask.verify(mask_part)
+            faults += [f"{p}: {msg}" for p, msg in extra.problems]
+            summary += f"; its loss mask: {extra.shards} shards, {extra.files} files, {human(extra.bytes_checked)}"
+        return faults, summary
 
     def sample_name(self) -> str:
         return "document"
