@@ -930,7 +930,7 @@ def _chat_records(srcs: list[str], field: str, units: list[Any] | None = None) -
     """``(where, messages)`` of the conversations of ``srcs`` (or of ``units``, parts of
     them: :class:`zerobatch.cli.tasks.Unit`): JSONL records, or Parquet rows (a column of
     lists of role/content structs); ``where`` names the file and line (or row)."""
-    from zerobatch.cli.sources import _files, _open_bytes, _pyarrow_parquet, span_lines
+    from zerobatch.cli.sources import _files, _open_bytes, _pyarrow_parquet, json_record, span_lines
     parts = ([(u.file, u.span) for u in units] if units is not None else
              [(path, None) for src in srcs for path in _files(src, CHAT_PATTERNS)])
     for path, span in parts:
@@ -959,14 +959,8 @@ def _chat_records(srcs: list[str], field: str, units: list[Any] | None = None) -
             for lineno, raw in enumerate(span_lines(f, span), 1):
                 if not raw.strip():
                     continue
-                try:
-                    obj = json.loads(raw)
-                except ValueError as exc:
-                    raise CorruptError(f"line {lineno}{after}: not valid JSON ({exc})", path=path,
-                                       field=f"line {lineno}") from None
-                if not isinstance(obj, dict) or field not in obj:
-                    raise CorruptError(f"line {lineno}{after}: no field {field!r} (a list of messages; choose it "
-                                       f"with --field)", path=path, field=field)
+                obj = json_record(raw, path, f"line {lineno}{after}", field,
+                                  "a list of messages; choose it with --field")
                 yield f"{name} line {lineno}{after}", obj[field]
 
 
@@ -1006,11 +1000,9 @@ def _encoded_chat(groups: Iterator[list[tuple[str, Any]]], chat: Any, workers: i
     ``workers`` processes (started at the second group, so a small input starts none), with
     at most two groups per worker in flight."""
     groups = iter(groups)
-    first = next(groups, None)
-    second = next(groups, None) if first is not None else None
-    everything = itertools.chain([first, second] if second is not None else [first] if first is not None else [],
-                                 groups)
-    if workers < 2 or second is None:
+    head = list(itertools.islice(groups, 2))
+    everything = itertools.chain(head, groups)
+    if workers < 2 or len(head) < 2:
         for group in everything:
             yield from (chat.encode(messages, where=where) for where, messages in group)
         return

@@ -185,6 +185,23 @@ def _open_bytes(path: str) -> io.BufferedIOBase:
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")  # noqa: SIM115
 
 
+def json_record(raw: str | bytes, path: str, where: str, field: str, hint: str) -> dict[str, Any]:
+    """The JSON object of one JSONL line, holding ``field``.
+
+    Raises:
+        CorruptError: not JSON, or not an object with ``field`` (``where``: the line; ``hint``:
+            what to do about a missing field).
+    """
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:
+        raise CorruptError(f"{where}: not valid JSON ({getattr(exc, 'msg', exc)})", path=path,
+                           field=where.split(" after ")[0]) from None
+    if not isinstance(obj, dict) or field not in obj:
+        raise CorruptError(f"{where}: no field {field!r} ({hint})", path=path, field=field)
+    return obj
+
+
 def span_lines(f: io.BufferedIOBase, span: tuple[int, int] | None) -> Iterator[bytes]:
     """The lines of ``f`` (each with its ending), or with ``span`` the lines that start
     in bytes ``[a, b)`` of it (a line that starts before ``a`` belongs to the span before)."""
@@ -410,14 +427,7 @@ class TextSource:
                     if not line.strip():
                         yield None, work, False
                         continue
-                    try:
-                        obj = json.loads(line)
-                    except ValueError as exc:
-                        raise CorruptError(f"line {lineno}: not valid JSON ({exc.msg})", path=path,
-                                           field=f"line {lineno}") from None
-                    if not isinstance(obj, dict) or self.text_field not in obj:
-                        raise CorruptError(f"line {lineno}: no field {self.text_field!r} (choose one with --field)",
-                                           path=path, field=self.text_field)
+                    obj = json_record(line, path, f"line {lineno}", self.text_field, "choose one with --field")
                     text = obj[self.text_field]
                     if self.meta_fields:
                         self._meta = {f: obj.get(f) for f in self.meta_fields}

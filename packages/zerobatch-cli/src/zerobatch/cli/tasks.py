@@ -21,10 +21,9 @@ The destination may be a URL (``s3://bucket/dataset``, as the readers take): eac
 tokenizes and writes a unit's shards in the temporary folder, uploads them (every shard's
 ``shard.json`` last), then puts the unit's record; ``commit`` reads the records and the
 ``shard.json`` objects and puts ``manifest.json`` last, so readers see no dataset until it is
-whole. The dataset is the same for any ``N``,
-byte for byte (shard names and contents depend on units, not tasks; each shard's build id
-derives from the plan and the unit, see :func:`unit_seed`), and holds the documents of a one-process ``convert`` in the same
-order.
+whole. The dataset is the same for any ``N``, byte for byte (shard names and contents depend
+on units, not tasks; each shard's build id derives from the plan and the unit, see
+:func:`unit_seed`), and holds the documents of a one-process ``convert`` in the same order.
 """
 
 from __future__ import annotations

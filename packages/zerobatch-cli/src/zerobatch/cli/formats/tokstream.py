@@ -49,7 +49,8 @@ class TokStream(Dataset):
         if mask is None:
             return []
         with mask:
-            return [("loss_mask", f"{LOSS_MASK_DIR}/: one 0/1 per token (convert --chat), build {mask.manifest.build_id}")]
+            return [("loss_mask",
+                     f"{LOSS_MASK_DIR}/: one 0/1 per token (convert --chat), build {mask.manifest.build_id}")]
 
     def _loss_mask(self) -> Any:
         """The chat dataset's loss mask (``convert --chat``) checked to match, or None."""
