@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources import Source, build, open_source
-from zerobatch.adapters.sources._base import DEFAULT_PREFETCH, DEFAULT_SEED
+from zerobatch.adapters.sources import Source, open_source
+from zerobatch.adapters.sources._base import DEFAULT_PREFETCH, DEFAULT_SEED, OutputPlan
 from zerobatch.core.checks import check_count
 from zerobatch.core.pool import shared_pool
 from zerobatch.formats.errors import ConfigError, StateError
@@ -267,16 +267,20 @@ class BaseLoader:
 
     def _convert(self, result: Any, steps: int) -> list[Any]:
         """Per-step outputs of one read: the source's declared output built over the read's
-        arrays, each array converted once (a stacked read: once for all its steps)."""
-        output = self.source.output
+        arrays, each array converted once. A stacked read's arrays are converted and cut once
+        for all its steps, then split along the step axis: what is left per step is a tuple
+        or dict of views (no framework indexing per step)."""
+        plan = self.__dict__.get("_output_plan")
+        if plan is None or plan.output is not self.source.output:
+            plan = self._output_plan = OutputPlan(self.source.output)
         if isinstance(result, dict):            # stacked: a leading step axis on every array
-            parts = {name: self._unstack(self._to_framework(v)) for name, v in result.items()}
-            return [self._finish(build(output, lambda leaf, i=i: leaf.cut(parts[leaf.name][i])))
-                    for i in range(steps)]
-        out = []
-        for step in result:
-            conv = {k: self._to_framework(v) if isinstance(v, np.ndarray) else v for k, v in step.items()}
-            out.append(self._finish(build(output, lambda leaf, conv=conv: leaf.cut(conv[leaf.name]))))
+            conv = {name: self._to_framework(v) for name, v in result.items()}
+            out = plan.steps([self._unstack(leaf.cut(conv[leaf.name])) for leaf in plan.leaves])
+        else:
+            out = [plan.one({k: self._to_framework(v) if isinstance(v, np.ndarray) else v for k, v in step.items()})
+                   for step in result]
+        if type(self)._finish is not BaseLoader._finish:
+            out = [self._finish(step) for step in out]
         return out
 
     # ---------------------------------------------------------------------------------------
@@ -446,7 +450,9 @@ class _Pass:
         if self.pool is None:
             return _Ready(self.source.read(*args)), after
         if sources is None and self.source.read_async is not None:
-            return self.source.read_async(self.pool, items, self.dtype), after
+            ticket = self.source.read_async(self.pool, items, self.dtype)
+            if ticket is not None:
+                return ticket, after
         return self.pool.call(functools.partial(self.source.read, *args)), after
 
     def _fill(self) -> None:

@@ -25,8 +25,23 @@ cdef extern from "_tokstream.h" nogil:
                              int64_t n, int64_t shard, int64_t nmeta, zb_ts_distinct *d, uint64_t vocab,
                              uint32_t *vmax)
 
+# Which checksum blocks of every shard's tokens.bin were checked, and what to check them
+# against (a BlockChecks object owns the arrays). The kernels mark a block after its bytes
+# hash to its digest (an atomic 0 -> 1 of its byte; only the thread that flips it counts it
+# off `pending`), and a shard's digest list is itself checked once against the manifest's
+# checksum of tokens.bin before its first digest is used. Data files are never rewritten, so
+# a block checked once by any thread stays checked for every thread.
+cdef struct zb_ts_checks:
+    uint8_t **maps              # per shard: one byte per block, non-zero once checked
+    const uint8_t **digests     # per shard: the block digests of tokens.bin (little-endian u64)
+    const uint64_t *list_hash   # per shard: XXH3-64 the digest list must hash to (the manifest's)
+    uint8_t *lists              # per shard: non-zero once its digest list matched list_hash
+    const int64_t *nblocks      # per shard: blocks of tokens.bin (digests in its list)
+    int64_t *pending            # blocks not yet checked, over every shard
+    int shift                   # log2 of the block size
+
 # Where a dataset's tokens are: one descriptor per call (the caller's arrays; nothing here is
-# owned or changed by the kernels but the error fields).
+# owned or changed by the kernels but the error fields and, with `checks`, its marks).
 cdef struct zb_ts_geometry:
     const uint8_t **bases       # mmap: the mapped tokens.bin of each shard (NULL: read through fds)
     const int *fds              # pread: the tokens.bin descriptor of each shard
@@ -38,11 +53,15 @@ cdef struct zb_ts_geometry:
     const uint64_t **docs       # per shard: documents.index (D_s + 1 entries), or NULL
     const int64_t *ndocs        # per shard: D_s
     const int64_t *nmeta        # per shard: metadata blobs (ids must be below), or NULL
+    zb_ts_checks *checks        # check each block a read touches on its first read, or NULL
     # set on failure
     int64_t bad_pos             # ZB_E_FIELD: the global position of the bad token or metadata id
     int bad_field               # ZB_E_FIELD: 0 a token id >= vocab, 1 a metadata id >= nmeta
     int err_errno               # ZB_E_IO: the failing call's errno
-    int64_t err_shard           # ZB_E_IO / ZB_E_TRUNCATED: the shard
+    int64_t err_shard           # ZB_E_IO / ZB_E_TRUNCATED / ZB_E_CHECKSUM: the shard
+    int64_t bad_block           # ZB_E_CHECKSUM: the block (-1: the shard's digest list)
+    uint64_t bad_got            # ZB_E_CHECKSUM: the digest computed
+    uint64_t bad_want           # ZB_E_CHECKSUM: the digest expected
 
 # The document-boundary outputs of a batch, filled window by window.
 cdef struct zb_ts_bounds:
@@ -61,9 +80,12 @@ cdef struct zb_ts_bounds:
 #       int32) and `d`, each token's metadata id is numbered in the same pass: the index of
 #       its (shard, id) among d's distinct pairs in order of first appearance, -1 for none;
 #       with `bounds`, each window's boundary outputs are written right after its tokens.
+#       With g.checks, every checksum block under a piece not yet marked is hashed and
+#       compared with its digest before the piece is copied (and marked when it matches).
 # post: ZB_OK; ZB_E_INDEX (a window outside [0, total): out unspecified); ZB_E_FIELD (bad_pos,
 #       bad_field); ZB_E_IO (err_errno, err_shard) or ZB_E_TRUNCATED (err_shard) from a
-#       pread; ZB_E_NOMEM.
+#       pread; ZB_E_CHECKSUM (err_shard, bad_block, bad_got, bad_want: the block stays
+#       unmarked); ZB_E_NOMEM.
 cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, int64_t length,
                        int64_t *out64, int32_t *out32, int32_t *ids=*, zb_ts_distinct *d=*,
                        zb_ts_bounds *bounds=*) noexcept nogil

@@ -27,8 +27,32 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 from posix.unistd cimport pread
 
-from zerobatch.core._status cimport (ZB_E_ARGUMENT, ZB_E_FIELD, ZB_E_INDEX, ZB_E_IO, ZB_E_NOMEM, ZB_E_TRUNCATED,
-                                     ZB_OK)
+from zerobatch.core._endian cimport zb_load_u64le
+from zerobatch.core._hash cimport zb_xxh3_64
+from zerobatch.core._status cimport (ZB_E_ARGUMENT, ZB_E_CHECKSUM, ZB_E_FIELD, ZB_E_INDEX, ZB_E_IO, ZB_E_NOMEM,
+                                     ZB_E_TRUNCATED, ZB_OK)
+
+cdef extern from *:
+    """
+    /* the marks of checked blocks: relaxed atomics (the blocks' bytes never change; a mark
+       only says they were compared once) */
+    static inline int zb_ts_mark_get(const uint8_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+    static inline int zb_ts_mark_set(uint8_t *p) {
+        uint8_t zero = 0;
+        return __atomic_compare_exchange_n(p, &zero, (uint8_t)1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    }
+    static inline int zb_ts_mark_clear(uint8_t *p) {
+        uint8_t one = 1;
+        return __atomic_compare_exchange_n(p, &one, (uint8_t)0, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    }
+    static inline int64_t zb_ts_count_get(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+    static inline void zb_ts_count_add(int64_t *p, int64_t v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+    """
+    int zb_ts_mark_get(const uint8_t *p) noexcept nogil
+    int zb_ts_mark_set(uint8_t *p) noexcept nogil
+    int zb_ts_mark_clear(uint8_t *p) noexcept nogil
+    int64_t zb_ts_count_get(const int64_t *p) noexcept nogil
+    void zb_ts_count_add(int64_t *p, int64_t v) noexcept nogil
 
 import os
 
@@ -38,7 +62,7 @@ from zerobatch.core._status import raise_for_status
 from zerobatch.core.checks import as_positions, check_count
 from zerobatch.formats.errors import ConfigError, CorruptError, OutOfRangeError
 
-__all__ = ["WindowGather", "gather_windows"]
+__all__ = ["BlockChecks", "WindowGather", "WindowTicket", "gather_windows"]
 
 
 #: Windows loaded ahead of the one being copied.
@@ -79,6 +103,53 @@ cdef int _pread_full(int fd, uint8_t *buf, int64_t n, int64_t offset, int *err) 
     return ZB_OK
 
 
+cdef int _check_blocks(zb_ts_geometry *g, int64_t s, int64_t b0, int64_t b1, uint8_t *scratch) noexcept nogil:
+    # every checksum block of shard s's tokens.bin under bytes [b0, b1) (b0 < b1) checked:
+    # those not marked are hashed (from the mapping, or read into `scratch` through the
+    # shard's descriptor) and compared with their digests, then marked
+    cdef zb_ts_checks *c = g.checks
+    cdef uint8_t *marks = c.maps[s]
+    cdef int shift = c.shift
+    cdef int64_t k, a, n, size = (g.cum[s + 1] - g.cum[s]) * g.itemsize
+    cdef uint64_t got, want
+    cdef const uint8_t *data
+    cdef int st
+    for k in range(b0 >> shift, ((b1 - 1) >> shift) + 1):
+        if zb_ts_mark_get(marks + k):
+            continue
+        if not zb_ts_mark_get(c.lists + s):
+            # the digest list itself, against the manifest's checksum of tokens.bin (once)
+            got = zb_xxh3_64(c.digests[s], <uint64_t>c.nblocks[s] * 8)
+            if got != c.list_hash[s]:
+                g.err_shard = s
+                g.bad_block = -1
+                g.bad_got = got
+                g.bad_want = c.list_hash[s]
+                return ZB_E_CHECKSUM
+            zb_ts_mark_set(c.lists + s)
+        a = k << shift
+        n = min(a + (<int64_t>1 << shift), size) - a
+        if g.bases != NULL:
+            data = g.bases[s] + a
+        else:
+            st = _pread_full(g.fds[s], scratch, n, a, &g.err_errno)
+            if st != ZB_OK:
+                g.err_shard = s
+                return st
+            data = scratch
+        got = zb_xxh3_64(data, <uint64_t>n)
+        want = zb_load_u64le(c.digests[s] + 8 * k)
+        if got != want:
+            g.err_shard = s
+            g.bad_block = k
+            g.bad_got = got
+            g.bad_want = want
+            return ZB_E_CHECKSUM
+        if zb_ts_mark_set(marks + k):
+            zb_ts_count_add(c.pending, -1)
+    return ZB_OK
+
+
 cdef inline void _prefetch_window(const zb_ts_geometry *g, int64_t pos, int64_t length) noexcept nogil:
     cdef int64_t s = _find_shard(g.cum, g.num_shards, pos)
     zb_ts_prefetch(g.bases[s] + (pos - g.cum[s]) * g.itemsize, min(length, g.cum[s + 1] - pos) * g.itemsize)
@@ -89,12 +160,21 @@ cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, 
                        zb_ts_bounds *bounds=NULL) noexcept nogil:
     cdef int status = ZB_OK
     cdef uint8_t *scratch = NULL
+    cdef int64_t size = max(length, 1) * g.itemsize
+    cdef zb_ts_checks *checks = g.checks
+    if checks != NULL and zb_ts_count_get(checks.pending) == 0:
+        g.checks = NULL                 # every block checked: nothing to look up
     if g.fds != NULL:
-        # pread backend: each shard piece is read whole into one buffer, then widened
-        scratch = <uint8_t *>malloc(max(length, 1) * g.itemsize)
+        # pread backend: each shard piece is read whole into one buffer, then widened (and a
+        # block to check, read into the same buffer before it)
+        if g.checks != NULL:
+            size = max(size, <int64_t>1 << g.checks.shift)
+        scratch = <uint8_t *>malloc(size)
         if scratch == NULL:
+            g.checks = checks
             return ZB_E_NOMEM
     status = _ts_windows(g, starts, count, length, out64, out32, scratch, ids, d, bounds)
+    g.checks = checks
     free(scratch)
     return status
 
@@ -133,6 +213,10 @@ cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, in
             take = g.cum[s + 1] - pos
             if take > length - done:
                 take = length - done
+            if g.checks != NULL:
+                st = _check_blocks(g, s, (pos - g.cum[s]) * isz, (pos - g.cum[s] + take) * isz, scratch)
+                if st != ZB_OK:
+                    return st
             if scratch == NULL:
                 src = g.bases[s] + (pos - g.cum[s]) * isz
             else:
@@ -298,6 +382,13 @@ cdef int _ts_job_run(void *arg) noexcept nogil:
     return zb_ts_windows(&j.g, j.starts, j.count, j.length, j.out64, j.out32)
 
 
+cdef int _ts_ticket_run(void *arg) noexcept nogil:
+    cdef zb_ts_job *j = <zb_ts_job *>arg
+    if j.count == 0:
+        return ZB_OK
+    return zb_ts_windows(&j.g, j.starts, j.count, j.length, j.out64, j.out32)
+
+
 #: Fewest windows, and fewest tokens, worth handing to another thread: waking a pool worker
 #: costs about as much as copying 64 Ki random-window tokens here (tools/compare_tokstream.py:
 #: 32 x 513 took 2.7x longer split over two threads than on one; 256 x 513, 1.45x shorter).
@@ -310,6 +401,9 @@ cdef inline void _copy_errors(zb_ts_geometry *to, const zb_ts_geometry *frm) noe
     to.bad_field = frm.bad_field
     to.err_errno = frm.err_errno
     to.err_shard = frm.err_shard
+    to.bad_block = frm.bad_block
+    to.bad_got = frm.bad_got
+    to.bad_want = frm.bad_want
 
 
 cdef int _run_split(TaskPool pool, zb_ts_geometry *g, const int64_t *starts, int64_t count,
@@ -358,6 +452,138 @@ cdef int _run_split(TaskPool pool, zb_ts_geometry *g, const int64_t *starts, int
     return status
 
 
+cdef class BlockChecks:
+    """Which checksum blocks of every shard's ``tokens.bin`` were checked against their
+    digests, and the digests to check them against: the record a reader keeps, and that a
+    :class:`WindowGather` built with ``checks=`` reads and writes from its kernels (each block
+    a read touches hashed and compared the first time, GIL released, before its tokens are
+    copied; no lock: a block's byte is flipped atomically, and its bytes never change).
+
+    Args:
+        block_counts: checksum blocks of each shard's ``tokens.bin``.
+        block_bytes: bytes per block (a power of two).
+
+    Attributes:
+        lock: a lock for callers that check or fetch blocks themselves (a dataset at a URL
+            fetches, checks and marks blocks with :meth:`mark` under it).
+    """
+
+    cdef object _maps, _map_ptrs, _digests, _digest_ptrs, _list_hash, _lists, _nblocks, _pending
+    cdef readonly int64_t block_bytes
+    cdef readonly int64_t num_shards
+    cdef public object lock
+    cdef zb_ts_checks c
+    cdef int64_t _missing
+
+    def __cinit__(self, block_counts, int64_t block_bytes=1 << 24):
+        import threading
+        if block_bytes < 1 or block_bytes & (block_bytes - 1):
+            raise ConfigError("block_bytes must be a power of two", field="block_bytes")
+        counts = [check_count(n, "block_counts") for n in block_counts]
+        self.num_shards = len(counts)
+        self.block_bytes = block_bytes
+        self._maps = [np.zeros(max(n, 1), np.uint8) for n in counts]
+        self._map_ptrs = np.array([m.ctypes.data for m in self._maps], dtype=np.uint64)
+        self._nblocks = np.array(counts, dtype=np.int64)
+        self._digests = [None] * len(counts)
+        self._digest_ptrs = np.zeros(len(counts), dtype=np.uint64)
+        self._list_hash = np.zeros(len(counts), dtype=np.uint64)
+        self._lists = np.zeros(len(counts), dtype=np.uint8)
+        self._pending = np.array([sum(counts)], dtype=np.int64)
+        self._missing = len(counts)
+        self.lock = threading.Lock()
+        memset(&self.c, 0, sizeof(self.c))
+        cdef uint64_t[::1] mp = self._map_ptrs
+        cdef uint64_t[::1] dp = self._digest_ptrs
+        cdef uint64_t[::1] lh = self._list_hash
+        cdef uint8_t[::1] ls = self._lists
+        cdef int64_t[::1] nb = self._nblocks
+        cdef int64_t[::1] pe = self._pending
+        if len(counts):
+            self.c.maps = <uint8_t **>&mp[0]
+            self.c.digests = <const uint8_t **>&dp[0]
+            self.c.list_hash = &lh[0]
+            self.c.lists = &ls[0]
+            self.c.nblocks = &nb[0]
+        self.c.pending = &pe[0]
+        self.c.shift = (<int64_t>block_bytes).bit_length() - 1
+
+    def set_digests(self, int64_t shard, digests, list_hash):
+        """The block digests of shard ``shard``'s ``tokens.bin`` (a ``<u8`` array of one
+        digest per block, kept alive here; typically a view of the mapped ``checksums.bin``)
+        and the XXH3-64 they must hash to (the manifest's checksum of ``tokens.bin``), checked
+        before the first block of the shard is."""
+        if not 0 <= shard < self.num_shards:
+            raise ConfigError(f"shard must be in [0, {self.num_shards}), got {shard}", field="shard")
+        arr = np.asarray(digests)
+        if arr.dtype != np.dtype("<u8") or arr.ndim != 1 or not arr.flags.c_contiguous \
+                or arr.shape[0] != self._nblocks[shard]:
+            raise ConfigError(f"digests must be a C-contiguous <u8 array of {self._nblocks[shard]} digests",
+                              field="digests")
+        if self._digests[shard] is None:
+            self._missing -= 1
+        self._digests[shard] = arr
+        self._digest_ptrs[shard] = arr.ctypes.data if arr.shape[0] else 0
+        self._list_hash[shard] = check_count(list_hash, "list_hash", maximum=2**64 - 1)
+        self._lists[shard] = 0
+
+    @property
+    def ready(self) -> bool:
+        """Whether every shard's digests are known (a gather can check any block)."""
+        return self._missing == 0
+
+    @property
+    def pending(self) -> int:
+        """Blocks not checked yet, over every shard."""
+        return zb_ts_count_get(self.c.pending)
+
+    @property
+    def addresses(self):
+        """``uint64`` addresses of the per-shard bitmaps (one byte per block, non-zero when
+        checked), for :meth:`WindowGather.unchecked_chunks`."""
+        return self._map_ptrs
+
+    def checked(self, int64_t shard, int64_t block) -> bool:
+        """Whether block ``block`` of shard ``shard`` was checked."""
+        self._block_range(shard, block, 1)
+        return bool(zb_ts_mark_get(self.c.maps[shard] + block))
+
+    cdef int _block_range(self, int64_t shard, int64_t first, int64_t count) except -1:
+        if not 0 <= shard < self.num_shards:
+            raise ConfigError(f"shard must be in [0, {self.num_shards}), got {shard}", field="shard")
+        if first < 0 or count < 0 or first + count > self._nblocks[shard]:
+            raise ConfigError(f"blocks [{first}, {first + count}) are not blocks of shard {shard} "
+                              f"({self._nblocks[shard]})", field="block")
+        return 0
+
+    def mark(self, int64_t shard, int64_t first, int64_t count=1) -> int:
+        """Blocks ``[first, first + count)`` of ``shard`` checked (by the caller); returns how
+        many were not marked before."""
+        self._block_range(shard, first, count)
+        cdef int64_t k, n = 0
+        cdef uint8_t *m = self.c.maps[shard]
+        for k in range(first, first + count):
+            if zb_ts_mark_set(m + k):
+                n += 1
+        zb_ts_count_add(self.c.pending, -n)
+        return n
+
+    def mark_shard(self, int64_t shard) -> int:
+        """Every block of ``shard`` checked (after a full verify); returns how many were
+        not marked before."""
+        return self.mark(shard, 0, self._nblocks[shard] if shard < self.num_shards else 0)
+
+    def reset(self, int64_t shard) -> None:
+        """Every block of ``shard`` unchecked again (a remote copy let go)."""
+        self._block_range(shard, 0, self._nblocks[shard] if 0 <= shard < self.num_shards else 0)
+        cdef int64_t k, n = 0
+        cdef uint8_t *m = self.c.maps[shard]
+        for k in range(self._nblocks[shard]):
+            if zb_ts_mark_clear(m + k):
+                n += 1
+        zb_ts_count_add(self.c.pending, n)
+
+
 cdef class WindowGather:
     """The geometry of one dataset's tokens for the window kernels (see the module comment).
 
@@ -378,6 +604,10 @@ cdef class WindowGather:
         metadata_indexes: optional per-shard ``uint64`` metadata indexes, for
             :meth:`metadata_ids`.
         num_shards: with ``bases=None``, the number of shards (else ``len(bases)``).
+        checks: a :class:`BlockChecks` with every shard's digests: each read checks the
+            checksum blocks of ``tokens.bin`` it touches that were not checked before (in
+            the same GIL-free pass that copies them), raising ``IntegrityError`` for a block
+            that does not match its digest.
 
     Raises:
         ConfigError: inconsistent geometry.
@@ -385,6 +615,7 @@ cdef class WindowGather:
 
     cdef object _bases, _cum, _docs, _doc_ptrs, _doc_counts, _meta_counts, _meta_indexes, _meta_index_ptrs
     cdef readonly object paths
+    cdef readonly BlockChecks checks
     cdef const uint64_t[::1] _base_view
     cdef const int64_t[::1] _cum_view
     cdef const uint64_t[::1] _doc_ptr_view
@@ -396,7 +627,7 @@ cdef class WindowGather:
     cdef readonly int64_t num_shards
 
     def __cinit__(self, bases, cum, itemsize, token_size, vocab, paths=None, documents=None,
-                  metadata_indexes=None, num_shards=None):
+                  metadata_indexes=None, num_shards=None, BlockChecks checks=None):
         self._cum = np.ascontiguousarray(cum, dtype=np.int64)
         self._cum_view = self._cum
         cdef int64_t ns = self._cum_view.shape[0] - 1
@@ -428,6 +659,11 @@ cdef class WindowGather:
         self.g.vocab = vocab
         self.total = self._cum_view[ns]
         self.num_shards = ns
+        if checks is not None:
+            if checks.num_shards != ns or not checks.ready:
+                raise ConfigError("checks: a BlockChecks with the digests of every shard", field="checks")
+            self.checks = checks
+            self.g.checks = &checks.c
         if metadata_indexes is not None:
             if itemsize == token_size:
                 raise ConfigError("metadata_indexes: the records hold no metadata id", field="metadata_indexes")
@@ -572,6 +808,39 @@ cdef class WindowGather:
                 PyBuffer_Release(&fview)
         self._raise_status(status, &g, L)
         return out
+
+    def gather_async(self, TaskPool pool, starts, length, out):
+        """:meth:`gather` queued on ``pool`` as one compiled task (mapped files only); returns
+        a :class:`WindowTicket` whose ``wait()`` returns ``out``.
+
+        The arguments are checked now (``ConfigError``); a window outside the stream, a token
+        id at or above the vocabulary or a block that does not match its checksum is raised by
+        ``wait()``.
+        """
+        if self.g.bases == NULL:
+            raise ConfigError("gather_async: this dataset is read through descriptors", field="fds")
+        cdef int64_t L = length if type(length) is int and length >= 0 else check_count(length, "length")
+        cdef WindowTicket t = WindowTicket.__new__(WindowTicket)
+        t.starts = _starts(starts)
+        cdef int64_t count = t.starts.shape[0]
+        cdef void *data = _acquire_out(out, &t.view, count * L, self.g.vocab, count * L, -1)
+        t.has_view = True
+        t.gather = self
+        t.pool = pool
+        t.out = out
+        t.job.g = self.g
+        t.job.starts = &t.starts[0] if count else NULL
+        t.job.count = count
+        t.job.length = L
+        t.job.out64 = <int64_t *>data if t.view.itemsize == 8 else NULL
+        t.job.out32 = <int32_t *>data if t.view.itemsize == 4 else NULL
+        if count == 0 or L == 0:
+            t.job.count = 0
+        t.task.fn = _ts_ticket_run
+        t.task.arg = &t.job
+        pool.submit(&t.task)
+        t.submitted = True
+        return t
 
     def metadata_ids(self, starts, length, ids=None, out=None, fds=None):
         """The per-token metadata of a batch of windows, deduplicated over the batch, GIL released.
@@ -754,6 +1023,17 @@ cdef class WindowGather:
             raise_for_status(status, f"a window of {L} tokens falls outside [0, {self.total})", field="starts")
         if status == ZB_E_NOMEM:
             raise_for_status(status, "out of memory for a window gather")
+        if status == ZB_E_CHECKSUM:
+            where = None if self.paths is None else self.paths[g.err_shard]
+            if g.bad_block < 0:
+                raise_for_status(status, f"checksums.bin: the chunk digests of tokens.bin hash to {g.bad_got:016x}, "
+                                 f"the manifest records {g.bad_want:016x}", field="tokens.bin.xxh3",
+                                 path=None if where is None else os.path.join(os.path.dirname(where), "checksums.bin"))
+            a = g.bad_block * self.checks.block_bytes
+            b = min(a + self.checks.block_bytes, (self._cum_view[g.err_shard + 1] - self._cum_view[g.err_shard])
+                    * self.g.itemsize)
+            raise_for_status(status, f"tokens.bin: block {g.bad_block} (bytes [{a}, {b})) does not match its "
+                             f"checksum ({g.bad_got:016x}, expected {g.bad_want:016x})", path=where, field="xxh3")
         if status == ZB_E_IO or status == ZB_E_TRUNCATED:
             where = None if self.paths is None else self.paths[g.err_shard]
             if status == ZB_E_TRUNCATED:
@@ -929,6 +1209,63 @@ cdef class WindowGather:
                 PyBuffer_Release(&fview)
         self._raise_status(status, &g, L)
         return out, pos_ids, seg_ids, cu[:b.nseg + 1], b.maxlen
+
+
+cdef class WindowTicket:
+    """A window gather queued on a :class:`~zerobatch.core.TaskPool` as one compiled task (no
+    Python and no GIL from start to finish: the checks of unchecked blocks included);
+    :meth:`wait` returns its output. Holds the gatherer, the starts and the output alive until
+    the task has run."""
+
+    cdef zb_task task
+    cdef zb_ts_job job
+    cdef Py_buffer view
+    cdef bint has_view, submitted, finished, cancelled
+    cdef const int64_t[::1] starts
+    cdef WindowGather gather
+    cdef TaskPool pool
+    cdef object out
+
+    def wait(self):
+        """Block (GIL released) until the gather has run; return ``out``.
+
+        Raises:
+            IntegrityError, CorruptError, OutOfRangeError: as :meth:`WindowGather.gather`.
+        """
+        if self.cancelled:
+            raise ConfigError("wait: this gather was cancelled", field="ticket")
+        if not self.finished:
+            self.pool.wait(&self.task)
+            self.finished = True
+            self._release()
+        if self.task.status != ZB_OK:
+            self.gather._raise_status(self.task.status, &self.job.g, self.job.length)
+        return self.out
+
+    def cancel(self, wait=True):
+        """Drop the gather if no worker has started it; else wait for it. Never raises.
+
+        Returns:
+            ``True`` when it was dropped (``out`` was not written).
+        """
+        cdef bint dropped = False
+        if not self.finished:
+            dropped = self.pool.cancel(&self.task)
+            self.finished = True
+            self.cancelled = dropped
+            self._release()
+        return dropped
+
+    cdef void _release(self):
+        if self.has_view:
+            PyBuffer_Release(&self.view)
+            self.has_view = False
+
+    def __dealloc__(self):
+        # the task points into this object: never free it while a worker may run it
+        if self.submitted and not self.finished:
+            self.pool.wait(&self.task)
+        self._release()
 
 
 cdef void *_acquire(object buf, Py_buffer *view, object dtype, int64_t rows, int64_t cols,

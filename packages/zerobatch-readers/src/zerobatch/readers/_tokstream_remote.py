@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zerobatch.core import xxh3_64
+from zerobatch.core import BlockChecks, xxh3_64
 from zerobatch.core.io import AtomicFile, pwrite_all
 from zerobatch.core.remote import ObjectStore
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import CorruptError, IntegrityError, TruncatedError, ZerobatchError
-from zerobatch.readers._tokstream_shard import ChunkChecks, Shard, block_digests
+from zerobatch.readers._tokstream_shard import Shard, block_digests
 from zerobatch.readers.backends import DataFile
 from zerobatch.readers.remote import FETCH_TRIES, CacheDir, Fetcher, RemoteBackend, RWLock
 from zerobatch.readers.remote import open_sparse
@@ -467,7 +467,7 @@ class RemoteShards:
     """
 
     def __init__(self, store: ObjectStore, manifest: T.DatasetManifest, backends: dict[str, RemoteBackend],
-                 checks: ChunkChecks, cache: CacheDir, fetcher: Fetcher) -> None:
+                 checks: BlockChecks, cache: CacheDir, fetcher: Fetcher) -> None:
         self.store, self.manifest, self.backends = store, manifest, backends
         self.checks, self.cache, self.fetcher = checks, cache, fetcher
         self._open: dict[int, RemoteShard] = {}

@@ -1,12 +1,11 @@
 """One TOKSTREAM shard opened for reading: its files validated, its index arrays mapped, its
-chunks checked against their digests; and the reader's record of which ``tokens.bin`` chunks
-were checked. The data files' bytes are read through the reader's storage backend
-(:mod:`zerobatch.readers.backends`)."""
+chunks checked against their digests (``tokens.bin``'s by the window kernels, through the
+reader's :class:`~zerobatch.core.BlockChecks`). The data files' bytes are read through the
+reader's storage backend (:mod:`zerobatch.readers.backends`)."""
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +19,10 @@ from zerobatch.formats.errors import (CorruptError, IntegrityError, NotFoundErro
 from zerobatch.readers.backends import DataFile
 
 if TYPE_CHECKING:
+    from zerobatch.core import BlockChecks
     from zerobatch.readers.backends import Backend
 
-__all__ = ["FULL_INDEX_CHECK_BYTES", "VERIFY_BYTES", "ChunkChecks", "Shard", "block_digests"]
+__all__ = ["FULL_INDEX_CHECK_BYTES", "VERIFY_BYTES", "Shard", "block_digests"]
 
 #: Index files up to this size are validated in full at open (monotonic offsets); larger
 #: ones are checked at their ends at open and in full by ``TokenStreamReader.verify``.
@@ -271,6 +271,13 @@ class Shard:
             return self._map_file(fname)[a:b]
         return self.read(fname, a, b - a)
 
+    def give_digests(self, checks: BlockChecks) -> None:
+        """Hand ``tokens.bin``'s block digests (a view of the mapped ``checksums.bin``) and the
+        manifest's checksum of them to the reader's record of checked blocks, whose kernels
+        check the list before they use it."""
+        a, b = self._ranges["tokens.bin"]
+        checks.set_digests(self.index, self.sums[a:b], int(self.entry.files["tokens.bin"].xxh3, 16))
+
     def check_chunk(self, fname: str, c: int, count: int = 1) -> None:
         """Hash blocks ``[c, c + count)`` of ``fname`` (one read, one compiled call) and compare
         them with their digests.
@@ -392,39 +399,3 @@ class Shard:
             except BufferError:
                 pass  # a caller's array still views it; it is unmapped with the last view
         self._maps.clear()
-
-
-class ChunkChecks:
-    """Which 16 MiB chunks of every shard's ``tokens.bin`` were checked against their digests:
-    a bitmap per shard (one byte per chunk) whose addresses the window kernel reads to list
-    the chunks a batch touches that were not checked yet, a count of those still pending, and
-    the lock under which one thread at a time checks them (another thread's batch waits
-    until the chunks it needs are checked, never reading one being checked)."""
-
-    def __init__(self, chunk_counts: list[int]) -> None:
-        self.maps = [np.zeros(max(int(n), 1), np.uint8) for n in chunk_counts]
-        self.addresses = np.array([m.ctypes.data for m in self.maps], dtype=np.uint64)
-        self.pending = sum(int(n) for n in chunk_counts)
-        self.lock = threading.Lock()
-
-    def checked(self, shard: int, chunk: int) -> bool:
-        """Whether chunk ``chunk`` of shard ``shard``'s ``tokens.bin`` was checked."""
-        return bool(self.maps[shard][chunk])
-
-    def mark(self, shard: int, chunk: int, count: int = 1) -> None:
-        """Blocks ``[chunk, chunk + count)`` of ``shard`` checked."""
-        m = self.maps[shard][chunk:chunk + count]
-        self.pending -= int((m == 0).sum())
-        m[:] = 1
-
-    def reset(self, shard: int) -> None:
-        """Every block of ``shard`` unchecked again (a remote copy let go)."""
-        m = self.maps[shard]
-        self.pending += int((m != 0).sum())
-        m[:] = 0
-
-    def mark_shard(self, shard: int, chunks: int) -> None:
-        """Every chunk of ``shard`` checked (after a full verify)."""
-        m = self.maps[shard][:chunks]
-        self.pending -= int((m == 0).sum())
-        m[:] = 1

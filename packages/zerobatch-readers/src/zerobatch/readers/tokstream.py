@@ -12,13 +12,12 @@ read with ``pread`` through a bounded cache of descriptors (``"pread"``); window
 by a compiled kernel with the GIL released, which also refuses token ids at or above the
 vocabulary on first use.
 
-Every read goes one way: the windows or ranges are planned (which shards and chunks they
-touch), the ``tokens.bin`` chunks they touch that were never checked are checked against
-their digests, the backend holds the files open for the kernel (descriptors pinned for
-``pread``), and the kernel gathers.
+Every read goes one way: the backend holds the files open for the kernel (descriptors pinned
+for ``pread``), and the kernel gathers, checking in the same GIL-free pass each ``tokens.bin``
+block it copies from that no read checked before (:class:`~zerobatch.core.BlockChecks`).
 
-One reader may be shared by threads: results are those of one thread (chunks are checked by
-one thread at a time; pread descriptors stay open until the read that pinned them is done).
+One reader may be shared by threads: results are those of one thread (a block's check is
+recorded atomically; pread descriptors stay open until the read that pinned them is done).
 It pickles as its folder and options, and works in forked, forkserver and spawned workers.
 
 Checksums (``verify=True``, the default): each shard's ``checksums.bin`` holds the XXH3
@@ -46,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.core import WindowGather, xxh3_64
+from zerobatch.core import BlockChecks, WindowGather, xxh3_64
 from zerobatch.core.checks import as_positions, check_count
 from zerobatch.core.io import read_document
 from zerobatch.core.pool import shared_pool
@@ -55,7 +54,7 @@ from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import (ConfigError, CorruptError, LimitExceededError, NotFoundError, OutOfRangeError,
                                      ZerobatchError)
 from zerobatch.readers._tokstream_metadata import MetadataObjects, WindowMetadata, decoder
-from zerobatch.readers._tokstream_shard import ChunkChecks, Shard
+from zerobatch.readers._tokstream_shard import Shard
 from zerobatch.readers._tokstream_remote import RemoteShards, placeholder_documents
 from zerobatch.readers.backends import Backend, open_backend
 from zerobatch.readers.remote import DEFAULT_CACHE_LIMIT, DEFAULT_FETCH_THREADS, CacheDir, Fetcher, RemoteBackend, \
@@ -212,15 +211,18 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             self.close()
             raise
         self._tokens = self._backends["tokens.bin"]
-        self._checks = ChunkChecks([T.num_chunks(e.files["tokens.bin"].size, m.block) if verify else 0
-                                    for e in m.shards])
+        self._checks = BlockChecks([T.num_chunks(e.files["tokens.bin"].size, m.block) if verify else 0
+                                    for e in m.shards], m.block)
+        if verify:
+            for sh in self._shards:
+                sh.give_digests(self._checks)
         if self._shards:
             bases = self._tokens.addresses()
             self._gather = WindowGather(bases, self.cum_tokens, self.itemsize, self.token_dtype.itemsize,
                                         self.vocab_size, [os.path.join(s.path, "tokens.bin") for s in self._shards],
                                         [s.documents for s in self._shards],
                                         [s.metadata_index for s in self._shards] if m.metadata else None,
-                                        num_shards=len(self._shards))
+                                        num_shards=len(self._shards), checks=self._checks if verify else None)
         self.closed = False
 
     def _open_remote(self, store: ObjectStore, max_open_files: int | None) -> None:
@@ -232,7 +234,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             self._backends[fname] = RemoteBackend(n, max_open_files=max_open_files)
         self._tokens = self._backends["tokens.bin"]
         # a remote reader always checks: a block's digest is how it knows its copy holds it
-        self._checks = ChunkChecks([T.num_chunks(e.files["tokens.bin"].size, m.block) for e in m.shards])
+        self._checks = BlockChecks([T.num_chunks(e.files["tokens.bin"].size, m.block) for e in m.shards], m.block)
         limit = DEFAULT_CACHE_LIMIT if opts["cache_limit"] is None else opts["cache_limit"]
         threads = DEFAULT_FETCH_THREADS if opts["fetch_threads"] is None else opts["fetch_threads"]
         self._shards = RemoteShards(store, m, self._backends, self._checks,  # type: ignore[arg-type]
@@ -386,28 +388,6 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
     # -----------------------------------------------------------------------------------------
     # the one read path: plan, check the chunks, hold the files, gather
 
-    def _check_tokens(self, starts: Any, length: int | None = None, stops: Any = None) -> None:
-        """Check every ``tokens.bin`` chunk the windows (or ranges) touch that no earlier read
-        checked: once every chunk of the dataset is checked this costs nothing."""
-        checks = self._checks
-        if checks.pending == 0 or self._gather is None:
-            return
-        # one thread at a time lists and checks chunks: another thread's read waits here
-        # until the chunks it needs are checked, never reading one that is being checked
-        with checks.lock:
-            while True:
-                todo = self._gather.unchecked_chunks(starts, length, stops, checks.addresses, self.manifest.block,
-                                                     cap=256)
-                if not len(todo):
-                    return
-                # runs of consecutive blocks of one shard: one read and one compiled hash each
-                todo = todo[np.lexsort((todo[:, 1], todo[:, 0]))]
-                cut = np.flatnonzero((np.diff(todo[:, 0]) != 0) | (np.diff(todo[:, 1]) != 1)) + 1
-                for run in np.split(todo, cut):
-                    shard, first, count = int(run[0, 0]), int(run[0, 1]), len(run)
-                    self._shards[shard].check_chunk("tokens.bin", first, count)
-                    checks.mark(shard, first, count)
-
     def _shards_of(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
         """The shards the ranges ``[starts, stops)`` touch."""
         n = len(self._shards)
@@ -425,18 +405,16 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
 
     def _read(self, starts: np.ndarray, stops: np.ndarray, gather: Callable[[Any], Any],
               piecewise: Callable[[], Any] | None = None) -> Any:
-        """Run ``gather(fds)`` over the ranges ``[starts, stops)``: their unchecked chunks
-        checked first, their files held open for the kernel (``fds``: the descriptor table of
-        a descriptor backend, else ``None``); ``piecewise()`` instead when they touch more
-        files than may be open at once."""
+        """Run ``gather(fds)`` over the ranges ``[starts, stops)``, their files held open for
+        the kernel (``fds``: the descriptor table of a descriptor backend, else ``None``);
+        ``piecewise()`` instead when they touch more files than may be open at once. (The
+        kernel checks the blocks it reads that were never checked; a dataset at a URL fetches
+        and checks them first.)"""
         backend = self._tokens
         if backend.kernel_access == "address":
-            if self._checks.pending:
-                self._check_tokens(starts, stops=stops)
             return gather(None)
         if self._store is not None:
             return self._remote_read(starts, stops, gather, piecewise)
-        self._check_tokens(starts, stops=stops)
         with backend.pinned(self._shards_of(starts, stops) if starts.size else ()) as table:
             if table is not None:
                 return gather(table)
@@ -479,17 +457,11 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             return out
         gather = self._gather
         pool = shared_pool(self.num_threads - 1) if self.num_threads > 1 else None
-        if self._checks.pending == 0 and self._tokens.kernel_access == "address":
-            # every chunk checked and the kernel reads mapped memory: nothing to hold or check
-            # (a warm loop's batches; a few microseconds of Python saved per batch count here)
+        if self._tokens.kernel_access == "address":
+            # mapped files: one compiled call, which also checks the blocks no read checked
+            # before (the common path of every batch: kept free of closures and copies)
             return gather.gather(starts, length, out, pool)
         starts = as_positions(starts, "starts")
-        if self._tokens.kernel_access == "address":
-            # mapped files: the blocks these windows touch that no read checked yet are
-            # checked, then one gather (with small blocks a large dataset always has some
-            # unchecked, so this is the common path: kept free of closures and copies)
-            self._check_tokens(starts, length)
-            return gather.gather(starts, length, out, pool)
 
         def piecewise() -> np.ndarray:
             for w, st in enumerate(starts.tolist()):
@@ -505,6 +477,19 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         if not isinstance(out, np.ndarray) or out.ndim != 2:
             raise ConfigError("out must be a 2-D int64 or int32 array: one row per window", field="out")
         return self.windows(items, out.shape[1], out=out)
+
+    def read_async(self, pool: Any, items: Any, out: Any, **options: Any) -> Any:
+        """:meth:`read_into` queued on ``pool``: from mapped files, one compiled task (the
+        checks of blocks read for the first time included) that holds no GIL from start to
+        finish; otherwise the read as a Python call. ``wait()`` returns ``out``.
+
+        Raises:
+            ConfigError: an unfit ``out`` (now); the errors of :meth:`windows` (from ``wait()``).
+        """
+        if self._tokens.kernel_access == "address" and self._gather is not None and not self.closed \
+                and isinstance(out, np.ndarray) and out.ndim == 2 and not options:
+            return self._gather.gather_async(pool, items, out.shape[1], out)
+        return super().read_async(pool, items, out, **options)
 
     def _ranges_piecewise(self, starts: list[int], stops: list[int], flat: np.ndarray) -> None:
         """A read over more shards than descriptors: each range, one shard piece at a time."""
@@ -896,7 +881,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                 problems.append((os.path.join(sh.path, "tokens.bin"),
                                  f"token: id {top} is not below the vocabulary size {self.vocab_size}"))
             if self.verify_checksums and not any(p == os.path.join(sh.path, "tokens.bin") for p, _ in problems):
-                self._checks.mark_shard(k, T.num_chunks(sh.entry.files["tokens.bin"].size, self.manifest.block))
+                self._checks.mark_shard(k)
         return VerifyReport(self.folder, len(self._shards), files, done, tuple(problems))
 
     def verify_indexes(self) -> None:

@@ -16,7 +16,8 @@ from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError
 from zerobatch.samplers import GlobalRandomOrder, IndexOrder, IndexSampler, Schedule, SequentialOrder
 
-__all__ = ["CHUNK_BYTES", "IGNORE_INDEX", "Array", "Output", "Source", "Value", "build", "open_reader"]
+__all__ = ["CHUNK_BYTES", "IGNORE_INDEX", "Array", "Output", "OutputPlan", "ReadTicket", "Source", "Value", "build", "leaves",
+           "open_reader"]
 
 #: Bytes one read-ahead job fills when steps can be read together (amortizes the hand-off
 #: between threads).
@@ -71,6 +72,60 @@ def build(output: Any, leaf: Callable[[Any], Any]) -> Any:
     if isinstance(output, tuple):
         return tuple(build(o, leaf) for o in output)
     return {k: build(o, leaf) for k, o in output.items()}
+
+
+def leaves(output: Any) -> list[Array | Value]:
+    """The leaves of ``output`` in the order :func:`build` visits them."""
+    if isinstance(output, (Array, Value)):
+        return [output]
+    parts = output if isinstance(output, tuple) else output.values()
+    return [leaf for o in parts for leaf in leaves(o)]
+
+
+class OutputPlan:
+    """How a declared output is built from a read, with the per-step work of the common
+    shapes (one leaf, a tuple or a dict of leaves) done by C loops: a stacked read's arrays
+    are cut once for all its steps (:meth:`columns`), and the steps are then ``zip``s of the
+    columns. Other shapes go through :func:`build`, with the same result.
+
+    Args:
+        output: a source's :attr:`Source.output`.
+    """
+
+    def __init__(self, output: Any) -> None:
+        self.output = output
+        self.leaves = leaves(output)
+        if isinstance(output, (Array, Value)):
+            self.kind, self.keys = "leaf", None
+        elif isinstance(output, tuple) and all(isinstance(o, (Array, Value)) for o in output):
+            self.kind, self.keys = "tuple", None
+        elif isinstance(output, dict) and all(isinstance(o, (Array, Value)) for o in output.values()):
+            self.kind, self.keys = "dict", tuple(output)
+        else:
+            self.kind, self.keys = "tree", None
+
+    def steps(self, columns: list[list[Any]]) -> list[Any]:
+        """The steps of a stacked read: ``columns[j][i]`` is leaf ``j``'s value at step ``i``."""
+        if self.kind == "leaf":
+            return columns[0]
+        if self.kind == "tuple":
+            return list(zip(*columns, strict=True))
+        if self.kind == "dict":
+            keys = self.keys
+            return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
+        slots = {id(leaf): col for leaf, col in zip(self.leaves, columns, strict=True)}
+        n = len(columns[0]) if columns else 0
+        return [build(self.output, lambda leaf, i=i: slots[id(leaf)][i]) for i in range(n)]
+
+    def one(self, values: dict[str, Any]) -> Any:
+        """One step from its values by name (each leaf cut from its value)."""
+        if self.kind == "leaf":
+            return self.output.cut(values[self.output.name])
+        if self.kind == "tuple":
+            return tuple(leaf.cut(values[leaf.name]) for leaf in self.output)
+        if self.kind == "dict":
+            return {k: leaf.cut(values[leaf.name]) for k, leaf in self.output.items()}
+        return build(self.output, lambda leaf: leaf.cut(values[leaf.name]))
 
 
 def array_names(output: Any) -> set[str]:
@@ -180,7 +235,8 @@ class Source(ABC):
 
     #: ``read_async(pool, items, dtype)``: the read queued on a
     #: :class:`~zerobatch.core.pool.TaskPool` as one compiled task, returning a ticket with
-    #: ``wait()`` (the result) and ``cancel()``; sources without it are read as Python calls.
+    #: ``wait()`` (the result) and ``cancel()`` (a :class:`ReadTicket`), or ``None`` when this
+    #: read has no such path; sources without it are read as Python calls.
     read_async: Any = None
 
     @abstractmethod
@@ -211,6 +267,22 @@ class Source(ABC):
     def __setstate__(self, d: dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._pools_lock = threading.Lock()
+
+
+class ReadTicket:
+    """A compiled read queued on a task pool (its ``ticket``), and the result it fills."""
+
+    __slots__ = ("ticket", "result")
+
+    def __init__(self, ticket: Any, result: Any) -> None:
+        self.ticket, self.result = ticket, result
+
+    def wait(self) -> Any:
+        self.ticket.wait()
+        return self.result
+
+    def cancel(self) -> None:
+        self.ticket.cancel()
 
 
 def next_token_pair(name: str = "tokens") -> tuple[Array, Array]:

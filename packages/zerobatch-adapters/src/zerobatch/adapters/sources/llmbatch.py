@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources._base import CHUNK_BYTES, Array, Source, open_reader
+from zerobatch.adapters.sources._base import CHUNK_BYTES, Array, ReadTicket, Source, open_reader
 from zerobatch.core.checks import check_count
 from zerobatch.samplers import BlockShuffleOrder, IndexOrder
 
@@ -80,7 +80,7 @@ class LLMBatchSource(Source):
         steps, per = items.shape
         out = self._buffer((steps * per, *self._shape), dtype)
         ticket = self.reader.read_async(pool, items, out)
-        return _Ticket(ticket, {"tokens": out.reshape(steps, per * self._shape[0], self._shape[1])})
+        return ReadTicket(ticket, {"tokens": out.reshape(steps, per * self._shape[0], self._shape[1])})
 
     def close(self) -> None:
         self.reader.close()
@@ -90,18 +90,3 @@ class LLMBatchSource(Source):
         d["_advised"] = set()
         return d
 
-
-class _Ticket:
-    """A compiled read queued on a task pool, and the result it fills."""
-
-    __slots__ = ("ticket", "result")
-
-    def __init__(self, ticket: Any, result: Any) -> None:
-        self.ticket, self.result = ticket, result
-
-    def wait(self) -> Any:
-        self.ticket.wait()
-        return self.result
-
-    def cancel(self) -> None:
-        self.ticket.cancel()

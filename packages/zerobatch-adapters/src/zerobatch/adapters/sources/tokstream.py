@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Array, Source, Value, check_pad_id,
+from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Array, ReadTicket, Source, Value,
+                                              check_pad_id,
                                               check_position_dtype, check_seq_len, next_token_pair,
                                               open_reader)
 from zerobatch.core import pad_rows
@@ -93,7 +94,10 @@ class TokenWindows(Source):
     def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any] | list[dict[str, Any]]:
         steps, per = items.shape
         reader, length = self.reader, self.length
-        starts = reader.window_starts(items.reshape(-1), length, self.stride)
+        # window k starts at k * stride; the schedule's items are in [0, num_items), and the
+        # kernel refuses a window outside the stream (an item past the last window starts
+        # past num_tokens - length), so no check of the items is needed here
+        starts = items.reshape(-1) * self.stride
         if self.stacked:
             out = self._buffer((steps * per, length), dtype)
             reader.read_into(starts, out)
@@ -121,10 +125,23 @@ class TokenWindows(Source):
             result.append(step)
         return result
 
+    def read_async(self, pool: Any, items: np.ndarray, dtype: np.dtype) -> Any:
+        """A stacked read queued on ``pool`` through the reader's
+        :meth:`~zerobatch.readers.tokstream.TokenStreamReader.read_async` (from mapped files,
+        one compiled task: the gather and the checks of blocks read for the first time run
+        without the GIL from start to finish); ``None`` for reads with per-step outputs."""
+        if not self.stacked:
+            return None
+        steps, per = items.shape
+        out = self._buffer((steps * per, self.length), dtype)
+        ticket = self.reader.read_async(pool, items.reshape(-1) * self.stride, out)
+        return ReadTicket(ticket, {"tokens": out.reshape(steps, per, self.length)})
+
     def close(self) -> None:
         self.reader.close()
         if self.mask_reader is not None:
             self.mask_reader.close()
+
 
 
 def _loss_mask(reader: Any, loss_mask: bool, next_token: bool) -> Any:

@@ -4,15 +4,132 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from typing import Any
 
 import numpy as np
 
 from zerobatch.core._status import STATUS, raise_for_status
+from zerobatch.core._twins.hash import xxh3_64
 from zerobatch.core.checks import as_positions, check_count
 from zerobatch.formats.errors import ConfigError, CorruptError, OutOfRangeError
 
-__all__ = ["WindowGather", "gather_windows"]
+__all__ = ["BlockChecks", "WindowGather", "WindowTicket", "gather_windows"]
+
+
+class BlockChecks:
+    """Twin of :class:`zerobatch.core._tokstream.BlockChecks` (a lock where the kernel flips
+    bytes atomically)."""
+
+    def __init__(self, block_counts: Any, block_bytes: int = 1 << 24) -> None:
+        if block_bytes < 1 or block_bytes & (block_bytes - 1):
+            raise ConfigError("block_bytes must be a power of two", field="block_bytes")
+        counts = [check_count(n, "block_counts") for n in block_counts]
+        self.num_shards = len(counts)
+        self.block_bytes = block_bytes
+        self._maps = [np.zeros(max(n, 1), np.uint8) for n in counts]
+        self._nblocks = counts
+        self._digests: list[Any] = [None] * len(counts)
+        self._list_hash = [0] * len(counts)
+        self._lists = [False] * len(counts)
+        self._pending = sum(counts)
+        self._marks = threading.Lock()
+        self.lock = threading.Lock()
+
+    def set_digests(self, shard: int, digests: Any, list_hash: int) -> None:
+        if not 0 <= shard < self.num_shards:
+            raise ConfigError(f"shard must be in [0, {self.num_shards}), got {shard}", field="shard")
+        arr = np.asarray(digests)
+        if arr.dtype != np.dtype("<u8") or arr.ndim != 1 or not arr.flags.c_contiguous \
+                or arr.shape[0] != self._nblocks[shard]:
+            raise ConfigError(f"digests must be a C-contiguous <u8 array of {self._nblocks[shard]} digests",
+                              field="digests")
+        self._digests[shard] = arr
+        self._list_hash[shard] = check_count(list_hash, "list_hash", maximum=2**64 - 1)
+        self._lists[shard] = False
+
+    @property
+    def ready(self) -> bool:
+        return all(d is not None for d in self._digests)
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    @property
+    def addresses(self) -> np.ndarray:
+        return np.array([m.ctypes.data for m in self._maps], dtype=np.uint64)
+
+    def _block_range(self, shard: int, first: int, count: int) -> None:
+        if not 0 <= shard < self.num_shards:
+            raise ConfigError(f"shard must be in [0, {self.num_shards}), got {shard}", field="shard")
+        if first < 0 or count < 0 or first + count > self._nblocks[shard]:
+            raise ConfigError(f"blocks [{first}, {first + count}) are not blocks of shard {shard} "
+                              f"({self._nblocks[shard]})", field="block")
+
+    def checked(self, shard: int, block: int) -> bool:
+        self._block_range(shard, block, 1)
+        return bool(self._maps[shard][block])
+
+    def mark(self, shard: int, first: int, count: int = 1) -> int:
+        self._block_range(shard, first, count)
+        with self._marks:
+            m = self._maps[shard][first:first + count]
+            n = int((m == 0).sum())
+            m[:] = 1
+            self._pending -= n
+        return n
+
+    def mark_shard(self, shard: int) -> int:
+        return self.mark(shard, 0, self._nblocks[shard] if 0 <= shard < self.num_shards else 0)
+
+    def reset(self, shard: int) -> None:
+        self._block_range(shard, 0, self._nblocks[shard] if 0 <= shard < self.num_shards else 0)
+        with self._marks:
+            m = self._maps[shard][:self._nblocks[shard]]
+            self._pending += int((m != 0).sum())
+            m[:] = 0
+
+    def check(self, src: Any, shard: int, b0: int, b1: int, size: int, path: Any) -> None:
+        """Every block of shard ``shard``'s ``tokens.bin`` under bytes ``[b0, b1)`` checked,
+        reading its bytes from ``src`` (an address, a buffer or ``("fd", n)``), as the
+        kernel's ``_check_blocks``."""
+        block = self.block_bytes
+        for k in range(b0 // block, (b1 - 1) // block + 1):
+            if self._maps[shard][k]:
+                continue
+            if not self._lists[shard]:
+                got = xxh3_64(self._digests[shard].tobytes())
+                if got != self._list_hash[shard]:
+                    raise_for_status(STATUS.ZB_E_CHECKSUM, f"checksums.bin: the chunk digests of tokens.bin hash to "
+                                     f"{got:016x}, the manifest records {self._list_hash[shard]:016x}",
+                                     field="tokens.bin.xxh3",
+                                     path=None if path is None else os.path.join(os.path.dirname(path), "checksums.bin"))
+                self._lists[shard] = True
+            a = k * block
+            n = min(a + block, size) - a
+            got = xxh3_64(bytes(_piece(src, a, n, 1, path)))
+            want = int(self._digests[shard][k])
+            if got != want:
+                raise_for_status(STATUS.ZB_E_CHECKSUM, f"tokens.bin: block {k} (bytes [{a}, {a + n})) does not match "
+                                 f"its checksum ({got:016x}, expected {want:016x})", path=path, field="xxh3")
+            self.mark(shard, k)
+
+
+class WindowTicket:
+    """Twin of :class:`zerobatch.core._tokstream.WindowTicket`: the gather as a Python call on
+    the pool twin."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+
+    def wait(self) -> Any:
+        if self.call.done() and getattr(self.call, "_cancelled", False):
+            raise ConfigError("wait: this gather was cancelled", field="ticket")
+        return self.call.wait()
+
+    def cancel(self, wait: bool = True) -> bool:
+        return bool(self.call.cancel())
 
 
 class WindowGather:
@@ -22,7 +139,7 @@ class WindowGather:
 
     def __init__(self, bases: Any, cum: Any, itemsize: int, token_size: int, vocab: int,
                  paths: Any = None, documents: Any = None, metadata_indexes: Any = None,
-                 num_shards: Any = None) -> None:
+                 num_shards: Any = None, checks: BlockChecks | None = None) -> None:
         c = np.ascontiguousarray(cum, dtype=np.int64)
         ns = c.shape[0] - 1
         if bases is not None and len(bases) != ns:
@@ -36,6 +153,10 @@ class WindowGather:
                               field="itemsize")
         self.bases, self.cum, self.itemsize, self.token_size, self.vocab = bases, c, itemsize, token_size, vocab
         self.paths = paths
+        if checks is not None and (not isinstance(checks, BlockChecks) or checks.num_shards != ns
+                                   or not checks.ready):
+            raise ConfigError("checks: a BlockChecks with the digests of every shard", field="checks")
+        self.checks = checks
         self.num_shards = ns
         self.midx = None if metadata_indexes is None else [np.asarray(x, dtype=np.uint64) for x in metadata_indexes]
         self.total = int(c[-1])
@@ -104,7 +225,7 @@ class WindowGather:
         for x, y in zip(a.tolist(), b.tolist(), strict=True):
             if y > x:
                 gather_windows(shards, self.cum, self.itemsize, self.token_size, self.vocab, [x], y - x,
-                               flat[at:at + y - x], paths=self.paths)
+                               flat[at:at + y - x], paths=self.paths, checks=self.checks)
                 at += y - x
         return out
 
@@ -162,7 +283,18 @@ class WindowGather:
 
     def gather(self, starts: Any, length: Any, out: Any, pool: Any = None, fds: Any = None) -> np.ndarray:
         return gather_windows(self._shards(fds), self.cum, self.itemsize, self.token_size, self.vocab, starts,
-                              length, out, paths=self.paths)
+                              length, out, paths=self.paths, checks=self.checks)
+
+    def gather_async(self, pool: Any, starts: Any, length: Any, out: Any) -> WindowTicket:
+        if self.bases is None:
+            raise ConfigError("gather_async: this dataset is read through descriptors", field="fds")
+        L = check_count(length, "length")
+        st = as_positions(starts, "starts")
+        if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable \
+                or out.dtype not in (np.int64, np.int32) or out.size != st.size * L:
+            raise ConfigError(f"out must be a writable C-contiguous int64 or int32 array of {st.size * L} elements",
+                              field="out")
+        return WindowTicket(pool.call(lambda: self.gather(st, L, out)))
 
     def metadata_ids(self, starts: Any, length: Any, ids: Any = None, out: Any = None,
                      fds: Any = None) -> tuple[np.ndarray, np.ndarray]:
@@ -175,7 +307,13 @@ class WindowGather:
         shards = self._shards(fds)
         if out is not None:
             gather_windows(shards, self.cum, self.itemsize, self.token_size, self.vocab, st, L, out,
-                           paths=self.paths)
+                           paths=self.paths, checks=self.checks)
+        elif self.checks is not None:
+            for p in st.tolist():
+                for s, first, n in _pieces(self.cum, p, L):
+                    self.checks.check(shards[s], s, first * self.itemsize, (first + n) * self.itemsize,
+                                      int(self.cum[s + 1] - self.cum[s]) * self.itemsize,
+                                      None if self.paths is None else self.paths[s])
         c = self.cum
         res = np.empty((st.size, L), np.int32) if ids is None else ids
         if ids is not None:
@@ -244,9 +382,9 @@ def _check_buffer(buf: Any, dtype: Any, shape: tuple[int, ...], name: str) -> No
         raise ConfigError(f"{name} must be a writable C-contiguous {np.dtype(dtype)} array of {desc}", field=name)
 
 
-def _piece(src: Any, first: int, count: int, itemsize: int) -> memoryview:
+def _piece(src: Any, first: int, count: int, itemsize: int, path: Any = None) -> memoryview:
     """Bytes of records ``[first, first + count)`` of one shard, whose source is an address
-    (``int``), a buffer, or a descriptor (``("fd", n)``)."""
+    (``int``), a buffer, or a descriptor (``("fd", n)``; ``path`` named when it comes short)."""
     a, n = first * itemsize, count * itemsize
     if n == 0:
         return memoryview(b"")
@@ -254,7 +392,7 @@ def _piece(src: Any, first: int, count: int, itemsize: int) -> memoryview:
         data = os.pread(src[1], n, a)
         if len(data) != n:
             raise_for_status(STATUS.ZB_E_TRUNCATED, "tokens.bin: a shard ended before its last record (the file "
-                             "shrank after open)", field="tokens.bin")
+                             "shrank after open)", path=path, field="tokens.bin")
         return memoryview(data)
     if isinstance(src, (int, np.integer)):
         return memoryview((ctypes.c_uint8 * n).from_address(int(src) + a))
@@ -270,14 +408,20 @@ def _records(base: Any, n: int, itemsize: int, token_size: int, first: int = 0) 
     return np.frombuffer(_piece(base, first, n, itemsize), dtype=rec, count=n)
 
 
-def _window_tokens(shards: Any, c: np.ndarray, itemsize: int, token_size: int, pos: int, L: int) -> np.ndarray:
-    """The token ids of ``[pos, pos + L)``, read piece by piece from the shards it spans."""
+def _window_tokens(shards: Any, c: np.ndarray, itemsize: int, token_size: int, pos: int, L: int,
+                   checks: BlockChecks | None = None, paths: Any = None) -> np.ndarray:
+    """The token ids of ``[pos, pos + L)``, read piece by piece from the shards it spans (the
+    checksum blocks under each piece checked first, with ``checks``)."""
     rec = np.dtype([("token", f"<u{token_size}"), ("rest", f"V{itemsize - token_size}")]) \
         if itemsize > token_size else np.dtype(f"<u{token_size}")
     parts = []
     while L > 0:
         s = int(np.searchsorted(c, pos, side="right")) - 1
         take = min(L, int(c[s + 1]) - pos)
+        if checks is not None:
+            local = pos - int(c[s])
+            checks.check(shards[s], s, local * itemsize, (local + take) * itemsize,
+                         (int(c[s + 1]) - int(c[s])) * itemsize, None if paths is None else paths[s])
         arr = np.frombuffer(_piece(shards[s], pos - int(c[s]), take, itemsize), dtype=rec, count=take)
         parts.append(arr["token"] if itemsize > token_size else arr)
         pos += take
@@ -286,7 +430,7 @@ def _window_tokens(shards: Any, c: np.ndarray, itemsize: int, token_size: int, p
 
 
 def gather_windows(bases: Any, cum: Any, itemsize: int, token_size: int, vocab: int, starts: Any,
-                   length: Any, out: Any, paths: Any = None) -> np.ndarray:
+                   length: Any, out: Any, paths: Any = None, checks: BlockChecks | None = None) -> np.ndarray:
     """Twin of :func:`zerobatch.core._tokstream.gather_windows`; ``bases`` may also be a list
     of the shards' record buffers (NumPy arrays or bytes-like), or of ``("fd", descriptor)``."""
     c = np.ascontiguousarray(cum, dtype=np.int64)
@@ -308,7 +452,7 @@ def gather_windows(bases: Any, cum: Any, itemsize: int, token_size: int, vocab: 
         raise ConfigError("out: int32 cannot hold every id of this vocabulary", field="out")
     flat = out.reshape(-1)
     for w, pos in enumerate(st.tolist()):
-        win = _window_tokens(bases, c, itemsize, token_size, pos, L)
+        win = _window_tokens(bases, c, itemsize, token_size, pos, L, checks, paths)
         if win.size and int(win.max()) >= vocab:
             bad = pos + int(np.argmax(win >= vocab))
             shard = int(np.searchsorted(c, bad, side="right") - 1)

@@ -1,0 +1,279 @@
+"""The first-read checks of TOKSTREAM token blocks inside the window kernels: ``BlockChecks``,
+``WindowGather(checks=)`` and ``WindowGather.gather_async``, compiled against the twin.
+
+Each block a read touches and nobody checked before is hashed and compared with its digest in
+the same GIL-free call that copies it (no Python per window or per block), a block that does
+not match is an ``IntegrityError`` naming the file, the block and its byte range (and stays
+unchecked), and a shard's digest list is checked against the manifest's checksum before its
+first digest is used.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from zerobatch.core import _kernels
+from zerobatch.core import xxh3_64
+from zerobatch.core.pool import TaskPool
+from zerobatch.formats.errors import ConfigError, CorruptError, IntegrityError, OutOfRangeError
+
+BLOCK = 512
+TWIN = _kernels.twin("tokstream")
+MODS = [pytest.param(_kernels.load("tokstream"), id="selected"), pytest.param(TWIN, id="twin")]
+
+
+def _digests(data: np.ndarray, block: int = BLOCK) -> np.ndarray:
+    raw = data.view(np.uint8)
+    n = max(1, -(-raw.size // block))
+    return np.array([xxh3_64(raw[k * block:(k + 1) * block].tobytes()) for k in range(n)], dtype="<u8")
+
+
+class Dataset:
+    """Shards of uint16 tokens held in memory, their block digests and a gatherer over them."""
+
+    def __init__(self, mod, sizes, *, seed=0, vocab=50000, block=BLOCK, itemsize=2):
+        rng = np.random.default_rng(seed)
+        self.mod, self.block, self.vocab = mod, block, vocab
+        self.shards = [rng.integers(0, vocab, n, dtype=np.uint16) for n in sizes]
+        self.cum = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.digests = [_digests(s, block) for s in self.shards]
+        self.paths = [f"/data/shard-{k}/tokens.bin" for k in range(len(sizes))]
+
+    def checks(self):
+        c = self.mod.BlockChecks([d.size for d in self.digests], self.block)
+        for k, d in enumerate(self.digests):
+            c.set_digests(k, d, xxh3_64(d.tobytes()))
+        return c
+
+    def gather(self, checks):
+        bases = np.array([s.ctypes.data for s in self.shards], dtype=np.uint64)
+        return self.mod.WindowGather(bases, self.cum, 2, 2, self.vocab, self.paths, checks=checks)
+
+    def window(self, pos, length):
+        flat = np.concatenate(self.shards)
+        return flat[pos:pos + length].astype(np.int64)
+
+
+def _marks(checks, ds):
+    return [[checks.checked(k, b) for b in range(d.size)] for k, d in enumerate(ds.digests)]
+
+
+@pytest.mark.parametrize("mod", MODS)
+def test_block_checks_count_marks_and_resets(mod):
+    c = mod.BlockChecks([3, 5, 0], 1024)
+    assert (c.num_shards, c.block_bytes, c.pending, c.ready) == (3, 1024, 8, False)
+    assert c.mark(1, 1, 3) == 3 and c.pending == 5
+    assert c.mark(1, 0, 2) == 1 and c.pending == 4           # block 1 was marked already
+    assert [c.checked(1, b) for b in range(5)] == [True, True, True, True, False]
+    assert c.mark_shard(0) == 3 and c.pending == 1
+    c.reset(1)
+    assert c.pending == 5 and not c.checked(1, 1)
+    assert c.addresses.dtype == np.uint64 and c.addresses.size == 3
+    for bad in [(3, 0, 1), (-1, 0, 1), (1, 4, 2), (1, -1, 1)]:
+        with pytest.raises(ConfigError):
+            c.mark(*bad)
+    with pytest.raises(ConfigError):
+        mod.BlockChecks([1], 1000)                            # not a power of two
+    with pytest.raises(ConfigError):
+        mod.BlockChecks([True], 1024)
+    with pytest.raises(ConfigError):
+        c.set_digests(0, np.zeros(2, "<u8"), 0)              # 3 blocks, 2 digests
+    with pytest.raises(ConfigError):
+        c.set_digests(0, np.zeros(3, np.int64), 0)
+    with pytest.raises(ConfigError):
+        c.set_digests(0, np.zeros(3, "<u8"), -1)
+
+
+@pytest.mark.parametrize("mod", MODS)
+def test_a_gatherer_needs_the_digests_of_every_shard(mod):
+    ds = Dataset(mod, [1000, 700])
+    c = mod.BlockChecks([d.size for d in ds.digests], BLOCK)
+    c.set_digests(0, ds.digests[0], xxh3_64(ds.digests[0].tobytes()))
+    with pytest.raises(ConfigError, match="checks"):
+        ds.gather(c)
+    with pytest.raises(ConfigError, match="checks"):
+        ds.gather(mod.BlockChecks([4], BLOCK))
+
+
+@pytest.mark.compiled
+@pytest.mark.parametrize("seed", range(6))
+def test_the_compiled_checks_match_the_twin(seed):
+    # random shards, windows and ranges (some across shards); one block damaged in half the
+    # seeds: outputs, errors and the marks left behind are the twin's
+    compiled = _kernels.compiled("tokstream")
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 3000, rng.integers(1, 5)).tolist()
+    made = []
+    for mod in (compiled, TWIN):
+        ds = Dataset(mod, sizes, seed=seed)
+        if seed % 2:
+            k = int(rng.integers(0, len(sizes))) if mod is compiled else made[0][0][0]
+            at = int(rng.integers(0, ds.shards[k].size)) if mod is compiled else made[0][0][1]
+            ds.shards[k][at] ^= 1                   # a flipped bit the vocabulary check cannot see
+            made.append(((k, at), ds))
+        else:
+            made.append(((None, None), ds))
+    total = int(np.sum(sizes))
+    plans = []
+    for _ in range(20):
+        length = int(rng.integers(1, min(total, 900) + 1))
+        plans.append((rng.integers(0, total - length + 1, int(rng.integers(1, 9))), length))
+    results = []
+    for (_, ds) in made:
+        checks = ds.checks()
+        g = ds.gather(checks)
+        got = []
+        for starts, length in plans:
+            out = np.empty((starts.size, length), np.int64)
+            try:
+                g.gather(starts, length, out)
+                got.append(out.copy())
+            except IntegrityError as exc:
+                got.append((type(exc), str(exc), exc.field))
+            flat = np.empty(int(starts.size * 3), np.int32)
+            try:
+                g.gather_ranges(starts, starts + 3, flat)
+                got.append(flat.copy())
+            except IntegrityError as exc:
+                got.append((type(exc), str(exc), exc.field))
+        results.append((got, _marks(checks, ds), checks.pending))
+    (a, marks_a, pend_a), (b, marks_b, pend_b) = results
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, np.ndarray):
+            assert isinstance(y, np.ndarray) and (x == y).all()
+        else:
+            assert x == y
+    assert marks_a == marks_b and pend_a == pend_b
+    if seed % 2 == 0:
+        ds = made[0][1]
+        for (starts, length), x in zip(plans, a[::2], strict=True):
+            assert (x == np.stack([ds.window(int(p), length) for p in starts])).all()
+
+
+@pytest.mark.parametrize("mod", MODS)
+def test_a_bad_block_is_named_and_stays_unchecked(mod):
+    ds = Dataset(mod, [2000, 1500])
+    ds.shards[1][300] ^= 4                              # byte 600 of shard 1: its block 1
+    checks = ds.checks()
+    g = ds.gather(checks)
+    before = checks.pending
+    out = np.empty((1, 50), np.int64)
+    g.gather([2000 + 100], 50, out)                     # block 0 of shard 1: fine
+    assert checks.checked(1, 0) and checks.pending == before - 1
+    for _ in range(2):                                   # every read that touches it fails
+        with pytest.raises(IntegrityError) as info:
+            g.gather([2000 + 280], 50, out)
+        assert info.value.path == "/data/shard-1/tokens.bin" and info.value.field == "xxh3"
+        assert "block 1 (bytes [512, 1024))" in str(info.value)
+    assert not checks.checked(1, 1) and checks.pending == before - 1
+    g.gather([2000 + 600], 50, out)                     # other blocks of the shard still read
+    assert (out[0] == ds.window(2600, 50)).all()
+    # the short last block of a shard names its real end
+    ds.shards[1][-1] ^= 1
+    with pytest.raises(IntegrityError, match=r"block 5 \(bytes \[2560, 3000\)\)"):
+        g.gather([3500 - 3], 3, np.empty((1, 3), np.int64))
+
+
+@pytest.mark.parametrize("mod", MODS)
+def test_a_digest_list_that_does_not_match_the_manifest_is_refused(mod):
+    ds = Dataset(mod, [1000, 1000])
+    checks = mod.BlockChecks([d.size for d in ds.digests], BLOCK)
+    checks.set_digests(0, ds.digests[0], xxh3_64(ds.digests[0].tobytes()))
+    checks.set_digests(1, ds.digests[1], xxh3_64(ds.digests[1].tobytes()) ^ 1)
+    g = ds.gather(checks)
+    g.gather([10], 20, np.empty((1, 20), np.int64))
+    with pytest.raises(IntegrityError) as info:
+        g.gather([1500], 20, np.empty((1, 20), np.int64))
+    assert info.value.field == "tokens.bin.xxh3" and info.value.path == "/data/shard-1/checksums.bin"
+    assert "the chunk digests of tokens.bin hash to" in str(info.value)
+
+
+@pytest.mark.parametrize("mod", MODS)
+def test_checked_blocks_are_never_hashed_again(mod):
+    # a block marked checked is trusted from then on (the bytes of a published file never
+    # change): a flip in it afterwards is not seen, which is how the marks are known to be used
+    ds = Dataset(mod, [4000])
+    checks = ds.checks()
+    g = ds.gather(checks)
+    out = np.empty((1, 4000), np.int64)
+    g.gather([0], 4000, out)
+    assert checks.pending == 0
+    ds.shards[0][10] ^= 1
+    g.gather([0], 20, np.empty((1, 20), np.int64))
+
+
+@pytest.mark.compiled
+def test_threads_sharing_the_checks_read_right_and_count_each_block_once():
+    mod = _kernels.compiled("tokstream")
+    ds = Dataset(mod, [50000, 30000, 20000], seed=3)
+    ds.shards[2][5000] ^= 2                             # block 19 of shard 2
+    bad = (2, 5000 * 2 // BLOCK)
+    checks = ds.checks()
+    g = ds.gather(checks)
+    flat = np.concatenate(ds.shards).astype(np.int64)
+    errors, wrong = [], []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        out = np.empty((16, 257), np.int64)
+        for _ in range(300):
+            starts = rng.integers(0, flat.size - 257, 16)
+            try:
+                g.gather(starts, 257, out)
+            except IntegrityError:
+                errors.append(starts)
+                continue
+            want = flat[starts[:, None] + np.arange(257)[None, :]]
+            if not (out == want).all():
+                wrong.append(starts)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
+    lo, hi = 50000 + 30000 + bad[1] * BLOCK // 2, 50000 + 30000 + (bad[1] + 1) * BLOCK // 2
+    for starts in errors:                                # each failed batch touches the bad block
+        assert ((starts < hi) & (starts + 257 > lo)).any()
+    marks = _marks(checks, ds)
+    assert not marks[bad[0]][bad[1]]
+    assert checks.pending == sum(not m for shard in marks for m in shard)
+
+
+@pytest.mark.parametrize("mod", MODS)
+def test_a_queued_gather_equals_the_gather_and_raises_from_wait(mod):
+    ds = Dataset(mod, [3000, 2000], seed=5)
+    pool = TaskPool(2) if mod is not TWIN else _kernels.twin("pool").TaskPool(2)
+    try:
+        g = ds.gather(ds.checks())
+        rng = np.random.default_rng(0)
+        tickets = []
+        for _ in range(8):
+            starts = rng.integers(0, 5000 - 65, 12)
+            out = np.empty((12, 65), np.int32)
+            tickets.append((starts, out, g.gather_async(pool, starts, 65, out)))
+        for starts, out, t in tickets:
+            assert t.wait() is out
+            assert (out == np.stack([ds.window(int(p), 65) for p in starts])).all()
+        empty = np.empty((0, 65), np.int64)
+        assert g.gather_async(pool, np.zeros(0, np.int64), 65, empty).wait() is empty
+        with pytest.raises(OutOfRangeError):
+            g.gather_async(pool, [4990], 65, np.empty((1, 65), np.int64)).wait()
+        ds.shards[0][7] ^= 1
+        fresh = ds.gather(ds.checks())
+        with pytest.raises(IntegrityError):
+            fresh.gather_async(pool, [0], 65, np.empty((1, 65), np.int64)).wait()
+        with pytest.raises(ConfigError):
+            g.gather_async(pool, [0], 65, np.empty((2, 65), np.int64))
+        ds.shards[1][0] = 60000
+        with pytest.raises(CorruptError, match="vocabulary"):
+            ds.gather(None).gather_async(pool, [3000], 4, np.empty((1, 4), np.int64)).wait()
+        t = g.gather_async(pool, [0], 65, np.empty((1, 65), np.int64))
+        t.cancel()
+    finally:
+        pool.stop()
