@@ -145,6 +145,32 @@ def test_flat_documents_hand_out_every_token_once_with_consistent_boundaries(dat
     assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(int(lengths.sum())))
 
 
+@pytest.mark.parametrize("budget", [None, 100])
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
+def test_flat_documents_read_the_same_on_the_read_ahead_task_and_in_python(dataset, budget, dtype):
+    # read-ahead queues each step as one compiled task (tokens, checks, positions and labels);
+    # the Python read, the inline loader and the leaner layout without positions agree with it
+    import torch
+    folder, _ = dataset
+    tdt = getattr(torch, dtype)
+    ahead = list(Loader(FlatDocuments(folder, budget), batch_size=4 if budget is None else 1, seed=5, dtype=tdt))
+    inline = list(Loader(FlatDocuments(folder, budget), batch_size=4 if budget is None else 1, seed=5, dtype=tdt,
+                         num_threads=0))
+    lean = list(Loader(FlatDocuments(folder, budget, position_ids=False), batch_size=4 if budget is None else 1,
+                       seed=5, dtype=tdt))
+    assert len(ahead) == len(inline) == len(lean) > 10
+    for a, b, c in zip(ahead, inline, lean, strict=True):
+        assert a.keys() == b.keys() and set(c) == set(a) - {"position_ids"}
+        for k in a:
+            assert torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k], k
+            if k != "position_ids":
+                assert torch.equal(a[k], c[k]) if isinstance(a[k], torch.Tensor) else a[k] == c[k], k
+        assert a["input_ids"].dtype == tdt and a["position_ids"].dtype == torch.int64
+    src = FlatDocuments(folder, budget, next_token=False, position_ids=False)
+    step = src.read(np.arange(3)[None, :], np.dtype(dtype))[0]
+    assert set(step) == {"tokens", "cu_seqlens", "max_seqlen", "lengths"}
+
+
 def test_a_pickled_source_plans_again_to_the_same_rows(dataset):
     import pickle
     folder, _ = dataset

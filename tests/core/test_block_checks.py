@@ -277,3 +277,78 @@ def test_a_queued_gather_equals_the_gather_and_raises_from_wait(mod):
         t.cancel()
     finally:
         pool.stop()
+
+
+@pytest.mark.parametrize("mod", MODS)
+def test_document_spans_across_shards(mod):
+    # documents numbered across shards (one shard without documents), from the indexes
+    ds = Dataset(mod, [10, 0, 7, 5])
+    docs = [np.array([0, 4, 10], np.uint64), np.array([0], np.uint64), np.array([0, 7], np.uint64),
+            np.array([0, 1, 2, 5], np.uint64)]
+    bases = np.array([s.ctypes.data for s in ds.shards], dtype=np.uint64)
+    g = mod.WindowGather(bases, ds.cum, 2, 2, ds.vocab, ds.paths, docs)
+    assert g.num_documents == 6
+    a, b = g.document_spans([5, 0, 2, 1, 3, 4])
+    assert a.tolist() == [19, 0, 10, 4, 17, 18] and b.tolist() == [22, 4, 17, 10, 18, 19]
+    assert [x.size for x in g.document_spans(np.zeros(0, np.int64))] == [0, 0]
+    out_a, out_b = np.empty(2, np.int64), np.empty(2, np.int64)
+    assert g.document_spans([1, 2], out_a, out_b)[0] is out_a and out_b.tolist() == [10, 17]
+    for bad in ([6], [-1], [0, 2**40]):
+        with pytest.raises(OutOfRangeError, match="document index"):
+            g.document_spans(bad)
+    with pytest.raises(ConfigError):
+        g.document_spans([1, 2], np.empty(3, np.int64), out_b)
+    with pytest.raises(ConfigError, match="document indexes"):
+        ds.gather(None).document_spans([0])
+    # an index entry past its shard (an index the open-time checks did not cover in full)
+    docs[3][2] = 9
+    g = mod.WindowGather(bases, ds.cum, 2, 2, ds.vocab, ds.paths, docs)
+    g.document_spans([3])
+    with pytest.raises(CorruptError) as info:
+        g.document_spans([4])
+    assert info.value.field == "documents.index" and info.value.path == "/data/shard-3/documents.index"
+
+
+@pytest.mark.parametrize("mod", MODS)
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_ranges_with_positions_and_labels_in_one_pass(mod, dtype):
+    ds = Dataset(mod, [300, 200, 500], seed=2)
+    rng = np.random.default_rng(1)
+    starts = rng.integers(0, 900, 12)
+    stops = np.minimum(starts + rng.integers(0, 150, 12), 1000)
+    stops[3] = starts[3]                                  # an empty range
+    total = int((stops - starts).sum())
+    flat = np.concatenate(ds.shards).astype(np.int64)
+    want = np.concatenate([flat[a:b] for a, b in zip(starts, stops, strict=True)])
+    lens = stops - starts
+    pos_want = np.concatenate([np.arange(n) for n in lens])
+    lab_want = np.concatenate([np.append(flat[a + 1:b], -100) if b > a else flat[:0]
+                               for a, b in zip(starts, stops, strict=True)])
+    g = ds.gather(ds.checks())
+    for pdt in (np.int64, np.int32):
+        out, pos, lab = np.empty(total, dtype), np.empty(total, pdt), np.empty(total, dtype)
+        assert g.gather_ranges(starts, stops, out, position_ids=pos, labels=lab, ignore_id=-100) is out
+        assert (out == want).all() and (pos == pos_want).all() and (lab == lab_want).all()
+    out = np.empty(total, dtype)
+    g.gather_ranges(starts, stops, out, labels=np.empty(total, dtype))
+    assert (out == want).all()
+    pool = TaskPool(1) if mod is not TWIN else _kernels.twin("pool").TaskPool(1)
+    try:
+        out, pos, lab = np.empty(total, dtype), np.empty(total, np.int64), np.empty(total, dtype)
+        assert g.gather_ranges_async(pool, starts, stops, out, position_ids=pos, labels=lab).wait() is out
+        assert (out == want).all() and (pos == pos_want).all() and (lab == lab_want).all()
+        with pytest.raises(OutOfRangeError):
+            g.gather_ranges_async(pool, [990], [1001], np.empty(11, dtype))
+        with pytest.raises(ConfigError):
+            g.gather_ranges_async(pool, starts, stops, out, labels=np.empty(total + 1, dtype))
+        ds.shards[2][100] ^= 1
+        fresh = ds.gather(ds.checks())
+        with pytest.raises(IntegrityError):
+            fresh.gather_ranges_async(pool, [590], [620], np.empty(30, dtype)).wait()
+    finally:
+        pool.stop()
+    with pytest.raises(ConfigError):
+        g.gather_ranges(starts, stops, np.empty(total, dtype), labels=np.empty(total, np.int16))
+    if dtype is np.int32:
+        with pytest.raises(ConfigError, match="ignore_id"):
+            g.gather_ranges(starts, stops, np.empty(total, dtype), labels=np.empty(total, dtype), ignore_id=2**31)

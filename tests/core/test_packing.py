@@ -131,16 +131,21 @@ def test_a_layout_the_rows_cannot_hold_is_refused(mod):
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 30), max_size=20), st.sampled_from([np.int64, np.int32]),
-       st.sampled_from([np.int64, np.int32]), st.booleans())
+       st.sampled_from([np.int64, np.int32, None]), st.booleans())
 def test_the_compiled_flat_layout_equals_its_twin(lengths, dtype, pos_dtype, labels):
     tokens = np.arange(sum(lengths), dtype=dtype) * 3 + 1
     got = []
     for mod in (_packing, twin):
-        pos = np.full(tokens.size, -9, pos_dtype)
+        pos = None if pos_dtype is None else np.full(tokens.size, -9, pos_dtype)
         lab = np.full(tokens.size, -9, dtype) if labels else None
         mod.flat_layout(tokens, lengths, pos, lab)
         got.append((pos, lab))
-    assert np.array_equal(got[0][0], got[1][0])
+    assert (pos_dtype is None and got[0][0] is None and got[1][0] is None) or np.array_equal(got[0][0], got[1][0])
     assert (got[0][1] is None and got[1][1] is None) or np.array_equal(got[0][1], got[1][1])
+    if labels:
+        ends = np.cumsum(np.array(lengths, dtype=np.int64))[np.array(lengths, dtype=np.int64) > 0]
+        want = np.append(tokens[1:], -100)[:tokens.size].astype(dtype)
+        want[ends - 1] = -100
+        assert np.array_equal(got[0][1], want)
     with pytest.raises(ConfigError):
         _packing.flat_layout(tokens, [*lengths, 1], np.empty(tokens.size, np.int64))

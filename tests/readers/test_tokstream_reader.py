@@ -65,6 +65,42 @@ def test_windows_anywhere_and_across_shards(tmp_path, metadata, vocab, backend):
         assert r.window(5, 3).tolist() == flat[5:8].tolist()
 
 
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_ranges_with_positions_and_labels_on_every_path(tmp_path, backend):
+    # one compiled pass (mapped or pread), a read over more shards than open files (piece by
+    # piece, then the layout), and the read-ahead task all give the same documents
+    from zerobatch.core.pool import TaskPool
+    folder = tmp_path / "d"
+    ds = build(folder, n_docs=40, shard_tokens=200, max_len=150)
+    flat = np.concatenate(ds)
+    with TokenStreamReader(folder, backend=backend, max_open_files=2 if backend == "pread" else None) as r:
+        idx = np.array([3, 0, 39, 17, 17, 25])
+        a, b = r.document_spans(idx)
+        assert [int(y - x) for x, y in zip(a, b, strict=True)] == [ds[i].size for i in idx]
+        total = int((b - a).sum())
+        want = np.concatenate([ds[i] for i in idx])
+        pos_want = np.concatenate([np.arange(ds[i].size) for i in idx])
+        lab_want = np.concatenate([np.append(ds[i][1:], -100) for i in idx])
+        for starts, stops in ((a, b), (np.array([0]), np.array([flat.size]))):   # the whole stream: 8+ shards
+            n = int((stops - starts).sum())
+            out, pos, lab = np.empty(n, np.int64), np.empty(n, np.int32), np.empty(n, np.int64)
+            assert r.ranges(starts, stops, out=out, position_ids=pos, labels=lab) is out
+            if n == total:
+                assert (out == want).all() and (pos == pos_want).all() and (lab == lab_want).all()
+            else:
+                assert (out == flat).all() and (pos == np.arange(n)).all() and lab[-1] == -100
+                assert (lab[:-1] == flat[1:]).all()
+        pool = TaskPool(1)
+        try:
+            out, pos, lab = np.empty(total, np.int32), np.empty(total, np.int64), np.empty(total, np.int32)
+            assert r.ranges_async(pool, a, b, out, position_ids=pos, labels=lab).wait() is out
+            assert (out == want).all() and (pos == pos_want).all() and (lab == lab_want).all()
+            with pytest.raises(ConfigError, match="out"):
+                r.ranges_async(pool, a, b, np.empty(total + 1, np.int64))
+        finally:
+            pool.stop()
+
+
 def test_window_and_document_refusals(dataset):
     folder, ds, flat = dataset
     with TokenStreamReader(folder) as r:

@@ -34,6 +34,7 @@
 #       document, ignore_id at each document's last token.
 
 from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.string cimport memcpy
 
 import numpy as np
 
@@ -449,17 +450,33 @@ def pack_rows(flat, piece_len, piece_row, int64_t seq_len, tokens, segment_ids, 
 
 cdef void zb_flat_layout(const void *tokens, bint wide, const int64_t *lens, int64_t k, void *pos, bint pos_wide,
                          void *labels, int64_t ignore_id) noexcept nogil:
-    cdef int64_t d, j, t = 0, n
-    for d in range(k):
-        n = lens[d]
-        for j in range(n):
-            put(pos, pos_wide, t + j, j)
-        if labels != NULL:
-            for j in range(n - 1):
-                put(labels, wide, t + j, get(tokens, wide, t + j + 1))
-            if n > 0:
-                put(labels, wide, t + n - 1, ignore_id)
-        t += n
+    cdef int64_t d, j, t = 0, n, total = 0
+    cdef int64_t *p64
+    cdef int32_t *p32
+    if pos != NULL:
+        # one typed loop per document (vectorized): 0, 1, ... n - 1
+        p64 = <int64_t *>pos if pos_wide else NULL
+        p32 = NULL if pos_wide else <int32_t *>pos
+        for d in range(k):
+            n = lens[d]
+            if p64 != NULL:
+                for j in range(n):
+                    p64[t + j] = j
+            else:
+                for j in range(n):
+                    p32[t + j] = <int32_t>j
+            t += n
+    if labels != NULL:
+        # the tokens shifted by one (one copy), then the ignore id at every document's end
+        for d in range(k):
+            total += lens[d]
+        if total > 1:
+            memcpy(labels, <const char *>tokens + (8 if wide else 4), (total - 1) * (8 if wide else 4))
+        t = 0
+        for d in range(k):
+            t += lens[d]
+            if lens[d] > 0:
+                put(labels, wide, t - 1, ignore_id)
 
 
 def flat_layout(tokens, lengths, position_ids, labels=None, int64_t ignore_id=-100):
@@ -469,8 +486,11 @@ def flat_layout(tokens, lengths, position_ids, labels=None, int64_t ignore_id=-1
     Args:
         tokens: the documents' tokens, ``int64`` or ``int32``, 1-D.
         lengths: each document's tokens (they add up to ``tokens.size``).
-        position_ids: ``int64`` / ``int32`` output of ``tokens``' size.
+        position_ids: ``None`` or an ``int64`` / ``int32`` output of ``tokens``' size.
         labels: ``None`` or an output of ``tokens``' size and dtype.
+
+    Returns:
+        ``position_ids``.
 
     Raises:
         ConfigError: an unfit array, or lengths that do not add up.
@@ -478,10 +498,11 @@ def flat_layout(tokens, lengths, position_ids, labels=None, int64_t ignore_id=-1
     if not isinstance(tokens, np.ndarray) or tokens.dtype not in (np.int64, np.int32) or tokens.ndim != 1 \
             or not tokens.flags.c_contiguous:
         raise ConfigError("flat_layout: tokens must be a C-contiguous 1-D int64 or int32 array", field="tokens")
-    _c_array(position_ids, (np.int64, np.int32), 1, "position_ids")
-    if position_ids.size != tokens.size:
-        raise ConfigError(f"flat_layout: position_ids holds {position_ids.size}, not {tokens.size}",
-                          field="position_ids")
+    if position_ids is not None:
+        _c_array(position_ids, (np.int64, np.int32), 1, "position_ids")
+        if position_ids.size != tokens.size:
+            raise ConfigError(f"flat_layout: position_ids holds {position_ids.size}, not {tokens.size}",
+                              field="position_ids")
     if labels is not None:
         _c_array(labels, (tokens.dtype,), 1, "labels")
         if labels.size != tokens.size:
@@ -495,8 +516,8 @@ def flat_layout(tokens, lengths, position_ids, labels=None, int64_t ignore_id=-1
         raise ConfigError(f"flat_layout: lengths add up to {int(arr.sum())}, not the {tokens.size} tokens",
                           field="lengths")
     cdef bint wide = tokens.dtype == np.int64
-    cdef bint pos_wide = position_ids.dtype == np.int64
-    cdef Py_ssize_t tok_addr = tokens.ctypes.data, pos_addr = position_ids.ctypes.data
+    cdef bint pos_wide = position_ids is not None and position_ids.dtype == np.int64
+    cdef Py_ssize_t tok_addr = tokens.ctypes.data, pos_addr = 0 if position_ids is None else position_ids.ctypes.data
     cdef Py_ssize_t lab_addr = 0 if labels is None else labels.ctypes.data
     with nogil:
         zb_flat_layout(<const void *>tok_addr, wide, &lens[0] if k else NULL, k, <void *>pos_addr, pos_wide,

@@ -368,6 +368,28 @@ cdef int64_t zb_ts_unchecked(const zb_ts_geometry *g, const uint8_t *const *chec
     return n
 
 
+cdef int zb_ts_spans(const zb_ts_geometry *g, const int64_t *cum_docs, const int64_t *idx, int64_t count,
+                     int64_t *starts, int64_t *stops, int64_t *bad) noexcept nogil:
+    # the global token span of each document idx[i] (documents numbered across shards)
+    cdef int64_t i, d, s, local, a, b
+    cdef int64_t total = cum_docs[g.num_shards]
+    for i in range(count):
+        d = idx[i]
+        if d < 0 or d >= total:
+            bad[0] = i
+            return ZB_E_INDEX
+        s = _find_shard(cum_docs, g.num_shards, d)     # shards without documents skipped over
+        local = d - cum_docs[s]
+        a = <int64_t>g.docs[s][local]
+        b = <int64_t>g.docs[s][local + 1]
+        if a < 0 or b < a or b > g.cum[s + 1] - g.cum[s]:
+            bad[0] = i
+            return ZB_E_FIELD
+        starts[i] = g.cum[s] + a
+        stops[i] = g.cum[s] + b
+    return ZB_OK
+
+
 cdef struct zb_ts_job:
     zb_ts_geometry g
     const int64_t *starts
@@ -387,6 +409,61 @@ cdef int _ts_ticket_run(void *arg) noexcept nogil:
     if j.count == 0:
         return ZB_OK
     return zb_ts_windows(&j.g, j.starts, j.count, j.length, j.out64, j.out32)
+
+
+cdef struct zb_ts_ranges:
+    const int64_t *a            # the ranges [a[i], b[i]), checked to lie in the stream
+    const int64_t *b
+    int64_t count
+    int64_t *out64              # their tokens back to back (one of the two)
+    int32_t *out32
+    int64_t *pos64              # optional: each token's place in its range
+    int32_t *pos32
+    void *labels                # optional (out's width): the next token of the same range,
+    int64_t ignore              #   ignore at each range's last token
+    int64_t cur                 # set on failure: the length of the range being read
+
+
+cdef int zb_ts_ranges_run(zb_ts_geometry *g, zb_ts_ranges *r) noexcept nogil:
+    # the ranges back to back, each one's positions and labels written right after its tokens
+    # (still in the cache)
+    cdef int64_t i, j, n, at = 0
+    cdef int st
+    cdef bint wide = r.out64 != NULL
+    for i in range(r.count):
+        n = r.b[i] - r.a[i]
+        if n <= 0:
+            continue
+        r.cur = n
+        st = zb_ts_windows(g, &r.a[i], 1, n, NULL if r.out64 == NULL else r.out64 + at,
+                           NULL if r.out32 == NULL else r.out32 + at)
+        if st != ZB_OK:
+            return st
+        if r.pos64 != NULL:
+            for j in range(n):
+                r.pos64[at + j] = j
+        elif r.pos32 != NULL:
+            for j in range(n):
+                r.pos32[at + j] = <int32_t>j
+        if r.labels != NULL:
+            if wide:
+                memcpy(<int64_t *>r.labels + at, r.out64 + at + 1, (n - 1) * 8)
+                (<int64_t *>r.labels)[at + n - 1] = r.ignore
+            else:
+                memcpy(<int32_t *>r.labels + at, r.out32 + at + 1, (n - 1) * 4)
+                (<int32_t *>r.labels)[at + n - 1] = <int32_t>r.ignore
+        at += n
+    return ZB_OK
+
+
+cdef struct zb_ts_ranges_job:
+    zb_ts_geometry g
+    zb_ts_ranges r
+
+
+cdef int _ts_ranges_task(void *arg) noexcept nogil:
+    cdef zb_ts_ranges_job *j = <zb_ts_ranges_job *>arg
+    return zb_ts_ranges_run(&j.g, &j.r)
 
 
 #: Fewest windows, and fewest tokens, worth handing to another thread: waking a pool worker
@@ -614,6 +691,8 @@ cdef class WindowGather:
     """
 
     cdef object _bases, _cum, _docs, _doc_ptrs, _doc_counts, _meta_counts, _meta_indexes, _meta_index_ptrs
+    cdef object _cum_docs
+    cdef const int64_t[::1] _cum_docs_view
     cdef readonly object paths
     cdef readonly BlockChecks checks
     cdef const uint64_t[::1] _base_view
@@ -693,6 +772,8 @@ cdef class WindowGather:
             self._doc_counts = np.array([d.shape[0] - 1 for d in self._docs], dtype=np.int64)
             self._doc_ptr_view = self._doc_ptrs
             self._doc_count_view = self._doc_counts
+            self._cum_docs = np.concatenate([[0], np.cumsum(self._doc_counts)]).astype(np.int64)
+            self._cum_docs_view = self._cum_docs
             self.g.docs = <const uint64_t **>&self._doc_ptr_view[0]
             self.g.ndocs = &self._doc_count_view[0]
 
@@ -809,6 +890,60 @@ cdef class WindowGather:
         self._raise_status(status, &g, L)
         return out
 
+    @property
+    def num_documents(self):
+        """Documents over every shard (0 without document indexes)."""
+        return 0 if self._cum_docs is None else self._cum_docs_view[self.num_shards]
+
+    def document_spans(self, indices, starts=None, stops=None):
+        """``(starts, stops)``: the global token span of each document ``indices[i]``
+        (documents numbered across shards in order), from the shards' document indexes, GIL
+        released.
+
+        Args:
+            indices: integer array-like of document numbers.
+            starts, stops: optional ``int64`` outputs of ``len(indices)`` elements.
+
+        Raises:
+            OutOfRangeError: an index outside ``[0, num_documents)``.
+            CorruptError: a document index entry outside its shard (field ``documents.index``).
+            ConfigError: no document indexes were given; an unfit output.
+        """
+        if self.g.docs == NULL:
+            raise ConfigError("document_spans: this gatherer has no document indexes", field="documents")
+        cdef const int64_t[::1] idx = _starts(indices)
+        cdef int64_t count = idx.shape[0], bad = 0, i, sh, local
+        a = np.empty(count, _INT64) if starts is None else starts
+        b = np.empty(count, _INT64) if stops is None else stops
+        cdef Py_buffer av, bv
+        cdef int64_t *pa = <int64_t *>_acquire(a, &av, _INT64, count, -1, "starts")
+        cdef int64_t *pb
+        try:
+            pb = <int64_t *>_acquire(b, &bv, _INT64, count, -1, "stops")
+        except BaseException:
+            PyBuffer_Release(&av)
+            raise
+        cdef int status = ZB_OK
+        try:
+            if count:
+                with nogil:
+                    status = zb_ts_spans(&self.g, &self._cum_docs_view[0], &idx[0], count, pa, pb, &bad)
+        finally:
+            PyBuffer_Release(&av)
+            PyBuffer_Release(&bv)
+        if status == ZB_E_INDEX:
+            raise OutOfRangeError(f"a document index is outside [0, {self.num_documents}): {idx[bad]}",
+                                  field="indices")
+        if status != ZB_OK:
+            i = idx[bad]
+            sh = _find_shard(&self._cum_docs_view[0], self.num_shards, i)
+            local = i - self._cum_docs_view[sh]
+            raise CorruptError(f"documents.index[{local}:{local + 2}]: document {local} of shard {sh} is not a span "
+                               f"of its {self._cum_view[sh + 1] - self._cum_view[sh]} tokens", field="documents.index",
+                               path=None if self.paths is None else
+                               os.path.join(os.path.dirname(self.paths[sh]), "documents.index"))
+        return a, b
+
     def gather_async(self, TaskPool pool, starts, length, out):
         """:meth:`gather` queued on ``pool`` as one compiled task (mapped files only); returns
         a :class:`WindowTicket` whose ``wait()`` returns ``out``.
@@ -821,19 +956,20 @@ cdef class WindowGather:
             raise ConfigError("gather_async: this dataset is read through descriptors", field="fds")
         cdef int64_t L = length if type(length) is int and length >= 0 else check_count(length, "length")
         cdef WindowTicket t = WindowTicket.__new__(WindowTicket)
-        t.starts = _starts(starts)
-        cdef int64_t count = t.starts.shape[0]
-        cdef void *data = _acquire_out(out, &t.view, count * L, self.g.vocab, count * L, -1)
-        t.has_view = True
+        cdef const int64_t[::1] st = _starts(starts)
+        t.keep = st
+        cdef int64_t count = st.shape[0]
+        cdef void *data = _acquire_out(out, &t.views[0], count * L, self.g.vocab, count * L, -1)
+        t.nviews = 1
         t.gather = self
         t.pool = pool
         t.out = out
         t.job.g = self.g
-        t.job.starts = &t.starts[0] if count else NULL
+        t.job.starts = &st[0] if count else NULL
         t.job.count = count
         t.job.length = L
-        t.job.out64 = <int64_t *>data if t.view.itemsize == 8 else NULL
-        t.job.out32 = <int32_t *>data if t.view.itemsize == 4 else NULL
+        t.job.out64 = <int64_t *>data if t.views[0].itemsize == 8 else NULL
+        t.job.out32 = <int32_t *>data if t.views[0].itemsize == 4 else NULL
         if count == 0 or L == 0:
             t.job.count = 0
         t.task.fn = _ts_ticket_run
@@ -954,22 +1090,58 @@ cdef class WindowGather:
             PyBuffer_Release(&view)
         return 0
 
-    def gather_ranges(self, starts, stops, out, fds=None):
-        """Copy the token ranges ``[starts[i], stops[i])`` back to back into the flat ``out``.
+    def gather_ranges(self, starts, stops, out, fds=None, position_ids=None, labels=None, int64_t ignore_id=-100):
+        """Copy the token ranges ``[starts[i], stops[i])`` back to back into the flat ``out``
+        (and, optionally, each token's place in its range and the next-token labels, in the
+        same pass).
 
         Args:
             starts, stops: integer array-likes of global token positions, ``starts <= stops``.
             out: C-contiguous ``int64`` or ``int32`` array of ``sum(stops - starts)`` elements.
             fds: as for :meth:`gather`.
+            position_ids: optional ``int64`` / ``int32`` output of ``out``'s size: 0, 1, ...
+                restarting at each range.
+            labels: optional output of ``out``'s size and dtype: the next token of the same
+                range, ``ignore_id`` at each range's last token.
 
         Returns:
             ``out``.
 
         Raises:
             OutOfRangeError: a range outside ``[0, total)`` or reversed.
-            CorruptError, ReadError, TruncatedError: as :meth:`gather`.
-            ConfigError: an unfit ``out``.
+            CorruptError, ReadError, TruncatedError, IntegrityError: as :meth:`gather`.
+            ConfigError: an unfit output.
         """
+        cdef WindowTicket t = self._ranges_job(starts, stops, out, fds, position_ids, labels, ignore_id)
+        cdef int status
+        try:
+            with nogil:
+                status = zb_ts_ranges_run(&t.rjob.g, &t.rjob.r)
+        finally:
+            t.finished = True
+            t._release()
+        if status != ZB_OK:
+            self._raise_status(status, &t.rjob.g, t.rjob.r.cur)
+        return out
+
+    def gather_ranges_async(self, TaskPool pool, starts, stops, out, position_ids=None, labels=None,
+                            int64_t ignore_id=-100):
+        """:meth:`gather_ranges` queued on ``pool`` as one compiled task (mapped files only);
+        returns a :class:`WindowTicket` whose ``wait()`` returns ``out``. The arguments are
+        checked now; the errors of the read itself are raised by ``wait()``."""
+        if self.g.bases == NULL:
+            raise ConfigError("gather_ranges_async: this dataset is read through descriptors", field="fds")
+        cdef WindowTicket t = self._ranges_job(starts, stops, out, None, position_ids, labels, ignore_id)
+        t.pool = pool
+        t.task.fn = _ts_ranges_task
+        t.task.arg = &t.rjob
+        pool.submit(&t.task)
+        t.submitted = True
+        return t
+
+    cdef WindowTicket _ranges_job(self, starts, stops, out, fds, position_ids, labels, int64_t ignore_id):
+        # a ticket holding a checked ranges job (its buffers acquired; released by the ticket)
+        cdef WindowTicket t = WindowTicket.__new__(WindowTicket)
         cdef const int64_t[::1] a = as_positions(starts, "starts")
         cdef const int64_t[::1] b = as_positions(stops, "stops")
         cdef int64_t count = a.shape[0], i, total = 0
@@ -979,40 +1151,41 @@ cdef class WindowGather:
             if a[i] < 0 or b[i] < a[i] or b[i] > self.total:
                 raise OutOfRangeError(f"range [{a[i]}, {b[i]}) is not within [0, {self.total})", field="starts")
             total += b[i] - a[i]
-        cdef int64_t *p64 = NULL
-        cdef int32_t *p32 = NULL
-        cdef Py_buffer view, fview
-        cdef zb_ts_geometry g
-        cdef bint held = self._geometry(&g, fds, &fview)
-        cdef void *data
-        try:
-            data = _acquire_out(out, &view, total, self.g.vocab, total, -1)
-        except BaseException:
-            if held:
-                PyBuffer_Release(&fview)
-            raise
-        if view.itemsize == 8:
-            p64 = <int64_t *>data
-        else:
-            p32 = <int32_t *>data
-        cdef int status = ZB_OK
-        cdef int64_t at = 0, cur = 0
-        try:
-            with nogil:
-                for i in range(count):
-                    cur = b[i] - a[i]
-                    if cur > 0:
-                        status = zb_ts_windows(&g, &a[i], 1, b[i] - a[i], NULL if p64 == NULL else p64 + at,
-                                               NULL if p32 == NULL else p32 + at)
-                        if status != ZB_OK:
-                            break
-                        at += b[i] - a[i]
-        finally:
-            PyBuffer_Release(&view)
-            if held:
-                PyBuffer_Release(&fview)
-        self._raise_status(status, &g, cur)
-        return out
+        t.is_ranges = True
+        t.gather = self
+        t.out = out
+        t.keep = (a, b, fds)
+        memset(&t.rjob, 0, sizeof(t.rjob))
+        cdef Py_buffer fview
+        cdef bint held = self._geometry(&t.rjob.g, fds, &fview)
+        if held:
+            t.views[t.nviews] = fview
+            t.nviews += 1
+        cdef void *data = _acquire_out(out, &t.views[t.nviews], total, self.g.vocab, total, -1)
+        t.nviews += 1
+        cdef bint wide = t.views[t.nviews - 1].itemsize == 8
+        t.rjob.r.a = &a[0] if count else NULL
+        t.rjob.r.b = &b[0] if count else NULL
+        t.rjob.r.count = count
+        t.rjob.r.out64 = <int64_t *>data if wide else NULL
+        t.rjob.r.out32 = NULL if wide else <int32_t *>data
+        t.rjob.r.ignore = ignore_id
+        cdef void *p
+        if position_ids is not None:
+            pdt = position_ids.dtype if type(position_ids) is np.ndarray else None
+            p = _acquire(position_ids, &t.views[t.nviews], _INT64 if pdt == _INT64 else _INT32, total, -1,
+                         "position_ids")
+            t.nviews += 1
+            if pdt == _INT64:
+                t.rjob.r.pos64 = <int64_t *>p
+            else:
+                t.rjob.r.pos32 = <int32_t *>p
+        if labels is not None:
+            if not wide and not -2**31 <= ignore_id < 2**31:
+                raise ConfigError("ignore_id does not fit int32 labels", field="ignore_id")
+            t.rjob.r.labels = _acquire(labels, &t.views[t.nviews], _INT64 if wide else _INT32, total, -1, "labels")
+            t.nviews += 1
+        return t
 
     cdef int _raise_status(self, int status, zb_ts_geometry *g, int64_t L) except -1:
         """Map a kernel's status through the one table, with the place named."""
@@ -1212,16 +1385,19 @@ cdef class WindowGather:
 
 
 cdef class WindowTicket:
-    """A window gather queued on a :class:`~zerobatch.core.TaskPool` as one compiled task (no
-    Python and no GIL from start to finish: the checks of unchecked blocks included);
-    :meth:`wait` returns its output. Holds the gatherer, the starts and the output alive until
-    the task has run."""
+    """A window or range gather queued on a :class:`~zerobatch.core.TaskPool` as one compiled
+    task (no Python and no GIL from start to finish: the checks of unchecked blocks, and the
+    positions and labels of ranges, included); :meth:`wait` returns its output. Holds the
+    gatherer, the positions and every buffer alive until the task has run."""
 
     cdef zb_task task
     cdef zb_ts_job job
-    cdef Py_buffer view
-    cdef bint has_view, submitted, finished, cancelled
-    cdef const int64_t[::1] starts
+    cdef zb_ts_ranges_job rjob
+    cdef bint is_ranges
+    cdef Py_buffer views[3]
+    cdef int nviews
+    cdef bint submitted, finished, cancelled
+    cdef object keep
     cdef WindowGather gather
     cdef TaskPool pool
     cdef object out
@@ -1230,7 +1406,7 @@ cdef class WindowTicket:
         """Block (GIL released) until the gather has run; return ``out``.
 
         Raises:
-            IntegrityError, CorruptError, OutOfRangeError: as :meth:`WindowGather.gather`.
+            IntegrityError, CorruptError, OutOfRangeError, ReadError: as the gather.
         """
         if self.cancelled:
             raise ConfigError("wait: this gather was cancelled", field="ticket")
@@ -1239,6 +1415,8 @@ cdef class WindowTicket:
             self.finished = True
             self._release()
         if self.task.status != ZB_OK:
+            if self.is_ranges:
+                self.gather._raise_status(self.task.status, &self.rjob.g, self.rjob.r.cur)
             self.gather._raise_status(self.task.status, &self.job.g, self.job.length)
         return self.out
 
@@ -1257,9 +1435,9 @@ cdef class WindowTicket:
         return dropped
 
     cdef void _release(self):
-        if self.has_view:
-            PyBuffer_Release(&self.view)
-            self.has_view = False
+        while self.nviews > 0:
+            self.nviews -= 1
+            PyBuffer_Release(&self.views[self.nviews])
 
     def __dealloc__(self):
         # the task points into this object: never free it while a worker may run it

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.core import BlockChecks, WindowGather, xxh3_64
+from zerobatch.core import BlockChecks, WindowGather, flat_layout, xxh3_64
 from zerobatch.core.checks import as_positions, check_count
 from zerobatch.core.io import read_document
 from zerobatch.core.pool import shared_pool
@@ -710,6 +710,8 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             ConfigError: non-integer indices.
         """
         self._check_open()
+        if self._store is None and self._gather is not None:
+            return self._gather.document_spans(indices)     # one compiled pass
         idx = as_positions(indices, "indices")
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_documents):
             raise OutOfRangeError(f"a document index is outside [0, {self.num_documents})")
@@ -783,30 +785,75 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         out[mask] = flat
         return out, mask
 
-    def ranges(self, starts: Any, stops: Any, *, dtype: Any = np.int64) -> np.ndarray:
+    def ranges(self, starts: Any, stops: Any, *, dtype: Any = np.int64, out: np.ndarray | None = None,
+               position_ids: np.ndarray | None = None, labels: np.ndarray | None = None,
+               ignore_id: int = -100) -> np.ndarray:
         """The tokens of the ranges ``[starts[i], stops[i])`` back to back (any lengths; a range
         may cross shards), in one compiled gather: exactly these tokens are read (and, at a
         URL, fetched), nothing around them.
 
+        Args:
+            starts, stops: integer array-likes of global token positions.
+            dtype: ``int64`` or ``int32`` (of a new output).
+            out: a caller's C-contiguous 1-D ``int64`` or ``int32`` buffer of exactly
+                ``sum(stops - starts)`` elements instead.
+            position_ids: optional output of the same size (``int64`` / ``int32``): each token's
+                place in its range, written in the same pass.
+            labels: optional output of the same size and dtype: the next token of the same
+                range, ``ignore_id`` at each range's last token, written in the same pass.
+
         Raises:
             OutOfRangeError: a range outside ``[0, num_tokens)`` or ending before it starts.
-            ConfigError: a ``dtype`` other than ``int64`` / ``int32``.
+            ConfigError: a ``dtype`` other than ``int64`` / ``int32``, or an unfit output.
         """
         self._check_open()
+        a, b, flat = self._ranges_args(starts, stops, dtype, out)
+        if self._gather is not None and flat.size:
+            gather = self._gather
+
+            def piecewise() -> None:
+                self._ranges_piecewise(a.tolist(), b.tolist(), flat)
+                if position_ids is not None or labels is not None:
+                    flat_layout(flat, b - a, position_ids, labels, ignore_id)
+            self._read(a, b, lambda fds: gather.gather_ranges(a, b, flat, fds=fds, position_ids=position_ids,
+                                                              labels=labels, ignore_id=ignore_id), piecewise)
+        return flat
+
+    def _ranges_args(self, starts: Any, stops: Any, dtype: Any, out: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         a, b = as_positions(starts, "starts"), as_positions(stops, "stops")
         if a.shape != b.shape:
             raise ConfigError(f"starts and stops differ in length ({a.size} and {b.size})", field="stops")
         if a.size and (a.min() < 0 or (b < a).any() or b.max() > self.num_tokens):
             raise OutOfRangeError(f"a range is outside [0, {self.num_tokens}) or ends before it starts")
-        dt = np.dtype(dtype)
-        if dt not in (np.int64, np.int32):
-            raise ConfigError(f"dtype must be int64 or int32, got {dt}", field="dtype")
-        flat = np.empty(int((b - a).sum()), dtype=dt)
-        if self._gather is not None and flat.size:
-            gather = self._gather
-            self._read(a, b, lambda fds: gather.gather_ranges(a, b, flat, fds=fds),
-                       lambda: self._ranges_piecewise(a.tolist(), b.tolist(), flat))
-        return flat
+        if out is None:
+            dt = np.dtype(dtype)
+            if dt not in (np.int64, np.int32):
+                raise ConfigError(f"dtype must be int64 or int32, got {dt}", field="dtype")
+            return a, b, np.empty(int((b - a).sum()), dtype=dt)
+        if not isinstance(out, np.ndarray) or out.ndim != 1 or out.dtype not in (np.int64, np.int32) \
+                or out.size != int((b - a).sum()):
+            raise ConfigError(f"out must be a C-contiguous 1-D int64 or int32 array of {int((b - a).sum())} "
+                              f"elements", field="out")
+        return a, b, out
+
+    def ranges_async(self, pool: Any, starts: Any, stops: Any, out: np.ndarray, *,
+                     position_ids: np.ndarray | None = None, labels: np.ndarray | None = None,
+                     ignore_id: int = -100) -> Any:
+        """:meth:`ranges` into ``out`` queued on ``pool``: from mapped files, one compiled task
+        (the checks of blocks read for the first time, and the positions and labels, included)
+        that holds no GIL from start to finish; otherwise the read as a Python call.
+        ``wait()`` returns ``out``.
+
+        Raises:
+            OutOfRangeError, ConfigError: now; the errors of the read: from ``wait()``.
+        """
+        self._check_open()
+        a, b, flat = self._ranges_args(starts, stops, None, out)
+        if self._tokens.kernel_access == "address" and self._gather is not None:
+            return self._gather.gather_ranges_async(pool, a, b, flat, position_ids=position_ids, labels=labels,
+                                                    ignore_id=ignore_id)
+        return pool.call(lambda: self.ranges(a, b, out=flat, position_ids=position_ids, labels=labels,
+                                             ignore_id=ignore_id))
 
     @staticmethod
     def _stride(length: int, stride: int | None) -> tuple[int, int]:

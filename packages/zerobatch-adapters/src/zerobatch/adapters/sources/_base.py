@@ -255,6 +255,14 @@ class Source(ABC):
                 pool = self._pools[key] = BufferPool(shape, dtype, max_buffers=count)
         return pool.acquire()
 
+    def _flat(self, n: int, dtype: np.dtype) -> np.ndarray:
+        """A reusable 1-D output of ``n`` elements whose size changes from step to step (whole
+        documents): the first ``n`` of a pooled buffer of the next power of two (at least 64 Ki
+        elements), so a handful of buffers serve every step. A view keeps its buffer from
+        being handed out again while the training loop holds it."""
+        size = max(1 << 16, 1 << (max(n, 1) - 1).bit_length())
+        return self._buffer((size,), dtype, count=8)[:n]
+
     def close(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Release the files."""
 

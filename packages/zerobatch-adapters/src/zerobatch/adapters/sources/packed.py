@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Array, Source, Value, check_pad_id,
-                                              check_position_dtype, check_seq_len)
+from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Array, ReadTicket, Source, Value,
+                                              check_pad_id, check_position_dtype, check_seq_len)
 from zerobatch.core import PACKING_ALGORITHMS, flat_layout, pack_plan, pack_rows
 from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError
@@ -77,11 +77,14 @@ class RecordDocuments:
     def _records_of(self, starts: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.record_start, starts, side="right") - 1
 
-    def ranges(self, starts: np.ndarray, stops: np.ndarray, *, dtype: Any = np.int64) -> np.ndarray:
-        """Tokens ``[starts[k], stops[k])`` back to back; each range lies in one record."""
-        dt = np.dtype(dtype)
+    def ranges(self, starts: np.ndarray, stops: np.ndarray, *, dtype: Any = np.int64,
+               out: np.ndarray | None = None) -> np.ndarray:
+        """Tokens ``[starts[k], stops[k])`` back to back (into ``out`` when given); each range
+        lies in one record."""
+        dt = np.dtype(dtype) if out is None else out.dtype
         recs = self._records_of(starts)
-        out = np.empty(int((stops - starts).sum()), dt)
+        if out is None:
+            out = np.empty(int((stops - starts).sum()), dt)
         at = 0
         for r, a, b in zip(recs.tolist(), starts.tolist(), stops.tolist(), strict=True):
             base = int(self.record_start[r])
@@ -389,6 +392,10 @@ class FlatDocuments(Source):
             :class:`PackedDocuments`).
         next_token: hand out ``labels`` (the next token of the same document, ``-100`` at
             each document's last token); else ``input_ids`` and the boundaries alone.
+        position_ids: hand out ``position_ids`` (restarting at each document). ``False`` is
+            the leaner layout for a model that takes ``cu_seqlens`` (variable-length
+            attention kernels need no positions, or derive them on the device): the step then
+            costs the gather alone, plus the labels when ``next_token`` (a copy).
         position_dtype: ``int64`` or ``int32`` position ids.
         loss_mask: ``labels`` are also ``-100`` where the dataset's loss mask is off.
         split_at_turns: with a ``token_budget``, a conversation longer than the budget is cut
@@ -398,25 +405,30 @@ class FlatDocuments(Source):
 
     A step is a dict: ``input_ids`` ``[1, T]``, ``labels`` ``[1, T]``, ``position_ids``
     ``[1, T]`` (restarting at each document), ``cu_seqlens`` (``int32``, documents + 1 entries,
-    ending with ``T``), ``max_seqlen`` and ``lengths`` (each document's tokens).
+    ending with ``T``), ``max_seqlen`` and ``lengths`` (each document's tokens). Each output is
+    written once, in compiled code: the tokens by the gather (which checks the blocks it reads
+    for the first time), the positions and labels by one pass over them.
     """
 
     kind = "tokstream-flat"
 
     def __init__(self, reader: Any, token_budget: int | None = None, *, algorithm: str = "best-fit",
-                 buffer: int = 4096, seed: int | None = 0, next_token: bool = True, position_dtype: Any = np.int64,
-                 loss_mask: bool = False, split_at_turns: bool | None = None, verify: bool = True) -> None:
+                 buffer: int = 4096, seed: int | None = 0, next_token: bool = True, position_ids: bool = True,
+                 position_dtype: Any = np.int64, loss_mask: bool = False, split_at_turns: bool | None = None,
+                 verify: bool = True) -> None:
         super().__init__()
         from zerobatch.adapters.sources.tokstream import _loss_mask
         self.reader = open_documents(reader, verify)
         _no_mask_in_records(self.reader, loss_mask, split_at_turns)
         self.next_token = bool(next_token)
         self.mask_reader = _loss_mask(self.reader, loss_mask, self.next_token)
+        self.position_ids = bool(position_ids)
         self.position_dtype = check_position_dtype(position_dtype)
         self.stacked = False
-        self.output = {"input_ids": Array("tokens"), "position_ids": Array("position_ids"),
-                       "cu_seqlens": Array("cu_seqlens"), "max_seqlen": Value("max_seqlen"),
-                       "lengths": Array("lengths")}
+        self.output = {"input_ids": Array("tokens"), "cu_seqlens": Array("cu_seqlens"),
+                       "max_seqlen": Value("max_seqlen"), "lengths": Array("lengths")}
+        if self.position_ids:
+            self.output["position_ids"] = Array("position_ids")
         if self.next_token:
             self.output["labels"] = Array("labels")
         self.token_budget = None if token_budget is None else check_count(token_budget, "token_budget", minimum=1)
@@ -452,23 +464,52 @@ class FlatDocuments(Source):
     def read(self, items: np.ndarray, dtype: np.dtype) -> list[dict[str, Any]]:
         return [self._step(items[s], dtype) for s in range(items.shape[0])]
 
-    def _step(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
+    def read_async(self, pool: Any, items: np.ndarray, dtype: np.dtype) -> Any:
+        """One step queued on ``pool`` as one compiled task (a local TOKSTREAM dataset without a
+        loss mask): the tokens gathered, their unchecked blocks checked, and the positions and
+        labels written in one GIL-free pass over each document; ``None`` otherwise (the step
+        is then read as a Python call)."""
+        if items.shape[0] != 1 or self.mask_reader is not None or isinstance(self.reader, RecordDocuments) \
+                or self.reader.remote:
+            return None
+        starts, lens, step, tokens, pos, labels = self._outputs(items[0], dtype)
+        ticket = self.reader.ranges_async(pool, starts, starts + lens, tokens, position_ids=pos, labels=labels,
+                                          ignore_id=IGNORE_INDEX)
+        return ReadTicket(ticket, [step])
+
+    def _outputs(self, items: np.ndarray, dtype: np.dtype) -> tuple[Any, ...]:
+        """A step's pieces and its outputs, allocated (pooled) but not filled."""
         starts, lens = self._pieces(items)
-        tokens = self.reader.ranges(starts, starts + lens, dtype=dtype)
-        total = tokens.size
-        cu = np.zeros(lens.size + 1, np.int32)
+        cu = np.empty(lens.size + 1, np.int32)
+        cu[0] = 0
         np.cumsum(lens, out=cu[1:])
-        pos = np.empty(total, self.position_dtype)
-        labels = np.empty_like(tokens) if self.next_token else None
-        flat_layout(tokens, lens, pos, labels, IGNORE_INDEX)     # one compiled pass, GIL released
-        out: dict[str, Any] = {"tokens": tokens[None, :], "position_ids": pos[None, :], "cu_seqlens": cu,
-                               "max_seqlen": int(lens.max()) if lens.size else 0, "lengths": lens}
+        total = int(cu[-1])
+        tokens = self._flat(total, dtype)
+        pos = self._flat(total, self.position_dtype) if self.position_ids else None
+        labels = self._flat(total, dtype) if self.next_token else None
+        step: dict[str, Any] = {"tokens": tokens[None, :], "cu_seqlens": cu,
+                                "max_seqlen": int(lens.max()) if lens.size else 0, "lengths": lens}
+        if pos is not None:
+            step["position_ids"] = pos[None, :]
         if labels is not None:
-            if self.mask_reader is not None and total:
-                keep = self.mask_reader.ranges(starts, starts + lens, dtype=np.int32)
-                labels[:-1][keep[1:] == 0] = IGNORE_INDEX
-            out["labels"] = labels[None, :]
-        return out
+            step["labels"] = labels[None, :]
+        return starts, lens, step, tokens, pos, labels
+
+    def _step(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
+        starts, lens, step, tokens, pos, labels = self._outputs(items, dtype)
+        if isinstance(self.reader, RecordDocuments):
+            if tokens.size:
+                self.reader.ranges(starts, starts + lens, out=tokens)
+            if pos is not None or labels is not None:
+                flat_layout(tokens, lens, pos, labels, IGNORE_INDEX)     # one compiled pass, GIL released
+        elif tokens.size:
+            # one compiled pass: tokens, checks, positions and labels
+            self.reader.ranges(starts, starts + lens, out=tokens, position_ids=pos, labels=labels,
+                               ignore_id=IGNORE_INDEX)
+        if labels is not None and self.mask_reader is not None and tokens.size:
+            keep = self.mask_reader.ranges(starts, starts + lens, dtype=np.int32)
+            labels[:-1][keep[1:] == 0] = IGNORE_INDEX
+        return step
 
     def close(self) -> None:
         self.reader.close()

@@ -163,16 +163,17 @@ def pack_rows(flat: Any, piece_len: Any, piece_row: Any, seq_len: int, tokens: n
     return cu_seqlens[:cu.size], int(np.diff(cu).max()) if cu.size > 1 else 0
 
 
-def flat_layout(tokens: Any, lengths: Any, position_ids: np.ndarray, labels: np.ndarray | None = None,
-                ignore_id: int = -100) -> np.ndarray:
+def flat_layout(tokens: Any, lengths: Any, position_ids: np.ndarray | None, labels: np.ndarray | None = None,
+                ignore_id: int = -100) -> np.ndarray | None:
     """Positions and next-token labels of documents laid back to back (see the compiled twin)."""
     if not isinstance(tokens, np.ndarray) or tokens.dtype not in (np.int64, np.int32) or tokens.ndim != 1 \
             or not tokens.flags.c_contiguous:
         raise ConfigError("flat_layout: tokens must be a C-contiguous 1-D int64 or int32 array", field="tokens")
-    _c_array(position_ids, (np.int64, np.int32), 1, "position_ids")
-    if position_ids.size != tokens.size:
-        raise ConfigError(f"flat_layout: position_ids holds {position_ids.size}, not {tokens.size}",
-                          field="position_ids")
+    if position_ids is not None:
+        _c_array(position_ids, (np.int64, np.int32), 1, "position_ids")
+        if position_ids.size != tokens.size:
+            raise ConfigError(f"flat_layout: position_ids holds {position_ids.size}, not {tokens.size}",
+                              field="position_ids")
     if labels is not None:
         _c_array(labels, (tokens.dtype,), 1, "labels")
         if labels.size != tokens.size:
@@ -184,7 +185,8 @@ def flat_layout(tokens: Any, lengths: Any, position_ids: np.ndarray, labels: np.
         raise ConfigError(f"flat_layout: lengths add up to {int(lens.sum())}, not the {tokens.size} tokens",
                           field="lengths")
     starts = np.cumsum(lens) - lens
-    position_ids[...] = np.arange(tokens.size) - np.repeat(starts, lens)
+    if position_ids is not None:
+        position_ids[...] = np.arange(tokens.size) - np.repeat(starts, lens)
     if labels is not None:
         labels[:-1] = tokens[1:]
         ends = (starts + lens)[lens > 0]

@@ -161,9 +161,39 @@ class WindowGather:
         self.midx = None if metadata_indexes is None else [np.asarray(x, dtype=np.uint64) for x in metadata_indexes]
         self.total = int(c[-1])
         self.doc_starts = None
+        self.docs = None if documents is None else [np.asarray(d, dtype=np.uint64) for d in documents]
         if documents is not None:
             self.doc_starts = np.unique(np.concatenate(
                 [c[k] + np.asarray(d, dtype=np.int64)[:-1] for k, d in enumerate(documents)] + [c[:-1]]))
+
+    @property
+    def num_documents(self) -> int:
+        return 0 if self.docs is None else int(sum(d.size - 1 for d in self.docs))
+
+    def document_spans(self, indices: Any, starts: Any = None, stops: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        if self.docs is None:
+            raise ConfigError("document_spans: this gatherer has no document indexes", field="documents")
+        idx = as_positions(indices, "indices")
+        cum_docs = np.concatenate([[0], np.cumsum([d.size - 1 for d in self.docs])]).astype(np.int64)
+        a = np.empty(idx.size, np.int64) if starts is None else starts
+        b = np.empty(idx.size, np.int64) if stops is None else stops
+        for out, name in ((a, "starts"), (b, "stops")):
+            _check_buffer(out, np.int64, (idx.size,), name)
+        n = int(cum_docs[-1])
+        for i, d in enumerate(idx.tolist()):
+            if not 0 <= d < n:
+                raise OutOfRangeError(f"a document index is outside [0, {n}): {d}", field="indices")
+            sh = int(np.searchsorted(cum_docs, d, side="right")) - 1
+            local = d - int(cum_docs[sh])
+            x, y = int(self.docs[sh][local]), int(self.docs[sh][local + 1])
+            size = int(self.cum[sh + 1] - self.cum[sh])
+            if not 0 <= x <= y <= size:
+                raise CorruptError(f"documents.index[{local}:{local + 2}]: document {local} of shard {sh} is not a "
+                                   f"span of its {size} tokens", field="documents.index",
+                                   path=None if self.paths is None else
+                                   os.path.join(os.path.dirname(self.paths[sh]), "documents.index"))
+            a[i], b[i] = int(self.cum[sh]) + x, int(self.cum[sh]) + y
+        return a, b
 
     def _shards(self, fds: Any) -> list[Any]:
         """Each shard's record source: a buffer or an address, or ``("fd", descriptor)``."""
@@ -211,23 +241,56 @@ class WindowGather:
                 a = e
         return np.array(out, dtype=np.int64).reshape(-1, 2)
 
-    def gather_ranges(self, starts: Any, stops: Any, out: Any, fds: Any = None) -> np.ndarray:
-        a, b = as_positions(starts, "starts"), as_positions(stops, "stops")
-        if a.size != b.size:
-            raise ConfigError("stops: one per start", field="stops")
-        if a.size and ((a < 0).any() or (b < a).any() or (b > self.total).any()):
-            raise OutOfRangeError(f"a range is not within [0, {self.total})", field="starts")
+    def gather_ranges(self, starts: Any, stops: Any, out: Any, fds: Any = None, position_ids: Any = None,
+                      labels: Any = None, ignore_id: int = -100) -> np.ndarray:
+        a, b = self._check_ranges(starts, stops, out, position_ids, labels, ignore_id)
         flat = out.reshape(-1)
-        if flat.size != int((b - a).sum()):
-            raise ConfigError(f"out must hold {int((b - a).sum())} elements", field="out")
         shards = self._shards(fds)
         at = 0
         for x, y in zip(a.tolist(), b.tolist(), strict=True):
             if y > x:
-                gather_windows(shards, self.cum, self.itemsize, self.token_size, self.vocab, [x], y - x,
-                               flat[at:at + y - x], paths=self.paths, checks=self.checks)
-                at += y - x
+                n = y - x
+                gather_windows(shards, self.cum, self.itemsize, self.token_size, self.vocab, [x], n,
+                               flat[at:at + n], paths=self.paths, checks=self.checks)
+                if position_ids is not None:
+                    position_ids[at:at + n] = np.arange(n)
+                if labels is not None:
+                    labels[at:at + n - 1] = flat[at + 1:at + n]
+                    labels[at + n - 1] = ignore_id
+                at += n
         return out
+
+    def _check_ranges(self, starts: Any, stops: Any, out: Any, position_ids: Any, labels: Any,
+                      ignore_id: int) -> tuple[np.ndarray, np.ndarray]:
+        a, b = as_positions(starts, "starts"), as_positions(stops, "stops")
+        if a.size != b.size:
+            raise ConfigError("stops: one per start", field="stops")
+        for x, y in zip(a.tolist(), b.tolist(), strict=True):
+            if x < 0 or y < x or y > self.total:
+                raise OutOfRangeError(f"range [{x}, {y}) is not within [0, {self.total})", field="starts")
+        total = int((b - a).sum())
+        if not isinstance(out, np.ndarray) or out.dtype not in (np.int64, np.int32) or out.size != total \
+                or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ConfigError(f"out must be a writable C-contiguous int64 or int32 array of {total} elements",
+                              field="out")
+        if position_ids is not None:
+            if not isinstance(position_ids, np.ndarray) or position_ids.dtype not in (np.int64, np.int32):
+                raise ConfigError(f"position_ids must be a writable C-contiguous int32 array of {total} elements",
+                                  field="position_ids")
+            _check_buffer(position_ids, position_ids.dtype, (total,), "position_ids")
+        if labels is not None:
+            _check_buffer(labels, out.dtype, (total,), "labels")
+            if out.dtype == np.int32 and not -2**31 <= ignore_id < 2**31:
+                raise ConfigError("ignore_id does not fit int32 labels", field="ignore_id")
+        return a, b
+
+    def gather_ranges_async(self, pool: Any, starts: Any, stops: Any, out: Any, position_ids: Any = None,
+                            labels: Any = None, ignore_id: int = -100) -> WindowTicket:
+        if self.bases is None:
+            raise ConfigError("gather_ranges_async: this dataset is read through descriptors", field="fds")
+        a, b = self._check_ranges(starts, stops, out, position_ids, labels, ignore_id)
+        return WindowTicket(pool.call(lambda: self.gather_ranges(a, b, out, position_ids=position_ids, labels=labels,
+                                                                 ignore_id=ignore_id)))
 
     def boundaries(self, starts: Any, length: Any, position_ids: Any = None, segment_ids: Any = None,
                    cu_seqlens: Any = None, *, position_dtype: Any = np.int64,
