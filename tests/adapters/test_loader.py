@@ -297,7 +297,9 @@ def test_threads_stop_at_the_end_of_iteration_and_on_close(stream):
     assert loader_threads() == []
     it = iter(ld)
     next(it)
-    assert len(loader_threads()) == 2
+    assert loader_threads() == []           # the first batch is read on the calling thread
+    next(it)
+    assert len(loader_threads()) == 2       # read-ahead from the second on
     ld.close()
     assert loader_threads() == []
 

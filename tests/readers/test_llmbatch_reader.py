@@ -188,6 +188,53 @@ def test_legacy_file_int32_scan(tmp_path):
         assert int(r.read_batch_torch(2)[1, 2]) == 2**31 + 1
 
 
+@pytest.mark.parametrize("twin", [False, True])
+def test_int32_views_checked_on_a_pool(tmp_path, twin, monkeypatch):
+    # views are made at once and handed out once a task checked their batches (checksums, and
+    # ids below 2**31: each batch once); evenly spaced batches come as one stacked view
+    from zerobatch.core import _kernels
+    from zerobatch.core.pool import TaskPool
+    pool = _kernels.twin("pool").TaskPool(1) if twin else TaskPool(1)
+    t = records(40, 16)
+    t[22, 3] = 2**31 + 5                                   # one batch holds an id past int32
+    p = tmp_path / "v.batch"
+    write_batch_file(p, t, 4, 16, seed=0)
+    with BatchFileReader(p) as r:
+        batches = [r.read_batch(i).copy() for i in range(10)]
+    big = next(i for i, b in enumerate(batches) if b.max() >= 2**31)
+    bad = next(i for i in range(10) if i != big and i not in (0, 1, 2, 3, 4, 6, 8))
+    d = bytearray(p.read_bytes())
+    d[4096 + bad * 4096 + 9] ^= 0x10                       # a batch that does not match its checksum
+    p.write_bytes(bytes(d))
+    fine = [i for i in range(10) if i not in (big, bad)]
+    try:
+        with BatchFileReader(p) as r:
+            if twin:
+                twin_slots = _kernels.twin("gather").LLMBatchSlots(r._mm, r.header, verify=True, path=r.path)
+                monkeypatch.setattr(r, "_slots", twin_slots)
+            f = fine
+            for items, stacked in ((f[0:4], f[1] - f[0] == f[2] - f[1] == f[3] - f[2]), ([f[4], f[2], f[0]], False),
+                                   ([f[1], f[3]], True), ([f[5]], True), ([f[3], f[1], f[4], f[0]], False)):
+                got = r.views_async(pool, items).wait()
+                want = [batches[i].astype(np.int32) for i in items]
+                if stacked:
+                    assert isinstance(got, np.ndarray) and got.shape == (len(items), 4, 16) and got.dtype == np.int32
+                else:
+                    assert isinstance(got, list)
+                assert all((g == w).all() for g, w in zip(got, want, strict=True))
+                assert all(r.is_verified(i) for i in items)
+            assert len(r.views_async(pool, []).wait()) == 0
+            with pytest.raises(IntegrityError, match=f"batch {bad} does not match its checksum"):
+                r.views_async(pool, [f[0], bad]).wait()
+            with pytest.raises(ConfigError, match="int32"):
+                r.views_async(pool, [f[0], big]).wait()
+            with pytest.raises(IndexError):
+                r.views_async(pool, [10])
+            assert (r.read_batch_numpy(f[0], dtype=np.int32) == batches[f[0]]).all()
+    finally:
+        pool.stop()
+
+
 # ------------------------------------------------------------------------------------------
 # crafted bad files
 

@@ -8,13 +8,18 @@ A loader does three things and nothing else:
    ranks split them and how a run resumes are the schedule's business;
 2. **runs them ahead** on the shared read-ahead pool (:func:`zerobatch.core.pool.shared_pool`,
    threads ``zerobatch-loader-*``): a compiled read that releases the GIL from start to finish
-   when the source has one (``read_async``), else the source's read as a Python call whose
-   kernels release the GIL. Reads cover 1, 2, 4... steps up to the source's chunk, so the
-   first batch is ready at once and later ones amortize the hand-off; at most ``prefetch``
-   steps are in flight. The thread that iterates waits only for the oldest read (running it
-   itself when no worker has started it) and never starts a read queued for a later step;
+   when the source has one (``read_async``: the checks of data read for the first time run
+   inside it), else the source's read as a Python call whose kernels release the GIL. The
+   first read (one step) runs on the iterating thread itself, so the first batch waits for
+   nothing else; read-ahead starts with the second. Reads cover 1, 2, 4... steps up to the
+   source's chunk, so later ones amortize the hand-off; at most ``prefetch`` steps are in
+   flight (reads of views hold no buffer and cover :data:`~zerobatch.adapters.sources.VIEW_STEPS`
+   steps: what runs ahead is their checking). The thread that iterates waits only for the
+   oldest read (running it itself when no worker has started it) and never starts a read
+   queued for a later step;
 3. **delivers batches**: converts the oldest read (the torch and JAX subclasses make tensors
-   or arrays) and hands its steps to the loop, recording each with
+   or arrays; a stacked read is converted and cut once for all its steps) and hands its steps
+   to the loop, recording each with
    :meth:`~zerobatch.samplers.Schedule.advance_to`, so a state saved while the loop works on
    a batch resumes right after it.
 """
@@ -31,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from zerobatch.adapters.sources import Source, open_source
-from zerobatch.adapters.sources._base import DEFAULT_PREFETCH, DEFAULT_SEED, OutputPlan
+from zerobatch.adapters.sources._base import DEFAULT_PREFETCH, DEFAULT_SEED, VIEW_STEPS, OutputPlan
 from zerobatch.core.checks import check_count
 from zerobatch.core.pool import shared_pool
 from zerobatch.formats.errors import ConfigError, StateError
@@ -395,7 +400,12 @@ class _Pass:
         self.closed = False
         self.dtype = loader.dtype
         b = self.schedule.batch_size
-        self.chunk = max(1, min(self.source.chunk_steps(b), loader.prefetch))
+        # reads of views (no output to hold) may cover more steps than ``prefetch``: what runs
+        # ahead is then only their checking, and a longer read costs the loop less per step
+        if self.source.zero_copy(self.dtype, b):
+            self.chunk = VIEW_STEPS
+        else:
+            self.chunk = max(1, min(self.source.chunk_steps(b), loader.prefetch))
         self.depth = max(2, -(-loader.prefetch // self.chunk))
         self.inline = loader.num_threads == 0 or self.source.inline(self.dtype, b)
         self.pool = None
@@ -408,8 +418,6 @@ class _Pass:
         # fetches start once it arrives, still well ahead of their turn)
         self._first_alone = bool(getattr(self.source, "remote", False))
         self._plan = self._reads()
-        if not self.inline:
-            self._fill()
 
     def _reads(self) -> Iterator[tuple[np.ndarray, np.ndarray | None, list[Any]]]:
         """``(items (steps, k), sources or None, position after each step)`` per read, in
@@ -467,11 +475,24 @@ class _Pass:
             for plan in self._plan:
                 yield self._submit(*plan)
             return
+        # the first read (one step) runs here, on the thread that waits for it: no thread to
+        # start, no other read planned or queued before the first batch; read-ahead starts
+        # when the loop asks for the second
+        plan = next(self._plan, None)
+        if plan is None:
+            return
+        items, sources, after = plan
+        result = None
+        if items.shape[1]:
+            result = self.source.read(items, self.dtype) if sources is None else \
+                self.source.read(items, self.dtype, sources)
+        yield _Ready(result), after
+        self._first_alone = False
+        self._fill()
         tickets = self._tickets
         while tickets:
             ticket, after = tickets.popleft()
             result = ticket.wait()
-            self._first_alone = False
             self._fill()
             yield _Ready(result), after
 

@@ -99,11 +99,12 @@ cdef struct zb_llmbatch_gather:
     uint64_t tokens              # tokens per batch
     const uint8_t *trailer       # checksum trailer, NULL without checksums
     uint8_t *verified            # bitmap of verified batches (shared, atomic updates)
+    uint8_t *int32_ok            # bitmap of batches known to hold no id of 2**31 or more
     bint verify
     const int64_t *items         # batch indices, validated by the submitter
     int64_t count
-    char *out                    # count * tokens elements of `kind`
-    int kind
+    char *out                    # count * tokens elements of `kind`; NULL: only check the batches
+    int kind                     #   (and, with ZB_OUT_INT32, that every id fits int32)
     int64_t itemsize
     int64_t bad                  # set on failure: the batch at fault
 

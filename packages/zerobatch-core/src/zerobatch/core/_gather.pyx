@@ -80,6 +80,15 @@ cdef int zb_llmbatch_gather_run(void *arg) noexcept nogil:
         if g.verify and not _check_sum(g, g.items[j]):
             g.bad = g.items[j]
             return ZB_E_CHECKSUM
+        if g.out == NULL:
+            # a check alone (zero-copy views follow): with int32 views, every id below 2**31,
+            # scanned once per batch while its bytes are still in the cache from the hash
+            if g.kind == ZB_OUT_INT32 and not zb_bit_get(g.int32_ok, g.items[j]):
+                if zb_max_u32(_slot(g, g.items[j]), g.tokens) >= <uint32_t>0x80000000u:
+                    g.bad = g.items[j]
+                    return ZB_E_RANGE
+                zb_bit_set(g.int32_ok, g.items[j])
+            continue
         status = zb_convert_tokens(_slot(g, g.items[j]), g.tokens,
                                    g.out + j * g.tokens * g.itemsize, g.kind)
         if status != ZB_OK:
@@ -340,6 +349,7 @@ cdef class LLMBatchSlots:
         self._g.tokens = self.tokens_per_batch
         self._g.trailer = self._g.base + trailer_offset if header.has_checksums else NULL
         self._g.verified = &self._verified[0]
+        self._g.int32_ok = &self._int32_ok[0]
         self._g.verify = self.verify
         self._g.items = NULL
         self._g.count = 0
@@ -534,6 +544,45 @@ cdef class LLMBatchSlots:
         pool.submit(&t.task)
         t.submitted = True
         return t
+
+    def check_async(self, TaskPool pool, indices, bint int32=False):
+        """Check the batches at ``indices`` (their checksums, and with ``int32`` that every id
+        fits ``int32``) as one task queued on ``pool``, GIL released; each batch is checked
+        once per reader (the bitmaps remember it). For zero-copy views, made while the task
+        runs and handed out once it succeeded. Returns a :class:`GatherTicket` whose
+        ``wait()`` returns ``None``.
+
+        Raises:
+            IndexError: an index out of range (now).
+            IntegrityError, ConfigError: from ``wait()``, as :meth:`check` / :meth:`check_int32`.
+        """
+        cdef GatherTicket t = GatherTicket.__new__(GatherTicket)
+        t.idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        cdef Py_ssize_t k = t.idx.shape[0], j
+        for j in range(k):
+            if t.idx[j] < 0 or <uint64_t>t.idx[j] >= self.num_batches:
+                raise OutOfRangeError(f"batch index {t.idx[j]} out of range [0, {self.num_batches})",
+                                      path=self.path, field="index")
+        t.g = self._g
+        t.g.out = NULL
+        t.g.kind = ZB_OUT_INT32 if int32 and not self.int32_safe else 0
+        t.g.items = &t.idx[0] if k else NULL
+        t.g.count = k
+        t.slots = self
+        t.out = None
+        t.pool = pool
+        t.task.fn = zb_llmbatch_gather_run
+        t.task.arg = &t.g
+        pool.submit(&t.task)
+        t.submitted = True
+        return t
+
+    @property
+    def int32_views(self):
+        """Every batch as ``int32`` ``[num_batches, batch_size, seq_len]`` views of the mapped
+        file (unchecked: check a batch with :meth:`check_int32` or :meth:`check_async` before
+        handing it out)."""
+        return self._i32_views
 
     def verify_range(self, start, stop):
         """Check batches ``[start, stop)`` against their checksums, GIL released.

@@ -415,6 +415,30 @@ class BatchFileReader(RemoteItems, OpensOnFirstUse, BatchReader):
             return BatchReader.read_async(self, pool, items, out)
         return self._slots.gather_async(pool, np.ascontiguousarray(items, dtype=np.int64).reshape(-1), out)
 
+    def views_async(self, pool: Any, items: Any) -> Any:
+        """The batches ``items`` as zero-copy ``int32`` views of the mapped file, checked on
+        ``pool``: one compiled task hashes each batch not checked before and scans it once for
+        ids of 2**31 or more (GIL released), while the views are made here. ``wait()`` returns
+        them once every batch passed: one ``[k, batch_size, seq_len]`` view when ``items`` are
+        evenly spaced (consecutive batches, or a rank's share of them), else a list of
+        ``[batch_size, seq_len]`` views.
+
+        Raises:
+            IndexError: an index out of range (now).
+            IntegrityError, ConfigError: from ``wait()``, as :meth:`read_batch_numpy`.
+        """
+        idx = np.ascontiguousarray(items, dtype=np.int64).reshape(-1)
+        if self._copy is not None:         # a file at a URL: each batch fetched, then checked
+            return pool.call(lambda: [self._view_i32(i) for i in idx.tolist()])
+        ticket = self._slots.check_async(pool, idx, True)
+        views = self._slots.int32_views
+        step = int(idx[1] - idx[0]) if idx.size > 1 else 1
+        if idx.size and step > 0 and (idx.size < 3 or (np.diff(idx) == step).all()):
+            out: Any = views[int(idx[0]):int(idx[-1]) + 1:step]
+        else:
+            out = [views[i] for i in idx.tolist()]
+        return _Views(ticket, out)
+
     def advise(self, start: int, stop: int, advice: str = "willneed") -> None:
         """Hint the kernel about batches ``[start, stop)``: ``"willneed"`` reads them ahead
         in the background, ``"sequential"`` / ``"random"`` set the read-ahead policy,
@@ -532,3 +556,19 @@ class BatchFileReader(RemoteItems, OpensOnFirstUse, BatchReader):
 
 def _closed(*args: Any, **kwargs: Any) -> Any:
     raise ConfigError("the reader is closed", field="reader")
+
+
+class _Views:
+    """Views handed out once the check queued for them has passed."""
+
+    __slots__ = ("ticket", "views")
+
+    def __init__(self, ticket: Any, views: Any) -> None:
+        self.ticket, self.views = ticket, views
+
+    def wait(self) -> Any:
+        self.ticket.wait()
+        return self.views
+
+    def cancel(self, wait: bool = True) -> bool:
+        return bool(self.ticket.cancel())

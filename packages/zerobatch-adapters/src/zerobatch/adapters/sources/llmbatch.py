@@ -37,6 +37,8 @@ class LLMBatchSource(Source):
         self.rows_per_item = self.reader.batch_size
         self._shape = (self.reader.batch_size, self.reader.seq_len)
         self._advised: set[int] = set()
+        self._to_advise: list[int] = []
+        self._started = False
 
     def default_order(self, shuffle: bool, seed: int) -> IndexOrder:
         """The seed's block shuffle (:class:`~zerobatch.samplers.BlockShuffleOrder`)."""
@@ -46,13 +48,19 @@ class LLMBatchSource(Source):
         per_step = items_per_step * self._shape[0] * self._shape[1] * 8
         return max(1, CHUNK_BYTES // per_step)
 
-    def inline(self, dtype: np.dtype, items_per_step: int) -> bool:
+    def zero_copy(self, dtype: np.dtype, items_per_step: int) -> bool:
+        """int32 views of the mapped file (one file batch a step): no copy at all (each batch
+        checked once, on the pool)."""
+        return self._views(dtype, items_per_step) and not self.reader.remote
+
+    def _views(self, dtype: np.dtype, items_per_step: int) -> bool:
         return dtype == np.int32 and items_per_step == 1
 
     def prepare(self, items: np.ndarray) -> None:
         """A file at a URL: these batches fetched in the background, steps ahead of their
         read. A local file: ``madvise(WILLNEED)`` each block of the file the first time a read
-        reaches it."""
+        reaches it (issued after the read that reaches it has started, and from the second
+        read on: the first batch waits for no hint, the rest of its block gets one)."""
         if self.reader.remote:
             self.reader.prefetch(items.reshape(-1))
             return
@@ -62,15 +70,33 @@ class LLMBatchSource(Source):
         for b in blocks:
             if b not in self._advised:
                 self._advised.add(b)
-                self.reader.advise(b * bs, (b + 1) * bs)
+                self._to_advise.append(b)
+
+    def _advise(self) -> None:
+        if not self._started:
+            self._started = True           # the very first read: its batch needs no hint
+            return
+        bs = self.block_size
+        while self._to_advise:
+            b = self._to_advise.pop()
+            self.reader.advise(b * bs, (b + 1) * bs)
+
+    def _out(self, steps: int, per: int, dtype: np.dtype) -> np.ndarray:
+        """The output of a read of ``steps`` steps: the first rows of a pooled buffer of the
+        longest read (reads grow 1, 2, 4... steps: one buffer size serves them all)."""
+        rows = max(steps, self.chunk_steps(per)) * per
+        return self._buffer((rows, *self._shape), dtype)[:steps * per]
 
     def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any] | list[dict[str, Any]]:
         steps, per = items.shape
-        if self.inline(dtype, per):       # int32 views of the mapped file: no copy at all
+        if self._views(dtype, per):       # int32 views of the mapped file: no copy at all
             view = self.reader.read_batch_numpy
-            return [{"tokens": view(int(i), dtype=np.int32)} for i in items[:, 0].tolist()]
-        out = self._buffer((steps * per, *self._shape), dtype)
+            out = [{"tokens": view(int(i), dtype=np.int32)} for i in items[:, 0].tolist()]
+            self._advise()
+            return out
+        out = self._out(steps, per, dtype)
         self.reader.read_into(items, out)
+        self._advise()
         return {"tokens": out.reshape(steps, per * self._shape[0], self._shape[1])}
 
     def read_async(self, pool: Any, items: np.ndarray, dtype: np.dtype) -> Any:
@@ -78,9 +104,16 @@ class LLMBatchSource(Source):
         :meth:`~zerobatch.readers.llmbatch.BatchFileReader.read_async`: checks and
         conversion run without the GIL from start to finish)."""
         steps, per = items.shape
-        out = self._buffer((steps * per, *self._shape), dtype)
-        ticket = self.reader.read_async(pool, items, out)
-        return ReadTicket(ticket, {"tokens": out.reshape(steps, per * self._shape[0], self._shape[1])})
+        if self._views(dtype, per):
+            # zero-copy int32 views, made now and handed out once the batches are checked (the
+            # hashing runs on the pool, not on the training thread)
+            ticket: Any = _ViewTicket(self.reader.views_async(pool, items[:, 0]))
+        else:
+            out = self._out(steps, per, dtype)
+            ticket = ReadTicket(self.reader.read_async(pool, items, out),
+                                {"tokens": out.reshape(steps, per * self._shape[0], self._shape[1])})
+        self._advise()
+        return ticket
 
     def close(self) -> None:
         self.reader.close()
@@ -88,5 +121,24 @@ class LLMBatchSource(Source):
     def __getstate__(self) -> dict[str, Any]:
         d = super().__getstate__()
         d["_advised"] = set()
+        d["_to_advise"] = []
+        d["_started"] = False
         return d
 
+
+class _ViewTicket:
+    """A read of int32 views: stacked (one ``[steps, rows, seq_len]`` view) or per step."""
+
+    __slots__ = ("ticket",)
+
+    def __init__(self, ticket: Any) -> None:
+        self.ticket = ticket
+
+    def wait(self) -> Any:
+        views = self.ticket.wait()
+        if isinstance(views, list):
+            return [{"tokens": v} for v in views]
+        return {"tokens": views}
+
+    def cancel(self) -> None:
+        self.ticket.cancel()

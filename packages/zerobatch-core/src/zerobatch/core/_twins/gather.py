@@ -181,6 +181,25 @@ class LLMBatchSlots:
         _out_array(out, idx.size * self.tokens_per_batch, "gather")
         return _Ticket(pool.call(lambda: self.gather(idx, out)))
 
+    def check_async(self, pool: Any, indices: Any, int32: bool = False) -> _Ticket:
+        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        for j in idx:
+            if j < 0 or j >= self.num_batches:
+                raise OutOfRangeError(f"batch index {j} out of range [0, {self.num_batches})", path=self.path,
+                                      field="index")
+
+        def run() -> None:
+            for j in idx.tolist():
+                if int32:
+                    self.check_int32(j)
+                else:
+                    self.check(j)
+        return _Ticket(pool.call(run))
+
+    @property
+    def int32_views(self) -> np.ndarray:
+        return self._i32_views
+
     def _index(self, i: Any) -> int:
         j = operator.index(i)
         if j < 0 or j >= self.num_batches:
