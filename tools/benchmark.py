@@ -508,6 +508,282 @@ def chart(results: dict[str, dict[str, dict[str, float]]], limit: float, path: s
     fig.savefig(path, dpi=100)
 
 
+# ---------------------------------------------------------------------------------------------
+# --targets: the first-pass figures of the speed issue, every system from a fresh start
+
+
+def _targets_data(root: str, n: int) -> dict[str, Any]:
+    """The corpus in each layout the targets read: a TOKSTREAM stream (uint16, 1 KiB blocks),
+    documents of lognormal lengths (median 600 tokens) as TOKSTREAM and as a flat token file,
+    an LLMBATCH file of 32 x 512 batches and a flat uint32 token file."""
+    from zerobatch.writers.llmbatch import write_batch_file
+    from zerobatch.writers.tokstream import TokenStreamWriter
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 50257, n, dtype=np.uint32)
+    lengths = np.exp(rng.normal(np.log(600), 1.1, n // 300)).astype(np.int64).clip(1, 32_768)
+    lengths = lengths[np.cumsum(lengths) <= n]
+    d: dict[str, Any] = {"tokens": tokens, "lengths": lengths}
+    d["memmap"] = os.path.join(root, "tokens.u32")
+    tokens.tofile(d["memmap"])
+    d["stream"] = os.path.join(root, "stream")
+    with TokenStreamWriter(d["stream"], vocab_size=50257, shard_tokens=1 << 24) as w:
+        w.add_document(tokens)
+    d["docs"] = os.path.join(root, "docs")
+    with TokenStreamWriter(d["docs"], vocab_size=50257, shard_tokens=1 << 24) as w:
+        w.add_documents(tokens[:int(lengths.sum())], lengths)
+    d["docs_memmap"] = os.path.join(root, "docs.u16")
+    tokens[:int(lengths.sum())].astype(np.uint16).tofile(d["docs_memmap"])
+    d["batch"] = os.path.join(root, "data.batch")
+    write_batch_file(d["batch"], tokens.reshape(-1, SEQ), BS, SEQ, seed=0)
+    return d
+
+
+def _w2_systems(d: dict[str, Any], args_batches: int) -> dict[str, Callable[[], Any]]:
+    """Random next-token windows, (x, y) int64 32 x 512: each factory opens everything afresh
+    and returns ``(iterator, check)`` (``check(k, batch)`` compares step ``k`` with the corpus,
+    for the untimed verification pass)."""
+    from zerobatch.adapters.torch import Loader, TokenWindows
+    tokens = d["tokens"]
+
+    def zb(verify: bool, source: Any = None) -> Any:
+        src = source or TokenWindows(d["stream"], SEQ, verify=verify)
+        ld = Loader(src, batch_size=BS, seed=11)
+
+        def check(k: int, b: Any) -> None:
+            starts = ld.order.items(0, np.arange(k * BS, (k + 1) * BS)) * SEQ
+            want = tokens[starts[:, None] + np.arange(SEQ + 1)[None, :]]
+            assert (b[0].numpy() == want[:, :-1]).all() and (b[1].numpy() == want[:, 1:]).all()
+        return iter(ld), check, src
+
+    def windows_at(starts: Any) -> np.ndarray:
+        return tokens[np.asarray(starts)[:, None] + np.arange(SEQ + 1)[None, :]]
+
+    def dl() -> Any:
+        ds = Windows(d["memmap"])
+        loader = torch.utils.data.DataLoader(ds, batch_size=BS, shuffle=True,
+                                             generator=torch.Generator().manual_seed(11))
+        # RandomSampler's order: one permutation drawn from the generator
+        order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(11)).numpy()
+
+        def check(k: int, b: Any) -> None:
+            want = windows_at(order[k * BS:(k + 1) * BS])
+            assert (b[0].numpy() == want[:, :-1]).all() and (b[1].numpy() == want[:, 1:]).all()
+        return iter(loader), check, None
+
+    def nano() -> Any:
+        it = nanogpt({"memmap": d["memmap"]}, "windows", 0)
+        g = torch.Generator().manual_seed(1)           # nanogpt()'s draws, replayed
+        torch.randperm(tokens.size // SEQ, generator=g)
+        draws = [torch.randint(tokens.size - SEQ - 1, (BS,), generator=g).numpy() for _ in range(args_batches + 1)]
+
+        def check(k: int, b: Any) -> None:
+            want = windows_at(draws[k])
+            assert (b[0].numpy() == want[:, :-1]).all() and (b[1].numpy() == want[:, 1:]).all()
+        return it, check, None
+    return {"torch DataLoader, 0 workers": dl, "nanoGPT np.memmap + torch.stack": nano,
+            "zerobatch TokenWindows": lambda: zb(True), "zerobatch TokenWindows, verify=False": lambda: zb(False)}
+
+
+def _w3_systems(d: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    """Whole documents flat, 32 a step: input_ids [1, T] and cu_seqlens (zerobatch adds labels
+    and position_ids, or not with ``position_ids=False, next_token=False``)."""
+    from zerobatch.adapters.torch import FlatDocuments, Loader
+    lengths = d["lengths"]
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    flat = d["tokens"][:int(lengths.sum())]
+
+    def zb(verify: bool = True, lean: bool = False, source: Any = None) -> Any:
+        src = source or FlatDocuments(d["docs"], verify=verify, position_ids=not lean, next_token=not lean)
+        ld = Loader(src, batch_size=BS, seed=11)
+
+        def check(k: int, b: Any) -> None:
+            docs = ld.order.items(0, np.arange(k * BS, (k + 1) * BS))
+            want = np.concatenate([flat[starts[i]:ends[i]] for i in docs])
+            cu = np.concatenate([[0], np.cumsum(lengths[docs])])
+            assert (b["input_ids"][0].numpy() == want).all() and (b["cu_seqlens"].numpy() == cu).all()
+            if "labels" in b:
+                lab = np.append(want[1:], -100)
+                lab[cu[1:] - 1] = -100
+                assert (b["labels"][0].numpy() == lab).all()
+        return iter(ld), check, src
+
+    def peer() -> Any:
+        mm = np.memmap(d["docs_memmap"], dtype=np.uint16, mode="r")
+        order = np.random.default_rng(11).permutation(lengths.size)
+
+        def steps() -> Iterator[Any]:
+            for k in range(lengths.size // BS):
+                idx = order[k * BS:(k + 1) * BS]
+                pieces = [torch.from_numpy(mm[starts[i]:ends[i]].astype(np.int64)) for i in idx.tolist()]
+                cu = torch.zeros(len(pieces) + 1, dtype=torch.int32)
+                cu[1:] = torch.cumsum(torch.tensor([p.numel() for p in pieces]), 0)
+                yield {"input_ids": torch.cat(pieces)[None, :], "cu_seqlens": cu}
+
+        def check(k: int, b: Any) -> None:
+            idx = order[k * BS:(k + 1) * BS]
+            assert (b["input_ids"][0].numpy() == np.concatenate([flat[starts[i]:ends[i]] for i in idx])).all()
+        return steps(), check, None
+    return {"np.memmap, a slice per document + torch.cat": peer, "zerobatch FlatDocuments": lambda: zb(),
+            "zerobatch FlatDocuments, lean (no labels, no positions)": lambda: zb(lean=True),
+            "zerobatch FlatDocuments, verify=False": lambda: zb(verify=False)}
+
+
+def _w1_systems(d: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    """Pre-formed 32 x 512 batches in the block-shuffle order of BatchNativeLoader(seed=11): the
+    seed's reader design (``mm[a:b]`` -> ``np.frombuffer`` -> ``astype(int64)`` ->
+    ``torch.from_numpy``, tools/compare_llmbatch.py) against the loader, int64 and int32 views."""
+    from compare_llmbatch import SeedReader
+
+    from zerobatch.adapters.torch import BatchNativeLoader, LLMBatchSource, Loader
+    order_of = BatchNativeLoader(d["batch"], seed=11)
+    order = order_of.order.items(0, np.arange(order_of.source.num_items))
+    order_of.close()
+
+    padded = SeedReader(d["batch"]).padded_batch_bytes
+
+    def file_batch(k: int) -> np.ndarray:
+        """Step ``k``'s batch read straight from the file's bytes (the layout of the spec)."""
+        return np.fromfile(d["batch"], np.uint32, count=BS * SEQ, offset=4096 + int(order[k]) * padded)
+
+    def seed() -> Any:
+        r = SeedReader(d["batch"])
+
+        def check(k: int, b: Any) -> None:
+            assert b.dtype == torch.int64 and (b.numpy().reshape(-1) == file_batch(k)).all()
+        return (r.read_batch_torch(int(i)) for i in order), check, None
+
+    def zb(dtype: Any, source: Any = None) -> Any:
+        src = source or LLMBatchSource(d["batch"])
+        ld = Loader(src, seed=11, dtype=dtype)
+
+        def check(k: int, b: Any) -> None:
+            assert b.dtype == dtype and (b.numpy().reshape(-1) == file_batch(k)).all()
+        return iter(ld), check, src
+    return {"seed reader design, int64": seed, "zerobatch BatchNativeLoader, int64": lambda: zb(torch.int64),
+            "zerobatch BatchNativeLoader, int32 views": lambda: zb(torch.int32)}
+
+
+def _real_tokens(b: Any) -> int:
+    x = b["input_ids"] if isinstance(b, dict) else (b[0] if isinstance(b, (tuple, list)) else b)
+    return int(x.numel())
+
+
+def targets(args: argparse.Namespace) -> None:
+    """The figures of the speed-with-every-byte-checked issue: first passes (a fresh loader and
+    a fresh dataset for every system in every round, nothing checked before), rounds
+    interleaved, each figure a ratio within its round (median over rounds), and a second pass
+    of every zerobatch loader over its already-checked source; every batch of every system is
+    then compared with the corpus in an untimed pass of the same loader, same seed."""
+    import statistics
+    root = tempfile.mkdtemp(prefix="zb-targets-", dir=os.environ.get("ZB_BENCH_DIR"))
+    try:
+        n = args.tokens // (SEQ * 64) * SEQ * 64
+        d = _targets_data(root, n)
+        print(f"{n:,} tokens; {d['lengths'].size:,} documents (median 600 tokens); {args.batches} steps a pass, "
+              f"{args.rounds} rounds", flush=True)
+        work = {"W1 pre-batched": _w1_systems(d), "W2 random windows": _w2_systems(d, args.batches),
+                "W3 whole documents": _w3_systems(d)}
+        rates: dict[str, dict[str, list[float]]] = {w: {} for w in work}
+        for rnd in range(args.rounds):
+            for wl, systems in work.items():
+                names = list(systems)
+                names = names[rnd % len(names):] + names[:rnd % len(names)]      # rotate who goes first
+                for name in names:
+                    it, _, src = systems[name]()
+                    first = next(it)                 # opening and the first step are not timed
+                    toks = 0
+                    t0 = time.perf_counter()
+                    for _ in range(args.batches):
+                        toks += _real_tokens(next(it))
+                    rate = toks / (time.perf_counter() - t0)
+                    rates[wl].setdefault(name, []).append(rate)
+                    del it, first
+                    if src is not None:             # the same steps again, over the checked source
+                        it = _second(systems, name, src)
+                        next(it)
+                        toks = 0
+                        t0 = time.perf_counter()
+                        for _ in range(args.batches):
+                            toks += _real_tokens(next(it))
+                        rates[wl].setdefault(name + " (second pass)", []).append(toks / (time.perf_counter() - t0))
+                        del it
+                        src.close()
+                    gc.collect()
+            print(f"round {rnd + 1} of {args.rounds} done", flush=True)
+        for wl, systems in work.items():                  # every batch checked, untimed
+            for name in systems:
+                it, check, src = systems[name]()
+                for k in range(args.batches + 1):
+                    check(k, next(it))
+                if src is not None:
+                    src.close()
+        print("every batch of every system matched the corpus (an untimed pass of the same loaders)")
+        out: dict[str, Any] = {}
+        for wl, res in rates.items():
+            peers = [k for k in res if not k.startswith("zerobatch")]
+            print(f"\n{wl}: M tokens/s (median of {args.rounds} rounds), ratio to the best peer of each round")
+            for name, vals in res.items():
+                ratios = [v / max(res[p][r] for p in peers) for r, v in enumerate(vals)]
+                line = f"  {name:58s} {statistics.median(vals) / 1e6:9.1f}"
+                if name.startswith("zerobatch"):
+                    line += f"   {statistics.median(ratios):6.2f}x  ({min(ratios):.2f}-{max(ratios):.2f})"
+                print(line)
+                out.setdefault(wl, {})[name] = {"rates": vals, "ratios_to_best_peer": ratios}
+            for name in res:
+                if name.endswith("(second pass)"):
+                    first = name[:-len(" (second pass)")]
+                    r = [a / b for a, b in zip(res[first], res[name], strict=True)]
+                    print(f"  first pass / second pass, {first}: {statistics.median(r):.2f}")
+            if wl == "W2 random windows":
+                base = res["zerobatch TokenWindows, verify=False"]
+                r = [a / b for a, b in zip(res["zerobatch TokenWindows"], base, strict=True)]
+                print(f"  checks on / verify=False: {statistics.median(r):.2f}")
+        opens = _open_to_first_batch(d["batch"])
+        print(f"\nopen -> first batch (median of 30): BatchFileReader {opens[0]:.3f} ms, "
+              f"BatchNativeLoader {opens[1]:.3f} ms")
+        out["open_to_first_batch_ms"] = {"reader": opens[0], "loader": opens[1]}
+        if args.out:
+            with open(args.out + "-targets.json", "w") as f:
+                json.dump({"machine": machine(), "tokens": n, "steps": args.batches, "rounds": args.rounds,
+                           "results": out}, f, indent=1)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _second(systems: dict[str, Callable[[], Any]], name: str, src: Any) -> Iterator[Any]:
+    """A loader of system ``name`` over its source ``src`` (already read once: checked)."""
+    from zerobatch.adapters.torch import Loader
+    dtype = torch.int32 if "int32" in name else torch.int64
+    batch = None if "BatchNative" in name else BS
+    return iter(Loader(src, batch_size=batch, seed=11, dtype=dtype))
+
+
+def _open_to_first_batch(path: str) -> tuple[float, float]:
+    import statistics
+
+    from zerobatch.adapters.torch import BatchNativeLoader
+    from zerobatch.batch_loader import BatchFileReader
+
+    def reader() -> float:
+        t0 = time.perf_counter()
+        with BatchFileReader(path) as r:
+            r.read_batch_torch(0)
+            return time.perf_counter() - t0
+
+    def loader() -> float:
+        t0 = time.perf_counter()
+        ld = BatchNativeLoader(path)
+        it = iter(ld)
+        next(it)
+        dt = time.perf_counter() - t0
+        del it
+        ld.close()
+        return dt
+    reader(), loader()
+    return (1e3 * statistics.median(reader() for _ in range(30)), 1e3 * statistics.median(loader() for _ in range(30)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=1 << 24)
@@ -519,9 +795,16 @@ def main() -> None:
     ap.add_argument("--out", help="write OUT.json, OUT.png and OUT-table.md")
     ap.add_argument("--step-ms", type=float, default=50.0, help="training-loop simulation: compute per step")
     ap.add_argument("--steps", type=int, default=100, help="training-loop simulation: steps (0: skip it)")
+    ap.add_argument("--targets", action="store_true",
+                    help="the first-pass figures instead (W1 pre-batched, W2 random windows, W3 whole documents, "
+                         "open -> first batch): every system from a fresh start, --rounds interleaved rounds "
+                         "(use 5), --batches steps a pass")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+    if args.targets:
+        targets(args)
+        return
     workloads = [w.strip() for w in args.workloads.split(",")]
     have = set()
     for mod in ("datasets", "streaming", "litdata", "grain"):

@@ -88,6 +88,25 @@ def test_block_checks_count_marks_and_resets(mod):
 
 
 @pytest.mark.parametrize("mod", MODS)
+def test_claims_let_one_fetcher_take_each_block(mod):
+    # the remote path: blocks listed, claimed (another claimant gets none of them), marked, released
+    c = mod.BlockChecks([4, 3], 1024)
+    pairs = np.array([[0, 1], [1, 2], [0, 3]])
+    assert c.claim(pairs).tolist() == [True, True, True]
+    assert c.claim(np.array([[0, 1], [0, 2]])).tolist() == [False, True]   # (0, 1) is held
+    assert c.mark_pairs(pairs) == 3 and c.pending == 4
+    c.release(pairs)
+    assert c.claim(pairs).tolist() == [False, False, False]               # checked: nothing to fetch
+    assert c.claim(np.zeros((0, 2), np.int64)).size == 0
+    with pytest.raises(ConfigError):
+        c.claim([[1, 3]])
+    with pytest.raises(ConfigError):
+        c.mark_pairs([[2, 0]])
+    with c.lock:                                                           # a condition for the waiters
+        c.lock.notify_all()
+
+
+@pytest.mark.parametrize("mod", MODS)
 def test_a_gatherer_needs_the_digests_of_every_shard(mod):
     ds = Dataset(mod, [1000, 700])
     c = mod.BlockChecks([d.size for d in ds.digests], BLOCK)

@@ -541,11 +541,14 @@ cdef class BlockChecks:
         block_bytes: bytes per block (a power of two).
 
     Attributes:
-        lock: a lock for callers that check or fetch blocks themselves (a dataset at a URL
-            fetches, checks and marks blocks with :meth:`mark` under it).
+        lock: a ``threading.Condition`` for callers that fetch blocks themselves (a dataset at
+            a URL): under it they list what is unchecked, :meth:`claim` what they will fetch
+            (another thread's claimed blocks are waited for, never fetched twice), and after
+            the fetch :meth:`mark_pairs`, :meth:`release` and ``notify_all``.
     """
 
     cdef object _maps, _map_ptrs, _digests, _digest_ptrs, _list_hash, _lists, _nblocks, _pending
+    cdef object _claims, _claim_ptrs
     cdef readonly int64_t block_bytes
     cdef readonly int64_t num_shards
     cdef public object lock
@@ -568,7 +571,9 @@ cdef class BlockChecks:
         self._lists = np.zeros(len(counts), dtype=np.uint8)
         self._pending = np.array([sum(counts)], dtype=np.int64)
         self._missing = len(counts)
-        self.lock = threading.Lock()
+        self._claims = [np.zeros(max(n, 1), np.uint8) for n in counts]
+        self._claim_ptrs = np.array([m.ctypes.data for m in self._claims], dtype=np.uint64)
+        self.lock = threading.Condition()
         memset(&self.c, 0, sizeof(self.c))
         cdef uint64_t[::1] mp = self._map_ptrs
         cdef uint64_t[::1] dp = self._digest_ptrs
@@ -649,6 +654,47 @@ cdef class BlockChecks:
         """Every block of ``shard`` checked (after a full verify); returns how many were
         not marked before."""
         return self.mark(shard, 0, self._nblocks[shard] if shard < self.num_shards else 0)
+
+    cdef const int64_t[:, ::1] _pairs(self, pairs) except *:
+        cdef const int64_t[:, ::1] p = np.ascontiguousarray(pairs, dtype=np.int64).reshape(-1, 2)
+        cdef Py_ssize_t i
+        for i in range(p.shape[0]):
+            if not 0 <= p[i, 0] < self.num_shards or not 0 <= p[i, 1] < self._nblocks[p[i, 0]]:
+                raise ConfigError(f"block {p[i, 1]} of shard {p[i, 0]} is not a block of the dataset", field="block")
+        return p
+
+    def claim(self, pairs):
+        """Claim the ``(shard, block)`` pairs for a fetch by this caller: a ``bool`` array,
+        true for each pair claimed now (not checked, and not claimed by anyone else)."""
+        cdef const int64_t[:, ::1] p = self._pairs(pairs)
+        out = np.zeros(p.shape[0], dtype=np.bool_)
+        cdef uint8_t[::1] got = out.view(np.uint8)
+        cdef const uint64_t[::1] claims = self._claim_ptrs
+        cdef Py_ssize_t i
+        for i in range(p.shape[0]):
+            if not zb_ts_mark_get(self.c.maps[p[i, 0]] + p[i, 1]) and \
+                    zb_ts_mark_set(<uint8_t *>claims[p[i, 0]] + p[i, 1]):
+                got[i] = 1
+        return out
+
+    def release(self, pairs) -> None:
+        """Give up the claims of the ``(shard, block)`` pairs (after the fetch, or its failure)."""
+        cdef const int64_t[:, ::1] p = self._pairs(pairs)
+        cdef const uint64_t[::1] claims = self._claim_ptrs
+        cdef Py_ssize_t i
+        for i in range(p.shape[0]):
+            zb_ts_mark_clear(<uint8_t *>claims[p[i, 0]] + p[i, 1])
+
+    def mark_pairs(self, pairs) -> int:
+        """The ``(shard, block)`` pairs checked (by the caller); returns how many were not marked."""
+        cdef const int64_t[:, ::1] p = self._pairs(pairs)
+        cdef Py_ssize_t i
+        cdef int64_t n = 0
+        for i in range(p.shape[0]):
+            if zb_ts_mark_set(self.c.maps[p[i, 0]] + p[i, 1]):
+                n += 1
+        zb_ts_count_add(self.c.pending, -n)
+        return n
 
     def reset(self, int64_t shard) -> None:
         """Every block of ``shard`` unchecked again (a remote copy let go)."""

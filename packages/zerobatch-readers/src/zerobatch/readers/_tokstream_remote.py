@@ -473,7 +473,6 @@ class RemoteShards:
         self._open: dict[int, RemoteShard] = {}
         self._locks = [threading.Lock() for _ in range(min(len(manifest.shards), 4096))]
         self.lock = RWLock()
-        self.inflight: dict[tuple[int, int], threading.Event] = {}
         self._used: set[int] = set()
         self._scan_due = False
 

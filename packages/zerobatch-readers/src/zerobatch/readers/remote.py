@@ -124,14 +124,15 @@ class RemoteItems:
 
 
 def runs(units: Iterable[int]) -> list[tuple[int, int]]:
-    """``[first, stop)`` runs of consecutive numbers of the sorted ``units``."""
-    out: list[tuple[int, int]] = []
-    for k in units:
-        if out and out[-1][1] == k:
-            out[-1] = (out[-1][0], k + 1)
-        else:
-            out.append((k, k + 1))
-    return out
+    """``[first, stop)`` runs of consecutive numbers of the sorted ``units`` (found by NumPy:
+    Python works per run, not per unit)."""
+    a = np.asarray(units if isinstance(units, (list, np.ndarray)) else list(units), dtype=np.int64).reshape(-1)
+    if not a.size:
+        return []
+    cut = np.flatnonzero(np.diff(a) != 1) + 1
+    firsts = a[np.concatenate([[0], cut])]
+    stops = a[np.concatenate([cut - 1, [a.size - 1]])] + 1
+    return list(zip(firsts.tolist(), stops.tolist(), strict=True))
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None) -> str:

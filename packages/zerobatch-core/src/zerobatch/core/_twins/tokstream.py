@@ -34,7 +34,8 @@ class BlockChecks:
         self._lists = [False] * len(counts)
         self._pending = sum(counts)
         self._marks = threading.Lock()
-        self.lock = threading.Lock()
+        self._claims = [np.zeros(max(n, 1), np.uint8) for n in counts]
+        self.lock = threading.Condition()
 
     def set_digests(self, shard: int, digests: Any, list_hash: int) -> None:
         if not 0 <= shard < self.num_shards:
@@ -82,6 +83,31 @@ class BlockChecks:
 
     def mark_shard(self, shard: int) -> int:
         return self.mark(shard, 0, self._nblocks[shard] if 0 <= shard < self.num_shards else 0)
+
+    def _pairs(self, pairs: Any) -> np.ndarray:
+        p = np.ascontiguousarray(pairs, dtype=np.int64).reshape(-1, 2)
+        for s, b in p.tolist():
+            if not 0 <= s < self.num_shards or not 0 <= b < self._nblocks[s]:
+                raise ConfigError(f"block {b} of shard {s} is not a block of the dataset", field="block")
+        return p
+
+    def claim(self, pairs: Any) -> np.ndarray:
+        p = self._pairs(pairs)
+        out = np.zeros(p.shape[0], dtype=bool)
+        with self._marks:
+            for i, (s, b) in enumerate(p.tolist()):
+                if not self._maps[s][b] and not self._claims[s][b]:
+                    self._claims[s][b] = 1
+                    out[i] = True
+        return out
+
+    def release(self, pairs: Any) -> None:
+        with self._marks:
+            for s, b in self._pairs(pairs).tolist():
+                self._claims[s][b] = 0
+
+    def mark_pairs(self, pairs: Any) -> int:
+        return sum(self.mark(s, b) for s, b in self._pairs(pairs).tolist())
 
     def reset(self, shard: int) -> None:
         self._block_range(shard, 0, self._nblocks[shard] if 0 <= shard < self.num_shards else 0)
