@@ -66,7 +66,7 @@ class LLMBatchSource(Source):
             return
         bs = self.block_size
         first, last = int(items.flat[0]) // bs, int(items.flat[-1]) // bs
-        blocks = (first,) if first == last else np.unique(items // bs).tolist()
+        blocks = (first,) if first == last else sorted(set((items // bs).ravel().tolist()))
         for b in blocks:
             if b not in self._advised:
                 self._advised.add(b)
