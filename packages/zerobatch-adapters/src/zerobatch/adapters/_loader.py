@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from zerobatch.adapters.sources import Source, open_source
-from zerobatch.adapters.sources._base import DEFAULT_PREFETCH, DEFAULT_SEED, VIEW_STEPS, OutputPlan
+from zerobatch.adapters.sources._base import DEFAULT_PREFETCH, DEFAULT_SEED, VIEW_STEPS, OutputPlan, StackedRuns
 from zerobatch.core.checks import check_count
 from zerobatch.core.pool import shared_pool
 from zerobatch.formats.errors import ConfigError, StateError
@@ -281,6 +281,11 @@ class BaseLoader:
         if isinstance(result, dict):            # stacked: a leading step axis on every array
             conv = {name: self._to_framework(v) for name, v in result.items()}
             out = plan.steps([self._unstack(leaf.cut(conv[leaf.name])) for leaf in plan.leaves])
+        elif isinstance(result, StackedRuns):   # stacked runs, one after the other
+            out = []
+            for run in result:
+                conv = {name: self._to_framework(v) for name, v in run.items()}
+                out += plan.steps([self._unstack(leaf.cut(conv[leaf.name])) for leaf in plan.leaves])
         else:
             out = [plan.one({k: self._to_framework(v) if isinstance(v, np.ndarray) else v for k, v in step.items()})
                    for step in result]

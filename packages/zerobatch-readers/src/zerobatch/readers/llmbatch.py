@@ -420,8 +420,8 @@ class BatchFileReader(RemoteItems, OpensOnFirstUse, BatchReader):
         ``pool``: one compiled task hashes each batch not checked before and scans it once for
         ids of 2**31 or more (GIL released), while the views are made here. ``wait()`` returns
         them once every batch passed: one ``[k, batch_size, seq_len]`` view when ``items`` are
-        evenly spaced (consecutive batches, or a rank's share of them), else a list of
-        ``[batch_size, seq_len]`` views.
+        evenly spaced (consecutive batches, or a rank's share of them), else a list of such
+        views, one per evenly spaced run of ``items`` in order.
 
         Raises:
             IndexError: an index out of range (now).
@@ -432,12 +432,8 @@ class BatchFileReader(RemoteItems, OpensOnFirstUse, BatchReader):
             return pool.call(lambda: [self._view_i32(i) for i in idx.tolist()])
         ticket = self._slots.check_async(pool, idx, True)
         views = self._slots.int32_views
-        step = int(idx[1] - idx[0]) if idx.size > 1 else 1
-        if idx.size and step > 0 and (idx.size < 3 or (np.diff(idx) == step).all()):
-            out: Any = views[int(idx[0]):int(idx[-1]) + 1:step]
-        else:
-            out = [views[i] for i in idx.tolist()]
-        return _Views(ticket, out)
+        runs = [views[a:b + 1:step] for a, b, step in _even_runs(idx.tolist())]
+        return _Views(ticket, runs[0] if len(runs) == 1 else runs)
 
     def advise(self, start: int, stop: int, advice: str = "willneed") -> None:
         """Hint the kernel about batches ``[start, stop)``: ``"willneed"`` reads them ahead
@@ -556,6 +552,21 @@ class BatchFileReader(RemoteItems, OpensOnFirstUse, BatchReader):
 
 def _closed(*args: Any, **kwargs: Any) -> Any:
     raise ConfigError("the reader is closed", field="reader")
+
+
+def _even_runs(items: list[int]) -> list[tuple[int, int, int]]:
+    """``(first, last, step)`` of the maximal evenly spaced increasing runs of ``items``, in
+    order (a block shuffle's reads are consecutive batches but at a block's end)."""
+    out: list[tuple[int, int, int]] = []
+    i, n = 0, len(items)
+    while i < n:
+        j = i + 1
+        step = items[j] - items[i] if j < n and items[j] > items[i] else 1
+        while j < n and items[j] - items[j - 1] == step:
+            j += 1
+        out.append((items[i], items[j - 1], step))
+        i = j
+    return out
 
 
 class _Views:

@@ -16,7 +16,7 @@ from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError
 from zerobatch.samplers import GlobalRandomOrder, IndexOrder, IndexSampler, Schedule, SequentialOrder
 
-__all__ = ["CHUNK_BYTES", "IGNORE_INDEX", "VIEW_STEPS", "Array", "Output", "OutputPlan", "ReadTicket", "Source", "Value", "build", "leaves",
+__all__ = ["CHUNK_BYTES", "IGNORE_INDEX", "VIEW_STEPS", "Array", "Output", "OutputPlan", "ReadTicket", "Source", "StackedRuns", "Value", "build", "leaves",
            "open_reader"]
 
 #: Bytes one read-ahead job fills when steps can be read together (amortizes the hand-off
@@ -287,6 +287,12 @@ class Source(ABC):
     def __setstate__(self, d: dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._pools_lock = threading.Lock()
+
+
+class StackedRuns(list):
+    """A read's result in runs: each a dict of arrays with a leading step axis (as a stacked
+    read's), the runs' steps in order (views of a file whose steps are evenly spaced within a
+    run: each run costs one conversion, not one per step)."""
 
 
 class ReadTicket:

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources._base import CHUNK_BYTES, Array, ReadTicket, Source, open_reader
+from zerobatch.adapters.sources._base import CHUNK_BYTES, Array, ReadTicket, Source, StackedRuns, open_reader
 from zerobatch.core.checks import check_count
 from zerobatch.samplers import BlockShuffleOrder, IndexOrder
 
@@ -137,7 +137,7 @@ class _ViewTicket:
     def wait(self) -> Any:
         views = self.ticket.wait()
         if isinstance(views, list):
-            return [{"tokens": v} for v in views]
+            return StackedRuns({"tokens": v} for v in views)
         return {"tokens": views}
 
     def cancel(self) -> None:
