@@ -512,6 +512,10 @@ def chart(results: dict[str, dict[str, dict[str, float]]], limit: float, path: s
 # --targets: the first-pass figures of the speed issue, every system from a fresh start
 
 
+#: zerobatch loaders' read-ahead threads in --targets (None: the library's default).
+ZB_THREADS: int | None = None
+
+
 def _targets_data(root: str, n: int) -> dict[str, Any]:
     """The corpus in each layout the targets read: a TOKSTREAM stream (uint16, 1 KiB blocks),
     documents of lognormal lengths (median 600 tokens) as TOKSTREAM and as a flat token file,
@@ -547,7 +551,7 @@ def _w2_systems(d: dict[str, Any], args_batches: int) -> dict[str, Callable[[], 
 
     def zb(verify: bool, source: Any = None) -> Any:
         src = source or TokenWindows(d["stream"], SEQ, verify=verify)
-        ld = Loader(src, batch_size=BS, seed=11)
+        ld = Loader(src, batch_size=BS, seed=11, num_threads=ZB_THREADS)
 
         def check(k: int, b: Any) -> None:
             starts = ld.order.items(0, np.arange(k * BS, (k + 1) * BS)) * SEQ
@@ -562,8 +566,10 @@ def _w2_systems(d: dict[str, Any], args_batches: int) -> dict[str, Callable[[], 
         ds = Windows(d["memmap"])
         loader = torch.utils.data.DataLoader(ds, batch_size=BS, shuffle=True,
                                              generator=torch.Generator().manual_seed(11))
-        # RandomSampler's order: one permutation drawn from the generator
-        order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(11)).numpy()
+        # the DataLoader's draws replayed: its iterator's base seed, then RandomSampler's permutation
+        g = torch.Generator().manual_seed(11)
+        torch.empty((), dtype=torch.int64).random_(generator=g)
+        order = torch.randperm(len(ds), generator=g).numpy()
 
         def check(k: int, b: Any) -> None:
             want = windows_at(order[k * BS:(k + 1) * BS])
@@ -595,7 +601,7 @@ def _w3_systems(d: dict[str, Any]) -> dict[str, Callable[[], Any]]:
 
     def zb(verify: bool = True, lean: bool = False, source: Any = None) -> Any:
         src = source or FlatDocuments(d["docs"], verify=verify, position_ids=not lean, next_token=not lean)
-        ld = Loader(src, batch_size=BS, seed=11)
+        ld = Loader(src, batch_size=BS, seed=11, num_threads=ZB_THREADS)
 
         def check(k: int, b: Any) -> None:
             docs = ld.order.items(0, np.arange(k * BS, (k + 1) * BS))
@@ -655,7 +661,7 @@ def _w1_systems(d: dict[str, Any]) -> dict[str, Callable[[], Any]]:
 
     def zb(dtype: Any, source: Any = None) -> Any:
         src = source or LLMBatchSource(d["batch"])
-        ld = Loader(src, seed=11, dtype=dtype)
+        ld = Loader(src, seed=11, dtype=dtype, num_threads=ZB_THREADS)
 
         def check(k: int, b: Any) -> None:
             assert b.dtype == dtype and (b.numpy().reshape(-1) == file_batch(k)).all()
@@ -685,6 +691,7 @@ def targets(args: argparse.Namespace) -> None:
         work = {"W1 pre-batched": _w1_systems(d), "W2 random windows": _w2_systems(d, args.batches),
                 "W3 whole documents": _w3_systems(d)}
         rates: dict[str, dict[str, list[float]]] = {w: {} for w in work}
+        steps_of: dict[str, dict[str, list[float]]] = {w: {} for w in work}
         for rnd in range(args.rounds):
             for wl, systems in work.items():
                 names = list(systems)
@@ -696,8 +703,9 @@ def targets(args: argparse.Namespace) -> None:
                     t0 = time.perf_counter()
                     for _ in range(args.batches):
                         toks += _real_tokens(next(it))
-                    rate = toks / (time.perf_counter() - t0)
-                    rates[wl].setdefault(name, []).append(rate)
+                    dt = time.perf_counter() - t0
+                    rates[wl].setdefault(name, []).append(toks / dt)
+                    steps_of[wl].setdefault(name, []).append(dt / args.batches)
                     del it, first
                     if src is not None:             # the same steps again, over the checked source
                         it = _second(systems, name, src)
@@ -706,7 +714,9 @@ def targets(args: argparse.Namespace) -> None:
                         t0 = time.perf_counter()
                         for _ in range(args.batches):
                             toks += _real_tokens(next(it))
-                        rates[wl].setdefault(name + " (second pass)", []).append(toks / (time.perf_counter() - t0))
+                        dt = time.perf_counter() - t0
+                        rates[wl].setdefault(name + " (second pass)", []).append(toks / dt)
+                        steps_of[wl].setdefault(name + " (second pass)", []).append(dt / args.batches)
                         del it
                         src.close()
                     gc.collect()
@@ -722,12 +732,14 @@ def targets(args: argparse.Namespace) -> None:
         out: dict[str, Any] = {}
         for wl, res in rates.items():
             peers = [k for k in res if not k.startswith("zerobatch")]
-            print(f"\n{wl}: M tokens/s (median of {args.rounds} rounds), ratio to the best peer of each round")
+            print(f"\n{wl}: M tokens/s and us a step (median of {args.rounds} rounds), ratio to the best peer of "
+                  f"each round")
             for name, vals in res.items():
                 ratios = [v / max(res[p][r] for p in peers) for r, v in enumerate(vals)]
-                line = f"  {name:58s} {statistics.median(vals) / 1e6:9.1f}"
+                per_step = statistics.median(steps_of[wl][name]) * 1e6 if steps_of[wl].get(name) else 0.0
+                line = f"  {name:66s} {statistics.median(vals) / 1e6:9.1f} {per_step:8.1f}"
                 if name.startswith("zerobatch"):
-                    line += f"   {statistics.median(ratios):6.2f}x  ({min(ratios):.2f}-{max(ratios):.2f})"
+                    line += f"  {statistics.median(ratios):6.2f}x  ({min(ratios):.2f}-{max(ratios):.2f})"
                 print(line)
                 out.setdefault(wl, {})[name] = {"rates": vals, "ratios_to_best_peer": ratios}
             for name in res:
@@ -756,7 +768,7 @@ def _second(systems: dict[str, Callable[[], Any]], name: str, src: Any) -> Itera
     from zerobatch.adapters.torch import Loader
     dtype = torch.int32 if "int32" in name else torch.int64
     batch = None if "BatchNative" in name else BS
-    return iter(Loader(src, batch_size=batch, seed=11, dtype=dtype))
+    return iter(Loader(src, batch_size=batch, seed=11, dtype=dtype, num_threads=ZB_THREADS))
 
 
 def _open_to_first_batch(path: str) -> tuple[float, float]:
@@ -795,6 +807,8 @@ def main() -> None:
     ap.add_argument("--out", help="write OUT.json, OUT.png and OUT-table.md")
     ap.add_argument("--step-ms", type=float, default=50.0, help="training-loop simulation: compute per step")
     ap.add_argument("--steps", type=int, default=100, help="training-loop simulation: steps (0: skip it)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="--targets: zerobatch's read-ahead threads (default: the library's, CPUs - 1 up to 2)")
     ap.add_argument("--targets", action="store_true",
                     help="the first-pass figures instead (W1 pre-batched, W2 random windows, W3 whole documents, "
                          "open -> first batch): every system from a fresh start, --rounds interleaved rounds "
@@ -803,6 +817,8 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     if args.targets:
+        global ZB_THREADS
+        ZB_THREADS = args.threads
         targets(args)
         return
     workloads = [w.strip() for w in args.workloads.split(",")]

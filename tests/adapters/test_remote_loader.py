@@ -79,3 +79,20 @@ def test_dataloader_workers_read_the_store(remote):
     assert dl.multiprocessing_context is not None
     assert dl.multiprocessing_context.get_start_method() == "forkserver"
     assert [ids(b) for b in dl] == want
+
+
+def test_int32_views_of_a_batch_file_at_a_url(tmp_path, s3_endpoint):
+    # the int32 path of a file at a URL: each batch fetched and checked, then handed out as a view
+    from zerobatch.adapters.torch import BatchFileReader, LLMBatchSource
+    from zerobatch.writers.llmbatch import write_batch_file
+    (tmp_path / "up").mkdir()
+    write_batch_file(tmp_path / "up" / "t.batch", np.random.default_rng(2).integers(0, 50000, (4 * 30, 16),
+                                                                                    dtype=np.uint32), 4, 16, seed=1)
+    url = f"s3://{new_bucket(s3_endpoint)}"
+    upload(tmp_path / "up", url, options(s3_endpoint))
+    local = list(Loader(LLMBatchSource(tmp_path / "up" / "t.batch", block_size=4), dtype=torch.int32, seed=3))
+    far_reader = BatchFileReader(f"{url}/t.batch", storage_options=options(s3_endpoint), cache_dir=tmp_path / "cache")
+    far = list(Loader(LLMBatchSource(far_reader, block_size=4), dtype=torch.int32, seed=3, num_threads=2))
+    assert len(local) == len(far) == 30
+    assert all(a.dtype == b.dtype == torch.int32 and a.shape == b.shape == (4, 16) and torch.equal(a, b)
+               for a, b in zip(local, far, strict=True))

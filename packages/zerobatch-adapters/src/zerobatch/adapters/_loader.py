@@ -279,9 +279,8 @@ class BaseLoader:
         if plan is None or plan.output is not self.source.output:
             plan = self._output_plan = OutputPlan(self.source.output)
         if isinstance(result, dict):            # stacked: a leading step axis on every array
-            conv = {name: self._to_framework(v) for name, v in result.items()}
-            out = plan.steps([self._unstack(leaf.cut(conv[leaf.name])) for leaf in plan.leaves])
-        elif isinstance(result, StackedRuns):   # stacked runs, one after the other
+            result = StackedRuns([result])
+        if isinstance(result, StackedRuns):     # stacked runs, one after the other
             out = []
             for run in result:
                 conv = {name: self._to_framework(v) for name, v in run.items()}
@@ -456,11 +455,12 @@ class _Pass:
                 at += count
                 size *= 2
 
-    def _submit(self, items: np.ndarray, sources: np.ndarray | None, after: list[Any]) -> tuple[Any, list[Any]]:
+    def _submit(self, items: np.ndarray, sources: np.ndarray | None, after: list[Any], *,
+                here: bool = False) -> tuple[Any, list[Any]]:
         if items.shape[1] == 0:                 # this rank has nothing in a short last step
             return _Ready(None), after
         args = (items, self.dtype) if sources is None else (items, self.dtype, sources)
-        if self.pool is None:
+        if here or self.pool is None:
             return _Ready(self.source.read(*args)), after
         if sources is None and self.source.read_async is not None:
             ticket = self.source.read_async(self.pool, items, self.dtype)
@@ -486,12 +486,7 @@ class _Pass:
         plan = next(self._plan, None)
         if plan is None:
             return
-        items, sources, after = plan
-        result = None
-        if items.shape[1]:
-            result = self.source.read(items, self.dtype) if sources is None else \
-                self.source.read(items, self.dtype, sources)
-        yield _Ready(result), after
+        yield self._submit(*plan, here=True)
         self._first_alone = False
         self._fill()
         tickets = self._tickets

@@ -428,8 +428,8 @@ class BatchFileReader(RemoteItems, OpensOnFirstUse, BatchReader):
             IntegrityError, ConfigError: from ``wait()``, as :meth:`read_batch_numpy`.
         """
         idx = np.ascontiguousarray(items, dtype=np.int64).reshape(-1)
-        if self._copy is not None:         # a file at a URL: each batch fetched, then checked
-            return pool.call(lambda: [self._view_i32(i) for i in idx.tolist()])
+        if self._copy is not None:         # a file at a URL: each batch fetched, then checked (a run each)
+            return pool.call(lambda: [self._view_i32(i)[None] for i in idx.tolist()])
         ticket = self._slots.check_async(pool, idx, True)
         views = self._slots.int32_views
         runs = [views[a:b + 1:step] for a, b, step in _even_runs(idx.tolist())]

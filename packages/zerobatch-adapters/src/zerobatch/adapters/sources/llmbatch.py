@@ -127,7 +127,8 @@ class LLMBatchSource(Source):
 
 
 class _ViewTicket:
-    """A read of int32 views: stacked (one ``[steps, rows, seq_len]`` view) or per step."""
+    """A read of int32 views: stacked (one ``[steps, rows, seq_len]`` view), or in runs of
+    evenly spaced batches (:class:`StackedRuns`; a file read from a URL: one run a step)."""
 
     __slots__ = ("ticket",)
 
