@@ -18,8 +18,8 @@ import os
 import numpy as np
 import torch
 
-from zerobatch.adapters.torch import (FlatDocuments, LLMBatchSource, Loader, PackedDocuments, TokenDocuments,
-                                      TokenWindows)
+import zerobatch.adapters.torch as zt
+from zerobatch.adapters.torch import LLMBatchSource, Loader, TokenDocuments, TokenWindows
 from zerobatch.writers.llmbatch import write_batch_file
 from zerobatch.writers.tokstream import TokenStreamWriter
 
@@ -45,21 +45,26 @@ def _make() -> dict[str, str]:
     with TokenStreamWriter(paths["stream"], vocab_size=50257, shard_tokens=1 << 22) as w:
         w.add_document(tokens)
     with TokenStreamWriter(paths["docs"], vocab_size=50257, shard_tokens=1 << 22) as w:
-        w.add_documents(tokens[:int(lengths.sum())], lengths)
+        ends = np.cumsum(lengths)
+        for end, n in zip(ends.tolist(), lengths.tolist(), strict=True):
+            w.add_document(tokens[end - n:end])
     write_batch_file(paths["batch"], tokens.reshape(-1, SEQ), BATCH, SEQ, seed=0)
     return paths
 
 
 def _loader(paths: dict[str, str], kind: str, seed: int, source=None):
     if source is None:
+        if kind in ("flat", "packed") and not hasattr(zt, "FlatDocuments"):
+            # an older release (the scheduled comparison's base) has no packing sources
+            raise NotImplementedError(f"this zerobatch has no {kind} source")
         if kind == "windows":
             source = TokenWindows(paths["stream"], SEQ)
         elif kind == "flat":
-            source = FlatDocuments(paths["docs"])
+            source = zt.FlatDocuments(paths["docs"])
         elif kind == "documents":
             source = TokenDocuments(paths["docs"], SEQ)
         elif kind == "packed":
-            source = PackedDocuments(paths["docs"], SEQ)
+            source = zt.PackedDocuments(paths["docs"], SEQ)
         else:
             source = LLMBatchSource(paths["batch"])
     dtype = torch.int32 if kind == "batches_int32" else torch.int64

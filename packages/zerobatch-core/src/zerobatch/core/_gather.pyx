@@ -487,13 +487,29 @@ cdef class LLMBatchSlots:
         """
         return self._read_into(i, out)
 
-    cdef int _prepare(self, zb_llmbatch_gather *g, const int64_t[::1] idx, object out,
-                      Py_buffer *view) except -1:
-        cdef Py_ssize_t k = idx.shape[0], j
-        for j in range(k):
+    cdef int _check_indices(self, const int64_t[::1] idx) except -1:
+        cdef Py_ssize_t j
+        for j in range(idx.shape[0]):
             if idx[j] < 0 or <uint64_t>idx[j] >= self.num_batches:
                 raise OutOfRangeError(f"batch index {idx[j]} out of range [0, {self.num_batches})",
                                       path=self.path, field="index")
+        return 0
+
+    cdef GatherTicket _queue(self, GatherTicket t, TaskPool pool, object out):
+        # queue the prepared gather t.g on pool; the ticket keeps everything it points into
+        t.slots = self
+        t.out = out
+        t.pool = pool
+        t.task.fn = zb_llmbatch_gather_run
+        t.task.arg = &t.g
+        pool.submit(&t.task)
+        t.submitted = True
+        return t
+
+    cdef int _prepare(self, zb_llmbatch_gather *g, const int64_t[::1] idx, object out,
+                      Py_buffer *view) except -1:
+        cdef Py_ssize_t k = idx.shape[0]
+        self._check_indices(idx)
         g[0] = self._g
         g.kind = _acquire_out(out, view, k * self.tokens_per_batch, "gather")
         g.itemsize = view.itemsize
@@ -536,14 +552,7 @@ cdef class LLMBatchSlots:
         t.idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
         self._prepare(&t.g, t.idx, out, &t.view)
         t.has_view = True
-        t.slots = self
-        t.out = out
-        t.pool = pool
-        t.task.fn = zb_llmbatch_gather_run
-        t.task.arg = &t.g
-        pool.submit(&t.task)
-        t.submitted = True
-        return t
+        return self._queue(t, pool, out)
 
     def check_async(self, TaskPool pool, indices, bint int32=False):
         """Check the batches at ``indices`` (their checksums, and with ``int32`` that every id
@@ -558,24 +567,14 @@ cdef class LLMBatchSlots:
         """
         cdef GatherTicket t = GatherTicket.__new__(GatherTicket)
         t.idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
-        cdef Py_ssize_t k = t.idx.shape[0], j
-        for j in range(k):
-            if t.idx[j] < 0 or <uint64_t>t.idx[j] >= self.num_batches:
-                raise OutOfRangeError(f"batch index {t.idx[j]} out of range [0, {self.num_batches})",
-                                      path=self.path, field="index")
+        cdef Py_ssize_t k = t.idx.shape[0]
+        self._check_indices(t.idx)
         t.g = self._g
         t.g.out = NULL
         t.g.kind = ZB_OUT_INT32 if int32 and not self.int32_safe else 0
         t.g.items = &t.idx[0] if k else NULL
         t.g.count = k
-        t.slots = self
-        t.out = None
-        t.pool = pool
-        t.task.fn = zb_llmbatch_gather_run
-        t.task.arg = &t.g
-        pool.submit(&t.task)
-        t.submitted = True
-        return t
+        return self._queue(t, pool, None)
 
     @property
     def int32_views(self):

@@ -295,10 +295,7 @@ class WindowGather:
             if x < 0 or y < x or y > self.total:
                 raise OutOfRangeError(f"range [{x}, {y}) is not within [0, {self.total})", field="starts")
         total = int((b - a).sum())
-        if not isinstance(out, np.ndarray) or out.dtype not in (np.int64, np.int32) or out.size != total \
-                or not out.flags.c_contiguous or not out.flags.writeable:
-            raise ConfigError(f"out must be a writable C-contiguous int64 or int32 array of {total} elements",
-                              field="out")
+        _check_out(out, total)
         if position_ids is not None:
             if not isinstance(position_ids, np.ndarray) or position_ids.dtype not in (np.int64, np.int32):
                 raise ConfigError(f"position_ids must be a writable C-contiguous int32 array of {total} elements",
@@ -379,10 +376,7 @@ class WindowGather:
             raise ConfigError("gather_async: this dataset is read through descriptors", field="fds")
         L = check_count(length, "length")
         st = as_positions(starts, "starts")
-        if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable \
-                or out.dtype not in (np.int64, np.int32) or out.size != st.size * L:
-            raise ConfigError(f"out must be a writable C-contiguous int64 or int32 array of {st.size * L} elements",
-                              field="out")
+        _check_out(out, st.size * L)
         return WindowTicket(pool.call(lambda: self.gather(st, L, out)))
 
     def metadata_ids(self, starts: Any, length: Any, ids: Any = None, out: Any = None,
@@ -464,6 +458,13 @@ def _pieces(c: np.ndarray, pos: int, L: int) -> list[tuple[int, int, int]]:
     return out
 
 
+def _check_out(out: Any, n: int) -> None:
+    """A gather's token output: a writable C-contiguous ``int64`` / ``int32`` array of ``n``."""
+    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable \
+            or out.dtype not in (np.int64, np.int32) or out.size != n:
+        raise ConfigError(f"out must be a writable C-contiguous int64 or int32 array of {n} elements", field="out")
+
+
 def _check_buffer(buf: Any, dtype: Any, shape: tuple[int, ...], name: str) -> None:
     if not isinstance(buf, np.ndarray) or buf.dtype != np.dtype(dtype) or not buf.flags.c_contiguous \
             or not buf.flags.writeable or (buf.size != int(np.prod(shape)) if len(shape) == 1 else buf.shape != shape):
@@ -530,10 +531,7 @@ def gather_windows(bases: Any, cum: Any, itemsize: int, token_size: int, vocab: 
         raise ConfigError(f"itemsize {itemsize} / token_size {token_size} is not a record layout", field="itemsize")
     L = check_count(length, "length")
     st = as_positions(starts, "starts")
-    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable \
-            or out.dtype not in (np.int64, np.int32) or out.size != st.size * L:
-        raise ConfigError(f"out must be a writable C-contiguous int64 or int32 array of {st.size * L} elements",
-                          field="out")
+    _check_out(out, st.size * L)
     total = int(c[-1])
     if st.size and (st.min() < 0 or st.max() > total - L):
         raise OutOfRangeError(f"a window of {L} tokens falls outside [0, {total})", field="starts")
