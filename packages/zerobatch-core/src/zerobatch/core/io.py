@@ -43,6 +43,7 @@ __all__ = [
     "fsync_dir",
     "grow_file",
     "io_call",
+    "local_destination",
     "open_regular_file",
     "pread_exact",
     "pwrite_all",
@@ -114,6 +115,32 @@ def io_call(name: str, func: Callable[..., T], *args: Any) -> T:
     return result
 
 
+#: URL schemes a local write must not take for a relative path (``s3://b/x`` would become the
+#: folder ``./s3:/b/x``); the same list as :data:`zerobatch.core.remote.SCHEMES`.
+_URL_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "http", "https")
+
+
+def local_destination(path: str | os.PathLike[str], *, field: str = "path") -> str | os.PathLike[str]:
+    """``path`` as a local path to write to: a ``file://`` URL as its path; an object-store
+    URL refused (a writer of local files would otherwise write a folder named ``s3:`` in the
+    working directory while its user believes the data uploaded).
+
+    Raises:
+        ConfigError: an object-store URL, naming the ways to write there.
+    """
+    if isinstance(path, str) and "://" in path:
+        scheme = path.partition("://")[0].lower()
+        if scheme == "file":
+            from zerobatch.core.remote import local_path
+            return str(local_path(path))
+        if scheme in _URL_SCHEMES:
+            raise ConfigError(f"{field}: a {scheme}:// URL; this writes local files: write locally, then publish with "
+                              "zerobatch.writers.remote (publish_tokstream, publish_file, publish_folder, "
+                              "publish_zrecord), or give TokenStreamWriter or `zerobatch convert` the URL",
+                              path=f"{scheme}://", field=field)
+    return path
+
+
 def make_folder(path: str | os.PathLike[str], *, field: str = "path") -> str:
     """Create the folder ``path`` (and its parents) unless it exists; returns its absolute path.
 
@@ -122,7 +149,7 @@ def make_folder(path: str | os.PathLike[str], *, field: str = "path") -> str:
             socket, a link to one, a symlink loop or a dangling link).
         WriteError: the folder cannot be created (``EACCES`` in a read-only parent ...).
     """
-    p = os.path.abspath(os.fspath(path))
+    p = os.path.abspath(os.fspath(local_destination(path, field=field)))
     if os.path.islink(p) and not os.path.isdir(p):
         raise ConfigError("path: a symlink that does not lead to a folder (dangling, or a loop)", path=p,
                           field=field)
@@ -449,7 +476,7 @@ class AtomicFile:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, mode: int = 0o644) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = os.path.abspath(os.fspath(local_destination(path, field="output_path")))
         folder = os.path.dirname(self.path)
         if os.path.isdir(self.path):
             raise ConfigError("output_path: is a directory", path=self.path, field="output_path")

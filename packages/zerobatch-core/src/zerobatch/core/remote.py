@@ -41,15 +41,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import re
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from zerobatch.formats.errors import ConfigError, NotFoundError, ReadError, TruncatedError, WriteError
+from zerobatch.formats.errors import ConfigError, NotFoundError, ReadError, TruncatedError, WriteError, scrub
 
-__all__ = ["SCHEMES", "ObjectStore", "RetryPolicy", "is_url", "local_path", "redact", "split_url"]
+__all__ = ["SCHEMES", "ObjectStore", "RetryPolicy", "check_url", "is_url", "local_path", "redact", "split_url"]
 
 #: URL schemes opened through obstore (``file://`` URLs are local paths).
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "http", "https")
@@ -73,27 +74,71 @@ def is_url(path: Any) -> bool:
 def local_path(path: Any) -> Any:
     """``file:///x`` as ``/x`` (percent-decoded); anything else unchanged."""
     if isinstance(path, str) and path[:7].lower() == "file://":
-        parsed = urllib.parse.urlparse(path)
-        if parsed.netloc not in ("", "localhost"):
-            raise ConfigError(f"file URL {path!r}: only local files (file:///path) are supported", field="path")
-        return urllib.parse.unquote(parsed.path)
+        authority = _authority(path)
+        if authority not in ("", "localhost"):
+            # the authority is not printed: it may be user information
+            raise ConfigError("file URL: only local files (file:///path) are supported, not a host or user "
+                              "information before the path", path="file://", field="path")
+        return urllib.parse.unquote(urllib.parse.urlsplit(path).path)
     return path
+
+
+def _authority(url: str) -> str:
+    """What follows ``scheme://`` up to the first ``/``, ``?`` or ``#`` (``urlsplit``'s netloc),
+    without ``urlsplit``'s port parsing: its error would quote the text after ``:``, which in
+    ``s3://KEY:SECRET@bucket`` is a secret."""
+    rest = url.partition("://")[2]
+    return re.split(r"[/?#]", rest, maxsplit=1)[0]
+
+
+#: What may stand between ``scheme://`` and the path: a bucket (S3, GCS), a container with an
+#: optional ``@account`` (Azure's ``abfss://filesystem@account...``), or ``host[:port]``.
+_BUCKET = re.compile(r"[A-Za-z0-9._\-]+\Z")
+_CONTAINER = re.compile(r"[A-Za-z0-9._\-]+(@[A-Za-z0-9._\-]+)?\Z")
+_HOST = re.compile(r"([A-Za-z0-9._~%\-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?\Z")
+_AZURE = ("az", "azure", "abfs", "abfss", "adl")
+
+
+def check_url(url: str, *, field: str = "path", what: str = "a dataset URL") -> None:
+    """Refuse a URL whose part before the path is not a bucket, container or ``host[:port]``:
+    above all user information (``s3://KEY:SECRET@bucket``, ``http://user:pw@host``), which
+    obstore would take as a host or port (and quote in its errors). Credentials go in the
+    environment or ``storage_options``. The message quotes no part of the refused text.
+
+    Raises:
+        ConfigError: naming ``field`` and the URL's scheme only.
+    """
+    scheme = url.partition("://")[0].lower()
+    if scheme == "file":
+        local_path(url)
+        return
+    authority = _authority(url)
+    pattern = _HOST if scheme in ("http", "https") else _CONTAINER if scheme in _AZURE else _BUCKET
+    if pattern.match(authority):
+        return
+    if "@" in url.split("?", 1)[0] or ":" in authority:
+        why = ("holds user information (a name or secret before '@'): credentials in a URL are refused; give "
+               "them in the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, ...) or storage_options")
+    else:
+        why = "has no valid bucket or host[:port] after the scheme"
+    raise ConfigError(f"{field}: {what} {why} (no part of it is printed)", path=f"{scheme}://", field=field)
 
 
 def redact(url: str) -> str:
     """``url`` without user information, query string or fragment (they may hold secrets)."""
-    try:
-        p = urllib.parse.urlsplit(url)
-    except ValueError:
+    if "://" not in url:
         return "<url>"
-    host = p.hostname or ""
-    if p.port:
-        host = f"{host}:{p.port}"
-    return urllib.parse.urlunsplit((p.scheme, host, p.path, "", ""))
+    scheme, _, rest = scrub(url).partition("://")
+    return f"{scheme}://{re.split(r'[?#]', rest.removeprefix('***@'), maxsplit=1)[0]}"
 
 
 def split_url(url: str) -> tuple[str, str]:
-    """``(root, key)``: the store's root URL (``s3://bucket``) and the path under it."""
+    """``(root, key)``: the store's root URL (``s3://bucket``) and the path under it.
+
+    Raises:
+        ConfigError: user information or no valid bucket or host (:func:`check_url`).
+    """
+    check_url(url)
     p = urllib.parse.urlsplit(url)
     if p.scheme.lower() in ("http", "https"):
         return urllib.parse.urlunsplit((p.scheme, p.netloc, "", "", "")), p.path.strip("/")
@@ -156,8 +201,21 @@ def _fatal(exc: BaseException) -> bool:
     """Errors a retry cannot heal: a missing object, refused credentials, bad configuration."""
     name = type(exc).__name__
     return isinstance(exc, (FileNotFoundError, PermissionError, ValueError, TypeError)) or name in (
-        "PermissionDeniedError", "UnauthenticatedError", "UnknownConfigurationKeyError", "InvalidPathError",
+        "PanicException", "PermissionDeniedError", "UnauthenticatedError", "UnknownConfigurationKeyError", "InvalidPathError",
         "NotSupportedError", "PreconditionError", "AlreadyExistsError", "NotFoundError")
+
+
+def _check_endpoints(options: dict[str, Any]) -> None:
+    """Refuse an endpoint URL with user information (``AWS_ENDPOINT_URL=http://KEY:SECRET@host``)
+    at once: obstore would panic on every request, and each of the retries would print a
+    backtrace."""
+    named = [(f"storage_options[{k!r}]", v) for k, v in options.items() if isinstance(v, str) and "://" in v]
+    named += [(k, v) for k, v in os.environ.items()
+              if k.startswith(("AWS_", "AZURE_", "GOOGLE_", "OBJECT_STORE_")) and "ENDPOINT" in k and "://" in v]
+    for name, value in named:
+        scheme = value.partition("://")[0].lower()
+        if scheme in ("http", "https") and not _HOST.match(_authority(value)):
+            check_url(value, field=name, what="an endpoint URL")
 
 
 class ObjectStore:
@@ -179,6 +237,8 @@ class ObjectStore:
             raise ConfigError(f"not an object-store URL: {redact(str(url))!r}", field="path")
         if storage_options is not None and not isinstance(storage_options, dict):
             raise ConfigError("storage_options must be a dict of obstore configuration keys", field="storage_options")
+        check_url(url)
+        _check_endpoints(storage_options or {})
         self.root = url.rstrip("/")
         self.url = redact(self.root)
         self._options = dict(storage_options or {})

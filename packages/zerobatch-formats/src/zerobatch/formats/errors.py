@@ -17,6 +17,7 @@ Messages are written in words stable enough for ``pytest.raises(..., match=...)`
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 __all__ = [
@@ -33,16 +34,47 @@ __all__ = [
     "UnsupportedVersionError",
     "WriteError",
     "ZerobatchError",
+    "scrub",
 ]
+
+# a URL: ``scheme://`` and what follows up to a space or a quote
+_URL = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^\s'\"]*)")
+
+
+def _scrub_url(m: re.Match[str]) -> str:
+    scheme, rest = m.group(1), m.group(2)
+    # user information ends at the last '@' whose text before it holds a ':' (user:secret)
+    # or no '/' (a token): a secret may itself hold '@', '/', '?' or '#'; a '@' deeper in a
+    # path (``s3://bucket/a@b``) is part of an object's name and stays
+    at = rest.rfind("@")
+    while at >= 0:
+        info = rest[:at]
+        if ":" in info or "/" not in info:
+            rest = "***@" + rest[at + 1:]
+            break
+        at = rest.rfind("@", 0, at)
+    q = rest.find("?")           # a query string: a signed URL's signature, a SAS token
+    if q >= 0:
+        rest = rest[:q] + "?***"
+    return scheme + rest
+
+
+def scrub(text: str) -> str:
+    """``text`` with the user information of any URL in it (``s3://KEY:SECRET@bucket``,
+    ``http://user:pa/ss@host``) and its query string (a signature, a SAS token) replaced by
+    ``***``: no error message carries a credential written into a URL, whatever raised it."""
+    if "://" not in text or ("@" not in text and "?" not in text):
+        return text
+    return _URL.sub(_scrub_url, text)
 
 
 def _fspath(path: Any) -> str | None:
     if path is None:
         return None
     try:
-        return os.fsdecode(os.fspath(path))
+        return scrub(os.fsdecode(os.fspath(path)))
     except TypeError:
-        return str(path)
+        return scrub(str(path))
 
 
 class ZerobatchError(Exception):
@@ -55,6 +87,7 @@ class ZerobatchError(Exception):
     """
 
     def __init__(self, message: str, *, path: Any = None, field: str | None = None) -> None:
+        message = scrub(message)
         super().__init__(message)
         self.message = message
         self.path = _fspath(path)

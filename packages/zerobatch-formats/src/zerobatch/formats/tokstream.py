@@ -211,6 +211,10 @@ class DatasetManifest:
     shards: tuple[ShardEntry, ...]
     #: the checksum block size (version 2); ``None`` for a version 1 dataset (16 MiB chunks)
     checksum_block: int | None = None
+    #: the build id of the dataset's loss mask (``loss_mask/``, ``convert --chat``), which
+    #: binds the mask to these tokens: a mask with another build id, or none, is damage.
+    #: ``None``: no mask, or one written before masks were bound (matched by geometry only).
+    loss_mask: str | None = None
 
     @property
     def version(self) -> int:
@@ -249,19 +253,25 @@ class DatasetManifest:
             "version": self.version,
             **self.options(),
             "build_id": self.build_id,
+            **({"loss_mask": {"build_id": self.loss_mask}} if self.loss_mask is not None else {}),
             "num_tokens": self.num_tokens,
             "num_documents": self.num_documents,
             "shards": [s.to_dict() for s in self.shards],
         }
 
 
-def build_id_material(options: dict[str, Any], shards: Sequence[ShardEntry]) -> tuple[bytes, bytes]:
+def build_id_material(options: dict[str, Any], shards: Sequence[ShardEntry], *,
+                      loss_mask: str | None = None) -> tuple[bytes, bytes]:
     """What a dataset's ``build_id`` hashes: its 32 hex digits are XXH3-64 of the first value
     (the shards' build ids, back to back) then XXH3-64 of the second (the canonical JSON of
-    the dataset options and every shard entry). Every field of ``manifest.json`` that reads
-    depend on is thus covered, and a reader recomputes it at open."""
+    the dataset options, every shard entry and, when the dataset has one, its loss mask's
+    build id). Every field of ``manifest.json`` that reads depend on is thus covered, and a
+    reader recomputes it at open."""
     ids = b"".join(bytes.fromhex(e.build_id) for e in shards)
-    record = {"options": {k: options[k] for k in sorted(options)}, "shards": [e.to_dict() for e in shards]}
+    record: dict[str, Any] = {"options": {k: options[k] for k in sorted(options)},
+                              "shards": [e.to_dict() for e in shards]}
+    if loss_mask is not None:
+        record["loss_mask"] = loss_mask
     return ids, json.dumps(record, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
@@ -471,6 +481,9 @@ def parse_manifest(raw: bytes, *, path: Any = None) -> DatasetManifest:
     f = _Fields(d, path)
     options = _options(f, _check_header(f))
     build_id = f.str("build_id", _HEX128)
+    loss_mask = None
+    if "loss_mask" in d:
+        loss_mask = _Fields(f.dict("loss_mask"), path, "loss_mask.").str("build_id", _HEX128)
     raw_shards = f.list("shards")
     if len(raw_shards) > MAX_SHARDS:
         raise LimitExceededError(f"shards: {len(raw_shards)} exceeds {MAX_SHARDS}", path=path, field="shards")
@@ -484,7 +497,7 @@ def parse_manifest(raw: bytes, *, path: Any = None) -> DatasetManifest:
     total_tokens = sum(s.num_tokens for s in shards)
     if total_tokens > _I63:
         raise LimitExceededError(f"num_tokens: {total_tokens} exceeds 2**63 - 1", path=path, field="num_tokens")
-    m = DatasetManifest(shards=shards, build_id=build_id, **options)
+    m = DatasetManifest(shards=shards, build_id=build_id, loss_mask=loss_mask, **options)
     if f.int("num_tokens") != m.num_tokens:
         raise CorruptError(f"num_tokens: {d['num_tokens']} is not the shards' sum {m.num_tokens}", path=path,
                            field="num_tokens")

@@ -171,7 +171,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                                     field="manifest") from None
         self.manifest = T.parse_manifest(raw, path=path)
         m = self.manifest
-        ids, record = T.build_id_material(m.options(), m.shards)
+        ids, record = T.build_id_material(m.options(), m.shards, loss_mask=m.loss_mask)
         if f"{xxh3_64(ids):016x}{xxh3_64(record):016x}" != m.build_id:
             raise CorruptError("build_id: the manifest does not hash to its build id (a field was changed after "
                                "assemble)", path=path, field="build_id")
@@ -984,22 +984,40 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
 
 def open_loss_mask(reader: TokenStreamReader) -> TokenStreamReader:
     """The loss mask of the chat dataset ``reader`` reads (``<dataset>/loss_mask``: a
-    TOKSTREAM dataset of one 0/1 per token, written by ``convert --chat``), checked to have
-    the dataset's shards and documents.
+    TOKSTREAM dataset of one 0/1 per token, written by ``convert --chat``), checked to be the
+    one its manifest names (``loss_mask.build_id``: the mask's own build id, which covers
+    every byte of it) and to have the dataset's shards and documents.
 
     Raises:
         NotFoundError: the dataset has no loss mask (not converted with ``--chat``).
-        CorruptError: a mask of another dataset.
+        CorruptError: a mask of another dataset or build; a mask the manifest names that is
+            missing; a ``loss_mask/`` folder without a readable mask.
     """
     remote = reader._store is not None
     base = reader._store.root if reader._store is not None else reader.folder
     path = f"{base.rstrip('/')}/{LOSS_MASK_DIR}" if remote else os.path.join(base, LOSS_MASK_DIR)
     options = {k: v for k, v in reader._remote_options.items() if v is not None} if remote else {}
+    bound = reader.manifest.loss_mask
     try:
         mask = TokenStreamReader(path, verify=reader.verify_checksums, **options)
-    except NotFoundError:
+    except NotFoundError as exc:
+        if exc.path and os.path.basename(exc.path.rstrip("/")) not in (T.MANIFEST_NAME, LOSS_MASK_DIR):
+            # the mask's manifest is there but a file it names is not
+            raise CorruptError(f"loss_mask: {exc.message} (a damaged mask)", path=exc.path,
+                               field="loss_mask") from None
+        if bound is not None:
+            raise CorruptError(f"loss_mask: the dataset's manifest names a loss mask (build {bound}) but "
+                               f"{LOSS_MASK_DIR}/manifest.json is missing (a damaged or deleted mask)", path=path,
+                               field="loss_mask") from None
+        if not remote and os.path.lexists(path) and (not os.path.isdir(path) or os.listdir(path)):
+            raise CorruptError(f"loss_mask: {LOSS_MASK_DIR}/ is there but holds no readable mask (its manifest.json "
+                               "is missing): a damaged mask", path=path, field="loss_mask") from None
         raise NotFoundError("loss_mask: the dataset has no loss mask (convert chat data with --chat)", path=path,
                             field="loss_mask") from None
+    if bound is not None and mask.manifest.build_id != bound:
+        mask.close()
+        raise CorruptError(f"loss_mask: its build id {mask.manifest.build_id} is not the {bound} the dataset's "
+                           "manifest names (the mask of another dataset or build)", path=path, field="loss_mask")
     theirs = [(s.num_tokens, s.num_documents) for s in mask.manifest.shards]
     ours = [(s.num_tokens, s.num_documents) for s in reader.manifest.shards]
     if theirs != ours:

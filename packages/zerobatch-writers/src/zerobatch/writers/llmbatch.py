@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from zerobatch.core import hash_slots, llmbatch_geometry, max_u32, pack_llmbatch_header, xxh3_64
-from zerobatch.core.io import AtomicFile
+from zerobatch.core.io import AtomicFile, local_destination
 from zerobatch.formats import llmbatch as L
 from zerobatch.formats.errors import ConfigError, LimitExceededError
 
@@ -143,7 +143,7 @@ class LLMBatchWriter:
         self.seq_len = seq_len
         self.seed = _check_seed32(seed)
         self.total_records = None if total_records is None else _check_records(total_records, "total_records")
-        self.path = os.fspath(output_path)
+        self.path = os.fspath(local_destination(output_path, field="output_path"))
         self.num_batches = 0
         self.max_token = 0
         self._checksums: list[np.ndarray] = []

@@ -19,7 +19,7 @@ import numpy as np
 
 from zerobatch.core import hash_slots, xxh3_64
 from zerobatch.core.digest import BlockDigest
-from zerobatch.core.io import AtomicFile
+from zerobatch.core.io import AtomicFile, local_destination
 from zerobatch.formats import llmchnk as C
 from zerobatch.formats.errors import ConfigError, LimitExceededError
 
@@ -62,7 +62,7 @@ class LLMChunkWriter:
             raise ConfigError(f"dtype must be 'uint32' or 'uint16', got {dtype!r}", field="dtype")
         if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or not 0 <= seq_len < 2**32:
             raise ConfigError(f"seq_len must be an integer in [0, 2**32), got {seq_len!r}", field="seq_len")
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = os.path.abspath(os.fspath(local_destination(path)))
         self.seq_len = int(seq_len)
         self.dtype = _DTYPE_CODES[dtype]
         self.np_dtype, self.itemsize = C.DTYPES[self.dtype]

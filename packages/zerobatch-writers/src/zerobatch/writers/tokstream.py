@@ -25,15 +25,15 @@ import json
 import os
 import pickle
 import re
-import secrets
 import shutil
+import tempfile
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from zerobatch.core import hash_slots, max_u32, xxh3_64
-from zerobatch.core.io import AtomicFile, make_folder, read_document
+from zerobatch.core.io import AtomicFile, local_destination, make_folder, read_document
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import ConfigError, FormatError, LimitExceededError, NotFoundError, ReadError
 
@@ -170,13 +170,19 @@ class ShardWriter:
             raise ConfigError(f"codec must be one of {T.CODECS}, got {codec!r}", field="codec")
         self.codec = codec if self.metadata else None
         self.name = name
-        self.path = make_folder(os.path.join(os.path.abspath(os.fspath(folder)), name))
+        self.path = make_folder(os.path.join(os.path.abspath(os.fspath(local_destination(folder, field="folder"))),
+                                             name))
         if os.path.lexists(os.path.join(self.path, T.SHARD_MANIFEST_NAME)):
             raise ConfigError(f"name: shard {name!r} already exists in this dataset", path=self.path, field="name")
         if build_seed is not None and not isinstance(build_seed, bytes):
             raise ConfigError("build_seed must be bytes", field="build_seed")
-        # a build id drawn at random, or derived from the seed and the name (reproducible builds)
-        self._build = secrets.token_bytes(16) if build_seed is None else \
+        # derived from the seed and the name (distributed preparation binds parts to their
+        # plan and unit this way); without a seed, from the shard's contents at close, so two
+        # writes of the same documents with the same options get the same build id (a loader
+        # state resumes on a re-tokenized copy). A placeholder until then: trailers are
+        # written at close.
+        self._seeded = build_seed is not None
+        self._build = bytes(16) if build_seed is None else \
             hashlib.blake2b(name.encode("utf-8"), digest_size=16, key=hashlib.blake2b(build_seed).digest()).digest()
         self.dtype = np.dtype(T.record_dtype_descr(self.token_dtype, self.metadata))
         self.num_tokens = 0
@@ -321,6 +327,19 @@ class ShardWriter:
         return {"token_dtype": self.token_dtype, "vocab_size": self.vocab_size, "metadata": self.metadata,
                 "eod_token": self.eod_token, "codec": self.codec, "checksum_block": self.checksum_block}
 
+    def _content_id(self) -> bytes:
+        """The build id of a shard written without a seed: BLAKE2b-128 of its name, options,
+        counts and the block digests of every data file (what a reader checks its bytes
+        against), so equal contents give equal ids and any other contents another."""
+        h = hashlib.blake2b(digest_size=16, person=b"zb-tokstream-id")
+        h.update(json.dumps([self.name, self.options(), self.num_tokens, self.num_documents, self.num_metadata],
+                            sort_keys=True).encode("utf-8"))
+        for fname in sorted(self._files):
+            f = self._files[fname]
+            h.update(f"{fname}:{f.size}:".encode("utf-8"))
+            h.update(f.digests().tobytes())
+        return h.digest()
+
     def close(self) -> T.ShardEntry:
         """Finish the shard: commit every file, then ``shard.json``.
 
@@ -331,6 +350,10 @@ class ShardWriter:
             raise ConfigError("the shard is closed", path=self.path, field="shard")
         try:
             self._files["documents.index"].write(np.array([self.num_tokens], dtype="<u8"))
+            if not self._seeded:
+                self._build = self._content_id()
+                for f in self._files.values():
+                    f.build_id = self._build
             files = {fname: f.commit() for fname, f in self._files.items()}
             # the chunk digests of every data file, so that a reader checks chunks on first use
             sums = _HashedFile(os.path.join(self.path, "checksums.bin"), self._build, T.FILE_KINDS["checksums.bin"],
@@ -368,7 +391,8 @@ class ShardWriter:
             self.abort()
 
 
-def assemble(folder: str | os.PathLike[str], shards: Iterable[str] | None = None) -> T.DatasetManifest:
+def assemble(folder: str | os.PathLike[str], shards: Iterable[str] | None = None, *,
+             loss_mask: str | None = None) -> T.DatasetManifest:
     """Write ``folder/manifest.json`` from the shards' ``shard.json`` records.
 
     Reads only the small ``shard.json`` files (token data is never touched), checks that every
@@ -379,12 +403,14 @@ def assemble(folder: str | os.PathLike[str], shards: Iterable[str] | None = None
         folder: the dataset folder.
         shards: shard names in reading order (default: every sub-folder holding a
             ``shard.json``, sorted by name).
+        loss_mask: the build id of the dataset's loss mask (``folder/loss_mask``, assembled
+            before): the manifest names it, binding the mask to these tokens.
 
     Raises:
         NotFoundError: no shard, or a named shard without ``shard.json`` (unfinished).
         FormatError: a ``shard.json`` that is damaged or disagrees with the others.
     """
-    folder = os.path.abspath(os.fspath(folder))
+    folder = os.path.abspath(os.fspath(local_destination(folder, field="folder")))
     if shards is None:
         try:
             # a sub-folder with anything named shard.json is a finished shard (one whose
@@ -410,15 +436,16 @@ def assemble(folder: str | os.PathLike[str], shards: Iterable[str] | None = None
                 raise NotFoundError(f"shard {name!r} has no shard.json (unfinished or missing)", path=path,
                                     field="shards") from None
             yield str(name), raw, path
-    manifest = manifest_of(records())
+    manifest = manifest_of(records(), loss_mask=loss_mask)
     with AtomicFile(os.path.join(folder, T.MANIFEST_NAME)) as f:
         f.write(json.dumps(manifest.to_dict(), indent=1).encode("utf-8"))
     return manifest
 
 
-def manifest_of(shards: Iterable[tuple[str, bytes, Any]]) -> T.DatasetManifest:
+def manifest_of(shards: Iterable[tuple[str, bytes, Any]], *, loss_mask: str | None = None) -> T.DatasetManifest:
     """The dataset manifest of shards given as ``(name, shard.json bytes, where they came
-    from)`` in reading order (what :func:`assemble` writes; also for shards at a URL).
+    from)`` in reading order (what :func:`assemble` writes; also for shards at a URL), naming
+    the build id of its loss mask if it has one.
 
     Raises:
         FormatError: a ``shard.json`` that is damaged, names another shard, or disagrees with
@@ -439,9 +466,15 @@ def manifest_of(shards: Iterable[tuple[str, bytes, Any]]) -> T.DatasetManifest:
         entries.append(entry)
     if not entries:
         raise NotFoundError("no shard to assemble", field="shards")
-    ids, record = T.build_id_material(options, entries)
+    if loss_mask is not None and not (isinstance(loss_mask, str) and T._HEX128.match(loss_mask)):
+        raise ConfigError(f"loss_mask: a build id of 32 hex digits, got {loss_mask!r}", field="loss_mask")
+    ids, record = T.build_id_material(options, entries, loss_mask=loss_mask)
     build_id = f"{xxh3_64(ids):016x}{xxh3_64(record):016x}"
-    return T.DatasetManifest(shards=tuple(entries), build_id=build_id, **options)
+    return T.DatasetManifest(shards=tuple(entries), build_id=build_id, loss_mask=loss_mask, **options)
+
+
+def _object_url(path: Any) -> bool:
+    return isinstance(path, str) and "://" in path and path.partition("://")[0].lower() != "file"
 
 
 class TokenStreamWriter:
@@ -454,14 +487,36 @@ class TokenStreamWriter:
             :class:`ShardWriter`.
         shard_tokens: start a new shard once the current one holds this many tokens.
         prefix: shard names are ``f"{prefix}{k:05d}"``.
+        storage_options, overwrite: for a ``folder`` at a URL (``s3://bucket/prefix``, ...):
+            the dataset is written to a local temporary folder and published there on
+            :meth:`close` (shards first, ``manifest.json`` last: readers see the old dataset
+            or the new one, see :func:`zerobatch.writers.remote.publish_tokstream`); a dataset
+            already at the URL is replaced only with ``overwrite``.
+
+    Raises:
+        ConfigError: a dataset is already in ``folder`` (or at its URL, without ``overwrite``).
     """
 
     def __init__(self, folder: str | os.PathLike[str], *, vocab_size: int, metadata: bool = False,
                  eod_token: int | None = None, codec: str = "json", shard_tokens: int = T.DEFAULT_SHARD_TOKENS,
                  prefix: str = "shard-", checksum_block: int = T.DEFAULT_CHECKSUM_BLOCK,
-                 build_seed: bytes | None = None) -> None:
+                 build_seed: bytes | None = None, storage_options: dict[str, Any] | None = None,
+                 overwrite: bool = False) -> None:
         if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
             raise ConfigError(f"shard_tokens must be a positive integer, got {shard_tokens!r}", field="shard_tokens")
+        self.url: str | None = None
+        self._staging: str | None = None
+        self._publish = {"storage_options": storage_options, "overwrite": bool(overwrite)}
+        folder = local_destination(folder, field="folder") if not _object_url(folder) else folder
+        if _object_url(folder):
+            from zerobatch.writers.remote import check_remote_destination, unique_shard_prefix
+            self.url = str(folder).rstrip("/")
+            if check_remote_destination(self.url, bool(overwrite), storage_options) and prefix == "shard-":
+                # names no shard of the dataset there has: its readers keep their objects
+                # until the new manifest is in place
+                prefix = unique_shard_prefix()
+            self._staging = tempfile.mkdtemp(prefix="zerobatch-upload-")
+            folder = os.path.join(self._staging, "dataset")
         self.folder = make_folder(folder)
         self._kw = {"vocab_size": vocab_size, "metadata": metadata, "eod_token": eod_token, "codec": codec,
                     "checksum_block": checksum_block, "build_seed": build_seed}
@@ -536,8 +591,14 @@ class TokenStreamWriter:
             sh.add_documents(arr[before[i]:before[j]], lens[i:j])
             i = j
 
-    def close(self) -> T.DatasetManifest:
-        """Finish the last shard and write the manifest."""
+    def close(self, *, loss_mask: T.DatasetManifest | None = None) -> T.DatasetManifest:
+        """Finish the last shard and write the manifest.
+
+        Args:
+            loss_mask: the manifest of this dataset's loss mask (a writer of
+                ``folder/loss_mask`` closed before this one): this manifest names its build
+                id, so a reader refuses any other mask, or none.
+        """
         if self._shard is None:
             raise ConfigError("the writer is closed", path=self.folder, field="writer")
         shard, self._shard = self._shard, None
@@ -547,12 +608,25 @@ class TokenStreamWriter:
             self.names.pop()
         else:
             shard.close()
-        return assemble(self.folder, self.names)
+        manifest = assemble(self.folder, self.names, loss_mask=None if loss_mask is None else loss_mask.build_id)
+        if self.url is not None:
+            from zerobatch.writers.remote import publish_tokstream
+            try:
+                publish_tokstream(self.folder, self.url, **self._publish)   # type: ignore[arg-type]
+            finally:
+                self._drop_staging()
+        return manifest
 
     def abort(self) -> None:
         if self._shard is not None:
             self._shard.abort()
             self._shard = None
+        self._drop_staging()
+
+    def _drop_staging(self) -> None:
+        if self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
+            self._staging = None
 
     def __enter__(self) -> TokenStreamWriter:
         return self

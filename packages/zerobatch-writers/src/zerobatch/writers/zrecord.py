@@ -35,8 +35,8 @@ import numpy as np
 
 from zerobatch.core import xxh3_64
 from zerobatch.core import zrstore
-from zerobatch.core.io import (AtomicFile, cleanup_orphans, fsync_dir, grow_file, io_call, open_regular_file,
-                               pread_exact, pwrite_all, pwritev_all, sweep_orphans)
+from zerobatch.core.io import (AtomicFile, cleanup_orphans, fsync_dir, grow_file, io_call, local_destination,
+                               open_regular_file, pread_exact, pwrite_all, pwritev_all, sweep_orphans)
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import (ConfigError, CorruptError, IntegrityError, NotFoundError, OutOfRangeError,
                                       ReadError, StateError, UnsupportedVersionError, WriteError, ZerobatchError)
@@ -70,7 +70,7 @@ class ZRecordWriter:
     def __init__(self, path: str | os.PathLike[str], fields: Sequence[Any] | None = None, *,
                  chunk_size: int = 8192, level: int = 6, num_writers: int = 2,
                  chunk_grow_bytes: int = Z.CHUNK_GROW_BYTES) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = os.path.abspath(os.fspath(local_destination(path)))
         if not 1 <= num_writers <= 64:
             raise ConfigError(f"num_writers must be 1 to 64, got {num_writers}", path=self.path,
                               field="num_writers")
