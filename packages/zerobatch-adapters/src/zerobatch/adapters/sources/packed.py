@@ -130,6 +130,43 @@ def _build_id(reader: Any) -> str:
     return reader.build_id if isinstance(reader, RecordDocuments) else reader.manifest.build_id
 
 
+#: The label conventions a packed or flat source hands out (``layout=``).
+LAYOUTS = ("next-token", "hf")
+
+
+def resolve_layout(layout: str | None, next_token: bool, what: str) -> str:
+    """``layout``, checked; ``None`` is ``"next-token"``, with a warning when Hugging Face
+    ``transformers`` is loaded in this process: its models shift the labels themselves, so
+    next-token labels given to ``model(**batch)`` or a ``Trainer`` train on the token after
+    next, silently. Naming the layout silences it."""
+    if layout is None:
+        import sys
+        if next_token and "transformers" in sys.modules:
+            import warnings
+            warnings.warn(f"{what}: labels are next-token (already shifted: labels[i] is the token after input_ids[i]); "
+                          "Hugging Face models shift labels themselves and would train on the token after next. For "
+                          "model(**batch) or a Trainer, pass layout='hf' (unshifted labels, cu_seq_lens_q/k, "
+                          "max_length_q/k, as DataCollatorWithFlattening); layout='next-token' silences this",
+                          UserWarning, stacklevel=3)
+        return "next-token"
+    if layout not in LAYOUTS:
+        raise ConfigError(f"layout must be one of {LAYOUTS}, got {layout!r}", field="layout")
+    if layout == "hf" and not next_token:
+        raise ConfigError("layout: 'hf' hands out labels; it needs next_token=True", field="layout")
+    return layout
+
+
+def _hf_output(position_ids: bool, cu_seqlens: bool) -> dict[str, Any]:
+    """Hugging Face's key names (``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``)."""
+    out: dict[str, Any] = {"input_ids": Array("tokens"), "labels": Array("labels")}
+    if position_ids:
+        out["position_ids"] = Array("position_ids")
+    if cu_seqlens:
+        out.update(cu_seq_lens_q=Array("cu_seqlens"), cu_seq_lens_k=Array("cu_seqlens"),
+                   max_length_q=Value("max_seqlen"), max_length_k=Value("max_seqlen"))
+    return out
+
+
 TURN_SCAN_TOKENS = 1 << 24
 """Loss-mask tokens read at once while looking for turn ends (64 MiB as int32)."""
 
@@ -182,6 +219,16 @@ class PackedDocuments(Source):
             that each piece holds whole exchanges and no answer is parted from its prompt; a
             stretch of more than a row without such an end is cut at the row's end. ``None``
             (default): when ``loss_mask`` is on. Needs the dataset's loss mask.
+        layout: the label convention. ``"next-token"`` (``None``, the default): ``labels``
+            are already shifted (``labels[i]`` is the token after ``input_ids[i]``), for a
+            loss taken directly (``cross_entropy(logits, labels)``: torchtitan, Megatron, a
+            loop of your own). ``"hf"``: Hugging Face's convention, for ``model(**batch)``
+            and ``Trainer``, whose models shift labels themselves: rows of ``seq_len``
+            tokens, ``labels`` equal to ``input_ids`` but ``-100`` on padding, at each
+            piece's first token and where the loss mask is off; keys ``input_ids``,
+            ``labels``, ``position_ids`` and (with ``cu_seqlens``) ``cu_seq_lens_q``,
+            ``cu_seq_lens_k``, ``max_length_q``, ``max_length_k``. Left at ``None`` while
+            ``transformers`` is loaded, a warning says so.
         verify: check chunk checksums on first read.
 
     A document longer than a row is split, never dropped or truncated: its first tokens fill
@@ -203,15 +250,17 @@ class PackedDocuments(Source):
     def __init__(self, reader: Any, seq_len: int, *, next_token: bool = True, algorithm: str = "best-fit",
                  buffer: int = 4096, seed: int | None = 0, pad_id: int = 0, mask_boundaries: bool = True,
                  position_dtype: Any = np.int64, loss_mask: bool = False, cu_seqlens: bool = True,
-                 split_at_turns: bool | None = None, verify: bool = True) -> None:
+                 split_at_turns: bool | None = None, layout: str | None = None, verify: bool = True) -> None:
         super().__init__()
         from zerobatch.adapters.sources.tokstream import _loss_mask
+        self.layout = resolve_layout(layout, bool(next_token), "PackedDocuments")
         self.reader = open_documents(reader, verify)
         _no_mask_in_records(self.reader, loss_mask, split_at_turns)
         self.mask_reader = _loss_mask(self.reader, loss_mask, next_token)
         self.seq_len = check_seq_len(seq_len)
         self.next_token = bool(next_token)
-        self.capacity = self.seq_len + 1 if self.next_token else self.seq_len
+        # Hugging Face's layout: rows of seq_len tokens whose labels are their own tokens
+        self.capacity = self.seq_len + 1 if self.next_token and self.layout == "next-token" else self.seq_len
         if algorithm not in PACKING_ALGORITHMS:
             raise ConfigError(f"algorithm must be one of {PACKING_ALGORITHMS}, got {algorithm!r}", field="algorithm")
         self.algorithm = algorithm
@@ -228,13 +277,16 @@ class PackedDocuments(Source):
         if self.split_at_turns and self.algorithm == "concat":
             raise ConfigError("split_at_turns: concat cuts documents at row ends by definition; use best-fit or "
                               "first-fit", field="split_at_turns")
-        inputs = slice(None, -1) if self.next_token else None
-        self.output = {"input_ids": Array("tokens", inputs), "position_ids": Array("position_ids", inputs),
-                       "segment_ids": Array("segment_ids", inputs), "attention_mask": Array("mask", inputs)}
-        if self.with_cu_seqlens:
-            self.output.update(cu_seqlens=Array("cu_seqlens"), max_seqlen=Value("max_seqlen"))
-        if self.next_token:
-            self.output["labels"] = Array("labels")
+        inputs = slice(None, -1) if self.capacity > self.seq_len else None
+        if self.layout == "hf":
+            self.output = _hf_output(True, self.with_cu_seqlens)
+        else:
+            self.output = {"input_ids": Array("tokens", inputs), "position_ids": Array("position_ids", inputs),
+                           "segment_ids": Array("segment_ids", inputs), "attention_mask": Array("mask", inputs)}
+            if self.with_cu_seqlens:
+                self.output.update(cu_seqlens=Array("cu_seqlens"), max_seqlen=Value("max_seqlen"))
+            if self.next_token:
+                self.output["labels"] = Array("labels")
         self._plan()
         self.fingerprint = (f"{_build_id(self.reader)}:packed:{self.algorithm}:{self.capacity}:{self.buffer}:"
                             f"{'none' if self.seed is None else self.seed}{':turns' if self.split_at_turns else ''}")
@@ -355,13 +407,25 @@ class PackedDocuments(Source):
         seg = self._buffer((n, cap), np.dtype(np.int32))
         pos = self._buffer((n, cap), self.position_dtype)
         mask = self._buffer((n, cap), np.dtype(np.bool_))
-        labels = self._buffer((n, cap - 1), dtype) if self.next_token else None
+        hf = self.layout == "hf"
+        labels = self._buffer((n, cap - 1), dtype) if self.next_token and not hf else None
         cu, longest = pack_rows(flat, lens, which, self.seq_len, tokens, seg, pos, mask, labels, pad_id=self.pad_id,
                                 ignore_id=IGNORE_INDEX, mask_boundaries=self.mask_boundaries)
+        if hf:
+            # the tokens themselves (the model shifts them), -100 on padding and where a
+            # piece starts (no piece is trained to continue the one before it)
+            labels = self._buffer((n, cap), dtype)
+            np.copyto(labels, tokens)
+            labels[~mask] = IGNORE_INDEX
+            if self.mask_boundaries:
+                labels[(seg != np.roll(seg, 1, axis=1)) | (np.arange(cap) == 0)] = IGNORE_INDEX
         if self.mask_reader is not None and labels is not None:
             keep = np.zeros((n, cap), np.int32)
             keep[mask] = self.mask_reader.ranges(starts, starts + lens, dtype=np.int32)
-            labels[keep[:, 1:] == 0] = IGNORE_INDEX
+            if hf:
+                labels[keep == 0] = IGNORE_INDEX
+            else:
+                labels[keep[:, 1:] == 0] = IGNORE_INDEX
         out: dict[str, Any] = {"tokens": tokens, "segment_ids": seg, "position_ids": pos, "mask": mask,
                                "cu_seqlens": cu.copy(), "max_seqlen": longest}
         if labels is not None:
@@ -401,13 +465,24 @@ class FlatDocuments(Source):
         split_at_turns: with a ``token_budget``, a conversation longer than the budget is cut
             where a trained message ends (see :class:`PackedDocuments`); ``None``: when
             ``loss_mask`` is on.
+        layout: the label convention. ``"next-token"`` (``None``, the default): ``labels``
+            are already shifted (``[11,12,13,14,21,22,23]`` gives ``[12,13,14,-100,22,23,
+            -100]``), for a loss taken directly. ``"hf"``: exactly what Hugging Face's
+            ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` makes, for
+            ``model(**batch)`` and ``Trainer`` (the model shifts): ``labels``
+            ``[-100,12,13,14,-100,22,23]`` and the keys ``input_ids``, ``labels``,
+            ``position_ids``, ``cu_seq_lens_q``, ``cu_seq_lens_k``, ``max_length_q``,
+            ``max_length_k``. Left at ``None`` while ``transformers`` is loaded, a warning
+            says so.
         verify: check chunk checksums on first read.
 
     A step is a dict: ``input_ids`` ``[1, T]``, ``labels`` ``[1, T]``, ``position_ids``
     ``[1, T]`` (restarting at each document), ``cu_seqlens`` (``int32``, documents + 1 entries,
-    ending with ``T``), ``max_seqlen`` and ``lengths`` (each document's tokens). Each output is
-    written once, in compiled code: the tokens by the gather (which checks the blocks it reads
-    for the first time), the positions and labels by one pass over them.
+    ending with ``T``), ``max_seqlen`` and ``lengths`` (each document's tokens); with
+    ``layout="hf"``, Hugging Face's keys instead. Each output is written once, in compiled
+    code: the tokens by the gather (which checks the blocks it reads for the first time), the
+    positions and labels by one pass over them (both layouts: Hugging Face's labels are the
+    next-token labels one place later).
     """
 
     kind = "tokstream-flat"
@@ -415,9 +490,10 @@ class FlatDocuments(Source):
     def __init__(self, reader: Any, token_budget: int | None = None, *, algorithm: str = "best-fit",
                  buffer: int = 4096, seed: int | None = 0, next_token: bool = True, position_ids: bool = True,
                  position_dtype: Any = np.int64, loss_mask: bool = False, split_at_turns: bool | None = None,
-                 verify: bool = True) -> None:
+                 layout: str | None = None, verify: bool = True) -> None:
         super().__init__()
         from zerobatch.adapters.sources.tokstream import _loss_mask
+        self.layout = resolve_layout(layout, bool(next_token), "FlatDocuments")
         self.reader = open_documents(reader, verify)
         _no_mask_in_records(self.reader, loss_mask, split_at_turns)
         self.next_token = bool(next_token)
@@ -425,12 +501,15 @@ class FlatDocuments(Source):
         self.position_ids = bool(position_ids)
         self.position_dtype = check_position_dtype(position_dtype)
         self.stacked = False
-        self.output = {"input_ids": Array("tokens"), "cu_seqlens": Array("cu_seqlens"),
-                       "max_seqlen": Value("max_seqlen"), "lengths": Array("lengths")}
-        if self.position_ids:
-            self.output["position_ids"] = Array("position_ids")
-        if self.next_token:
-            self.output["labels"] = Array("labels")
+        if self.layout == "hf":
+            self.output = _hf_output(self.position_ids, True)
+        else:
+            self.output = {"input_ids": Array("tokens"), "cu_seqlens": Array("cu_seqlens"),
+                           "max_seqlen": Value("max_seqlen"), "lengths": Array("lengths")}
+            if self.position_ids:
+                self.output["position_ids"] = Array("position_ids")
+            if self.next_token:
+                self.output["labels"] = Array("labels")
         self.token_budget = None if token_budget is None else check_count(token_budget, "token_budget", minimum=1)
         build_id = _build_id(self.reader)
         if self.token_budget is None:
@@ -486,12 +565,21 @@ class FlatDocuments(Source):
         total = int(cu[-1])
         tokens = self._flat(total, dtype)
         pos = self._flat(total, self.position_dtype) if self.position_ids else None
-        labels = self._flat(total, dtype) if self.next_token else None
+        labels = None
         step: dict[str, Any] = {"tokens": tokens[None, :], "cu_seqlens": cu,
                                 "max_seqlen": int(lens.max()) if lens.size else 0, "lengths": lens}
         if pos is not None:
             step["position_ids"] = pos[None, :]
-        if labels is not None:
+        if self.next_token and self.layout == "hf":
+            # Hugging Face's labels are the next-token labels one place later: the compiled
+            # pass writes next-token labels into [1:], whose first document's end lands on the
+            # second document's first place; the first place is -100
+            buf = self._flat(total + 1, dtype)
+            buf[0] = IGNORE_INDEX
+            labels = buf[1:]
+            step["labels"] = buf[None, :total]
+        elif self.next_token:
+            labels = self._flat(total, dtype)
             step["labels"] = labels[None, :]
         return starts, lens, step, tokens, pos, labels
 
@@ -508,7 +596,7 @@ class FlatDocuments(Source):
                                ignore_id=IGNORE_INDEX)
         if labels is not None and self.mask_reader is not None and tokens.size:
             keep = self.mask_reader.ranges(starts, starts + lens, dtype=np.int32)
-            labels[:-1][keep[1:] == 0] = IGNORE_INDEX
+            labels[:-1][keep[1:] == 0] = IGNORE_INDEX      # (both layouts: see _outputs)
         return step
 
     def close(self) -> None:
