@@ -2,7 +2,11 @@
 of transformers' apply_chat_template token for token, and a loss mask equal to its assistant
 mask (the {% generation %} marks), for conversations of system, user, assistant and tool
 messages, empty messages and unicode (hypothesis); the mask is stored beside the tokens and
-the loaders turn it into labels of -100."""
+the loaders turn it into labels of -100. Also (issue 30): the mask on Qwen2/ChatML and Llama-3
+templates, with and without marks and add_generation_prompt branches, with a Qwen2-style
+tokenizer that merges newlines across a mark; content as a list of parts, template errors and
+undecodable text as typed errors through the command; the progress bar; head marking the
+trained tokens and stats giving their fraction, with a tokenizer folder."""
 
 from __future__ import annotations
 
@@ -149,6 +153,8 @@ def assert_same_chat_data(first, second, count):
     with TokenStreamReader(first) as a, TokenStreamReader(second) as b, \
             open_loss_mask(a) as ma, open_loss_mask(b) as mb:
         assert a.num_documents == b.num_documents == count
+        # each dataset names its own mask's build id (convert --chat and commit bind them)
+        assert a.manifest.loss_mask == ma.manifest.build_id and b.manifest.loss_mask == mb.manifest.build_id
         for i in range(count):
             assert a.document(i).tolist() == b.document(i).tolist()
             assert ma.document(i).tolist() == mb.document(i).tolist()
@@ -231,7 +237,7 @@ def test_chat_tasks_and_commit_give_the_dataset_and_mask_of_one_process(chatml, 
         dst = tmp_path / f"n{n}"
         for i in order:
             if n == 3 and i == 1:
-                with pytest.raises(ConfigError, match="run these of the 3 tasks again: 1"):
+                with pytest.raises(ConfigError, match=r"of task 1 of 3\); that task may still be running"):
                     commit(str(dst), log=lambda *_: None)
                 assert not (dst / "manifest.json").exists() and not (dst / "loss_mask" / "manifest.json").exists()
             convert(str(src), str(dst), task=i, tasks=n, **opts)
@@ -286,3 +292,287 @@ def test_verify_and_inspect_check_the_loss_mask_too(tmp_path):
     build(other, (30, 120))
     r = cli("verify", str(other))
     assert r.returncode == 1 and "a mask of another dataset" in r.stderr, r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The loss mask follows {% generation %} marks exactly as transformers does (issue 30): the "\n"
+# a Qwen2/ChatML template writes after <|im_end|> outside the marks is not trained on; a reply
+# starting with "\n" whose first token merges with the header's "\n" is; a template without an
+# add_generation_prompt branch does not train the role header. Templates without marks: the
+# message's text less its header, equal to transformers' mask on the same template with marks.
+
+QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def chatml_template(marks, prompt=True, newline_in_marks=False):
+    """A ChatML template as Qwen2's: ``marks`` around an assistant reply and its <|im_end|>
+    (and its "\\n" with ``newline_in_marks``); ``prompt``: an add_generation_prompt branch."""
+    body = "message['content'] + '<|im_end|>'" + (" + '\\n'" if newline_in_marks else "")
+    tail = "" if newline_in_marks else "{{- '\\n' }}"
+    reply = (f"{{% generation %}}{{{{- {body} }}}}{{% endgeneration %}}{tail}" if marks
+             else f"{{{{- {body} }}}}{tail}")
+    return ("{%- for message in messages %}{%- if message['role'] == 'assistant' %}"
+            "{{- '<|im_start|>assistant\\n' }}" + reply + "{%- else %}"
+            "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+            "{%- endif %}{%- endfor %}"
+            + ("{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}" if prompt else ""))
+
+
+def llama_template(marks, prompt=True):
+    reply = "{{ message['content'] | trim + '<|eot_id|>' }}"
+    return ("{{ bos_token }}{%- for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
+            "'<|end_header_id|>\\n\\n' }}{%- if message['role'] == 'assistant' %}"
+            + (f"{{% generation %}}{reply}{{% endgeneration %}}" if marks else reply) +
+            "{%- else %}{{ message['content'] | trim + '<|eot_id|>' }}{%- endif %}{%- endfor %}"
+            + ("{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+               "{%- endif %}" if prompt else ""))
+
+
+CHATML_SPECIALS = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": "<|im_start|>"}
+LLAMA_SPECIALS = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "pad_token": "<|start_header_id|>",
+                  "unk_token": "<|end_header_id|>"}
+
+
+def make_qwen_tokenizer(folder, template, specials):
+    """A byte-level BPE trained here (nothing downloaded) with Qwen2's pre-tokenizer, which keeps
+    runs of newlines together: "assistant\\n" + "\\nHello" gives one "\\n\\n" token across the
+    header and the reply."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([bundled_text()[:60_000]], trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.add_special_tokens(list(dict.fromkeys(specials.values())))
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"chat_template": template, "tokenizer_class": "PreTrainedTokenizerFast", **specials}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+_REFERENCE_TOKENIZERS = {}
+
+
+def reference_with(folder, messages, template=None):
+    """transformers' ids and assistant mask, with ``template`` instead of the folder's."""
+    if folder not in _REFERENCE_TOKENIZERS:
+        _REFERENCE_TOKENIZERS[folder] = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
+    out = _REFERENCE_TOKENIZERS[folder].apply_chat_template(
+        messages, chat_template=template, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    return list(out["input_ids"]), list(out["assistant_masks"])
+
+
+TEMPLATES = {   # name: (template, specials, the marked twin transformers' mask is compared with)
+    "qwen-marks": (chatml_template(True), CHATML_SPECIALS, None),
+    "qwen-marks-no-prompt": (chatml_template(True, prompt=False), CHATML_SPECIALS, None),
+    "llama-marks": (llama_template(True), LLAMA_SPECIALS, None),
+    "llama-marks-no-prompt": (llama_template(True, prompt=False), LLAMA_SPECIALS, None),
+    "chatml-plain": (chatml_template(False, newline_in_marks=True), CHATML_SPECIALS,
+                     chatml_template(True, newline_in_marks=True)),
+    "chatml-plain-no-prompt": (chatml_template(False, prompt=False, newline_in_marks=True), CHATML_SPECIALS,
+                               chatml_template(True, newline_in_marks=True)),
+    "llama-plain": (llama_template(False), LLAMA_SPECIALS, llama_template(True)),
+    "llama-plain-no-prompt": (llama_template(False, prompt=False), LLAMA_SPECIALS, llama_template(True)),
+}
+
+
+@pytest.fixture(scope="module")
+def qwen_folders(tmp_path_factory):
+    return {name: make_qwen_tokenizer(tmp_path_factory.mktemp(name), template, specials)
+            for name, (template, specials, _) in TEMPLATES.items()}
+
+
+lines = st.text(st.sampled_from(list("ab \n\t.é✓")), max_size=12)
+replies = st.one_of(texts, lines, lines.map(lambda t: "\n" + t), lines.map(lambda t: "\n\n" + t))
+turns = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool"]),
+                                        "content": replies}), min_size=1, max_size=6)
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_mask_equals_transformers_on_qwen_llama_templates_with_and_without_marks(name, qwen_folders):
+    folder = qwen_folders[name]
+    twin = TEMPLATES[name][2]
+    chat = ChatTemplate(folder)
+    assert chat.marks == (twin is None)
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(turns)
+    def check(msgs):
+        ids, mask = chat.encode(msgs)
+        want_ids, want_mask = reference_with(folder, msgs, twin)
+        assert ids.tolist() == want_ids
+        assert mask.tolist() == want_mask
+    check()
+
+
+@pytest.mark.parametrize("name", ["qwen-marks", "qwen-marks-no-prompt", "chatml-plain-no-prompt"])
+def test_the_three_reported_cases(name, qwen_folders):
+    """(a) the "\\n" after an assistant <|im_end|> outside the marks is not trained on; (b) a
+    reply starting with "\\n" (one "\\n\\n" token with the header's) is; (c) without an
+    add_generation_prompt branch no role header is."""
+    folder = qwen_folders[name]
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "\nHello"},
+            {"role": "user", "content": "and?"}, {"role": "assistant", "content": "Bye"}]
+    chat = ChatTemplate(folder)
+    ids, mask = chat.encode(msgs)
+    want_ids, want_mask = reference_with(folder, msgs, TEMPLATES[name][2])
+    assert ids.tolist() == want_ids and mask.tolist() == want_mask
+    tok = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
+    pieces = tok.convert_ids_to_tokens(ids.tolist())
+    trained = [p for p, m in zip(pieces, mask.tolist(), strict=True) if m]
+    assert "ĊĊ" in trained                                               # (b)
+    assert "assistant" not in tok.decode([i for i, m in zip(ids.tolist(), mask.tolist()) if m])   # (c)
+    if chat.marks:                                                        # (a)
+        assert tok.decode(ids[mask.astype(bool)].tolist()) == "\n\nHello<|im_end|>Bye<|im_end|>"
+        ends = [k for k, p in enumerate(pieces) if p == "<|im_end|>"]
+        assert all(mask[k + 1] == 0 for k in ends if k + 1 < len(pieces))
+
+
+def test_other_roles_beside_marks_are_found_without_their_header(qwen_folders):
+    folder = qwen_folders["qwen-marks"]
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "tool", "content": "{\"t\": 21}"},
+            {"role": "assistant", "content": "It is 21."}]
+    ids, mask = ChatTemplate(folder, roles=("assistant", "tool")).encode(msgs)
+    tok = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
+    assert tok.decode(ids[mask.astype(bool)].tolist()) == "{\"t\": 21}<|im_end|>\nIt is 21.<|im_end|>"
+    _, only_tool = ChatTemplate(folder, roles=("tool",)).encode(msgs)
+    assert tok.decode(ids[only_tool.astype(bool)].tolist()) == "{\"t\": 21}<|im_end|>\n"
+
+
+PARTS_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['role'] == 'assistant' %}{% generation %}{{- message['content'] + '<|im_end|>' }}"
+    "{% endgeneration %}{{- '\\n' }}{%- elif message['content'] is string %}"
+    "{{- message['content'] + '<|im_end|>\\n' }}{%- else %}{%- for part in message['content'] %}"
+    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- elif part['type'] == 'image_url' %}"
+    "{{- '<|endoftext|>' }}{%- endif %}{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}{%- endfor %}")
+PARTS = [{"role": "user", "content": [{"type": "text", "text": "What is in "},
+                                      {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+                                      {"type": "text", "text": " this?"}]},
+         {"role": "assistant", "content": "A cat."}]
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "zerobatch.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_content_as_a_list_of_parts(qwen_folders, tmp_path):
+    """Parts reach the template as transformers passes them; a template that takes only
+    strings fails with an error naming the file, line and message, not an internal error."""
+    parts_folder = make_qwen_tokenizer(tmp_path / "parts", PARTS_TEMPLATE, CHATML_SPECIALS)
+    ids, mask = ChatTemplate(parts_folder).encode(PARTS)
+    assert (ids.tolist(), mask.tolist()) == reference_with(parts_folder, PARTS)
+    src = tmp_path / "parts.jsonl"
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"}]})
+                   + "\n" + json.dumps({"messages": PARTS}) + "\n")
+    r = cli("convert", src, tmp_path / "ok", "--to", "tokstream", "--tokenizer", parts_folder, "--chat", "-q")
+    assert r.returncode == 0, r.stderr
+    with TokenStreamReader(tmp_path / "ok") as reader:
+        assert reader.document(1).tolist() == ids.tolist()
+    r = cli("convert", src, tmp_path / "bad", "--to", "tokstream", "--tokenizer", qwen_folders["qwen-marks"],
+            "--chat", "-q")
+    assert r.returncode == 1 and "internal error" not in r.stderr, r.stderr
+    assert "error: parts.jsonl line 2: message 0: the chat template cannot render it (TypeError" in r.stderr
+    assert "list of parts" in r.stderr and not (tmp_path / "bad").exists()
+    with pytest.raises(CorruptError, match=r"x line 9: message 0: the chat template cannot render it"):
+        ChatTemplate(qwen_folders["qwen-marks"]).encode(PARTS, where="x line 9")
+
+
+def test_raise_exception_in_a_template_is_a_typed_error_naming_the_message(tmp_path):
+    strict = make_qwen_tokenizer(tmp_path / "strict", "{%- for m in messages %}{%- if m['role'] == 'tool' %}"
+                                 "{{ raise_exception('no tools here') }}{%- endif %}{{ m['content'] }}{%- endfor %}",
+                                 CHATML_SPECIALS)
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "tool", "content": "c"}]
+    with pytest.raises(CorruptError, match=r"c.jsonl line 4: message 2: the chat template cannot render it "
+                                           r"\(no tools here\)"):
+        ChatTemplate(strict).encode(msgs, where="c.jsonl line 4")
+
+
+def test_lone_surrogates_and_bad_utf8_follow_text_errors(chatml, tmp_path):
+    src = tmp_path / "s.jsonl"
+    good = {"messages": [{"role": "user", "content": "ok"}, {"role": "assistant", "content": "fine"}]}
+    src.write_bytes(json.dumps(good).encode() + b"\n"
+                    + b'{"messages": [{"role": "user", "content": "pair \\ud83d\\ude00 lone \\ud800"}, '
+                      b'{"role": "assistant", "content": "yes"}]}\n'
+                    + b'{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "b\xffd"}]}\n')
+    r = cli("convert", src, tmp_path / "rep", "--to", "tokstream", "--tokenizer", chatml, "--chat", "-q")
+    assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
+    assert "2 conversations had undecodable text" in r.stdout + r.stderr
+    chat = ChatTemplate(chatml)
+    with TokenStreamReader(tmp_path / "rep") as reader, open_loss_mask(reader) as mask:
+        assert reader.num_documents == 3
+        for i, msgs in ((1, [{"role": "user", "content": "pair \U0001f600 lone \ufffd"},
+                             {"role": "assistant", "content": "yes"}]),
+                        (2, [{"role": "user", "content": "x"}, {"role": "assistant", "content": "b\ufffdd"}])):
+            ids, m = chat.encode(msgs)
+            assert reader.document(i).tolist() == ids.tolist() and mask.document(i).tolist() == m.tolist()
+    r = cli("convert", src, tmp_path / "strict", "--to", "tokstream", "--tokenizer", chatml, "--chat", "-q",
+            "--text-errors", "strict")
+    assert r.returncode == 1 and "internal error" not in r.stderr, r.stderr
+    assert "s.jsonl: line 2: message 0: holds a lone UTF-16 surrogate" in r.stderr, r.stderr
+    src.write_bytes(json.dumps(good).encode() + b"\n" + b'{"messages": [{"role": "user", "content": "b\xffd"}]}\n')
+    r = cli("convert", src, tmp_path / "strict2", "--to", "tokstream", "--tokenizer", chatml, "--chat", "-q",
+            "--text-errors", "strict")
+    assert r.returncode == 1 and "s.jsonl: line 2: byte 44 of it is not UTF-8" in r.stderr, r.stderr
+    # from Python, a surrogate the caller left in is a typed error too
+    with pytest.raises(CorruptError, match="message 1: holds a lone UTF-16 surrogate"):
+        chat.encode([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b\ud800"}])
+
+
+def test_convert_chat_shows_progress_head_marks_trained_tokens_stats_counts_them(chatml, tmp_path):
+    convs = [[{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]
+             for i in range(40)]
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps({"messages": m}) + "\n" for m in convs) + "\n\n")
+    chat = ChatTemplate(chatml)
+    masks = [chat.encode(m)[1] for m in convs]
+    trained, total = sum(int(m.sum()) for m in masks), sum(m.size for m in masks)
+    r = cli("convert", src, tmp_path / "ds", "--to", "tokstream", "--tokenizer", chatml, "--chat")
+    assert r.returncode == 0, r.stderr
+    # the text path's bar: input bytes (all of them, blank lines at the end too) and tokens
+    assert "chat: 100%" in r.stderr and f"{total:,} tokens" in r.stderr, r.stderr
+    r = cli("convert", src, tmp_path / "quiet", "--to", "tokstream", "--tokenizer", chatml, "--chat", "-q")
+    assert r.returncode == 0 and "chat:" not in r.stderr, r.stderr
+    # head: the folder taken as --tokenizer; trained text between brackets (no tty: no colour)
+    r = cli("head", tmp_path / "ds", "-n", "2", "--tokenizer", chatml)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b[" not in r.stdout
+    assert "<|im_start|>assistant\n\u27e6answer 1<|im_end|>\n\u27e7" in r.stdout, r.stdout
+    assert "<|im_start|>user\nquestion 1<|im_end|>\n<|im_start|>" in r.stdout
+    r = cli("head", tmp_path / "ds", "-n", "1")
+    assert r.returncode == 0 and "\u27e6" in r.stdout, r.stderr
+    r = cli("stats", tmp_path / "ds", "--tokenizer", chatml)
+    assert r.returncode == 0, r.stderr
+    assert f"trained on (loss mask 1): {trained:,} of {total:,} tokens ({100 * trained / total:.2f} %)" in r.stdout
+    # a dataset without a mask: no such line, nothing marked
+    plain = tmp_path / "plain.txt"
+    plain.write_text("hello world\n")
+    assert cli("convert", plain, tmp_path / "p", "--to", "tokstream", "--tokenizer", chatml + "/tokenizer.json",
+               "-q").returncode == 0
+    r = cli("head", tmp_path / "p", "--tokenizer", chatml)
+    assert r.returncode == 0 and "\u27e6" not in r.stdout and "hello world" in r.stdout, r.stderr
+    assert "trained on" not in cli("stats", tmp_path / "p").stdout
+
+
+def test_show_trained_cuts_and_colours():
+    from zerobatch.cli.formats.tokstream import show_trained
+    import numpy as np
+    dec = lambda ids: "".join(chr(96 + i) for i in ids)   # noqa: E731
+    ids, mask = [1, 2, 3, 4, 5], np.array([0, 1, 1, 0, 1])
+    assert show_trained(ids, mask, dec) == "a\u27e6bc\u27e7d\u27e6e\u27e7"
+    assert show_trained(ids, mask, dec, chars=2) == "a\u27e6b\u27e7 [...]"
+    assert show_trained(ids, mask, dec, colour=True) == "a\x1b[1;32mbc\x1b[0md\x1b[1;32me\x1b[0m"
+    assert show_trained(ids, mask, None) == "1 \u27e62 3\u27e7 4 \u27e65\u27e7"
+    assert show_trained([], np.zeros(0), dec) == ""
+
+
+def test_a_tokenizer_folder_for_head_and_stats(chatml, tmp_path):
+    from zerobatch.cli.tokenizer import load_tokenizer
+    from zerobatch.formats.errors import NotFoundError
+    assert load_tokenizer(chatml).fingerprint == load_tokenizer(chatml + "/tokenizer.json").fingerprint
+    with pytest.raises(NotFoundError, match="the folder holds no tokenizer.json"):
+        load_tokenizer(tmp_path)

@@ -108,7 +108,8 @@ def test_commit_refuses_a_missing_part_and_is_idempotent(inputs, tmp_path):
         convert(str(src), str(dst), to="tokstream", tokenizer=tok, task=i, tasks=3, workers=1, quiet=True, log=quiet,
                 unit_bytes=4096)
     before = files_of(dst)
-    with pytest.raises(ConfigError, match=r"run these of the 3 tasks again: 1$"):
+    with pytest.raises(ConfigError, match=r"units are not finished yet \(units [\d, ]+, of task 1 of 3\); that task "
+                       r"may still be running: wait for it, and run it again only if it failed"):
         commit(str(dst), log=quiet)
     assert files_of(dst) == before and not (dst / "manifest.json").exists()
     convert(str(src), str(dst), to="tokstream", tokenizer=tok, task=1, tasks=3, workers=1, quiet=True, log=quiet,
@@ -121,9 +122,15 @@ def test_commit_refuses_a_missing_part_and_is_idempotent(inputs, tmp_path):
     other = tmp_path / "o"
     convert(str(src), str(other), to="tokstream", tokenizer=tok, task=0, tasks=3, workers=1, quiet=True, log=quiet,
             unit_bytes=4096)
-    with pytest.raises(ConfigError, match="shard_tokens"):
+    with pytest.raises(ConfigError, match="--shard-tokens: this task has 1000, the other tasks of this preparation "
+                       "have 268435456; every task") as e:
         convert(str(src), str(other), to="tokstream", tokenizer=tok, task=1, tasks=3, workers=1, quiet=True,
                 log=quiet, unit_bytes=4096, shard_tokens=1000)
+    assert e.value.field == "shard_tokens"
+    with pytest.raises(ConfigError, match="plan.json: --tasks: this task has 4, the other tasks of this preparation "
+                       "have 3; every task of a preparation must get the same inputs and options"):
+        convert(str(src), str(other), to="tokstream", tokenizer=tok, task=1, tasks=4, workers=1, quiet=True,
+                log=quiet, unit_bytes=4096)
     with pytest.raises(ConfigError, match="committed already"):
         convert(str(src), str(dst), to="tokstream", tokenizer=tok, task=0, tasks=3, workers=1, quiet=True,
                 log=quiet, unit_bytes=4096)
@@ -275,7 +282,7 @@ def test_tasks_prepare_into_object_storage_and_commit_puts_the_manifest_last(inp
     assert "manifest.json" not in keys and "_parts/plan.json" in keys
     r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "commit", url], capture_output=True, text=True,
                        timeout=300)
-    assert r.returncode == 1 and "run these of the 3 tasks again: 1" in r.stderr, r.stderr
+    assert r.returncode == 1 and "of task 1 of 3); that task may still be running" in r.stderr, r.stderr
     assert {k for k, _ in store.list("")} == keys                              # nothing changed
     r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "convert", *src, url, "--task", "1", *args],
                        capture_output=True, text=True, timeout=300)

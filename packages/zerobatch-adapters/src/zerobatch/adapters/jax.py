@@ -35,7 +35,10 @@ from zerobatch.adapters._loader import DEFAULT_PREFETCH, DEFAULT_SEED, BaseLoade
 from zerobatch.adapters.sources import *  # noqa: F403 - every source, re-exported with the loader
 from zerobatch.formats.errors import ConfigError
 
-__all__ = sorted(["Loader", *_sources.__all__])
+# a list plus the sources' names, in forms type checkers follow (every source is re-exported)
+__all__ = ["Loader"]
+__all__ += _sources.__all__
+__all__.sort()
 
 OUTPUTS = ("jax", "numpy")
 

@@ -35,8 +35,10 @@ from zerobatch.adapters.sources import LLMBatchSource
 from zerobatch.formats.errors import ConfigError
 from zerobatch.readers import llmbatch as _llmbatch
 
-__all__ = sorted(["BatchFileReader", "BatchNativeLoader", "DatasetLoader", "Loader", "WorkerDataLoader",
-                  *_sources.__all__])
+# a list plus the sources' names, in forms type checkers follow (every source is re-exported)
+__all__ = ["BatchFileReader", "BatchNativeLoader", "DatasetLoader", "Loader", "WorkerDataLoader"]
+__all__ += _sources.__all__
+__all__.sort()
 
 _DTYPES = {torch.int64: np.dtype(np.int64), torch.int32: np.dtype(np.int32)}
 # torch dtype (or None) -> 1 for int64, 2 for int32

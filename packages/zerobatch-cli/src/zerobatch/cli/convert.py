@@ -899,7 +899,7 @@ def run_task(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[[str
         os.makedirs(dst, exist_ok=True)
     d = TK.Destination(dst)
     TK.write_plan(d, plan)
-    run = TK.TaskRun(d, len(units), args.task, args.tasks)
+    run = TK.TaskRun(d, len(units), args.task, args.tasks, hint=TK.spread_hint(source, units, args.tasks))
     for u in run.todo:
         sub = TK.unit_source(source, units[u])
         staging = d.scratch(f"unit-{u:06d}.staging")
@@ -919,21 +919,84 @@ def run_task(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[[str
                 d.release(staging)
         d.release(staging)
     summary = run.summary()
-    log(f"{summary} in {time.perf_counter() - t0:.1f} s; when every task is done: zerobatch commit {redact(dst)}")
+    log(f"{summary} in {time.perf_counter() - t0:.1f} s; when every task is done: zerobatch commit {d.shown}")
     return summary
 
 
 CHAT_PATTERNS = ("*.jsonl", "*.jsonl.gz", "*.ndjson", "*.json", "*.parquet")
 
 
-def _chat_records(srcs: list[str], field: str, units: list[Any] | None = None) -> Iterator[tuple[str, Any]]:
-    """``(where, messages)`` of the conversations of ``srcs`` (or of ``units``, parts of
-    them: :class:`zerobatch.cli.tasks.Unit`): JSONL records, or Parquet rows (a column of
-    lists of role/content structs); ``where`` names the file and line (or row)."""
-    from zerobatch.cli.sources import _files, _open_bytes, _pyarrow_parquet, json_record, span_lines
+def _chat_parts(srcs: list[str], units: list[Any] | None = None) -> list[tuple[str, Any, int]]:
+    """``(file, span, bytes)`` of what :func:`_chat_records` reads: each file of ``srcs`` whole,
+    or each of ``units`` (:class:`zerobatch.cli.tasks.Unit`: a byte range of a JSONL file, row
+    groups of a Parquet one); ``bytes`` is its share of the input, the progress it stands for."""
+    from zerobatch.cli.sources import _files, _pyarrow_parquet
     parts = ([(u.file, u.span) for u in units] if units is not None else
              [(path, None) for src in srcs for path in _files(src, CHAT_PATTERNS)])
+    out = []
     for path, span in parts:
+        size = os.path.getsize(path)
+        if span is not None and path.lower().endswith(".parquet"):
+            try:
+                meta = _pyarrow_parquet().ParquetFile(path).metadata
+                rows = sum(meta.row_group(g).num_rows for g in range(*span))
+                size = size * rows // max(meta.num_rows, 1)
+            except Exception as exc:  # pyarrow's own errors for damaged files
+                raise CorruptError(f"parquet: {exc}", path=path, field="parquet") from None
+        elif span is not None:
+            size = max(0, min(span[1], size) - span[0])
+        out.append((path, span, size))
+    return out
+
+
+def _clean_text(value: Any) -> tuple[Any, bool]:
+    """``value`` (a conversation's strings, lists and dicts) with each lone UTF-16 surrogate
+    replaced by U+FFFD (pairs recombined), and whether any was."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace"), True
+        return value, False
+    if isinstance(value, list):
+        items = [_clean_text(v) for v in value]
+        return [v for v, _ in items], any(bad for _, bad in items)
+    if isinstance(value, dict):
+        pairs = [(_clean_text(k), _clean_text(v)) for k, v in value.items()]
+        return {k: v for (k, _), (v, _) in pairs}, any(kb or vb for (_, kb), (_, vb) in pairs)
+    return value, False
+
+
+def _chat_records(srcs: list[str], field: str, units: list[Any] | None = None, *, text_errors: str = "replace",
+                  tally: dict[str, int] | None = None) -> Iterator[tuple[str, Any, int]]:
+    """``(where, messages, work)`` of the conversations of ``srcs`` (or of ``units``, parts of
+    them: :class:`zerobatch.cli.tasks.Unit`): JSONL records, or Parquet rows (a column of
+    lists of role/content structs); ``where`` names the file and line (or row), ``work`` the
+    input bytes read since the record before (:func:`_chat_parts`).
+
+    Undecodable text (bytes that are not UTF-8, a lone UTF-16 surrogate escaped in JSON)
+    follows ``text_errors`` as in the text path: ``"replace"`` substitutes U+FFFD and counts
+    the conversation in ``tally["undecodable"]``; ``"strict"`` raises a
+    :class:`~zerobatch.formats.errors.CorruptError` naming the file, line and message."""
+    from zerobatch.cli.sources import TEXT_ERRORS, _open_bytes, _pyarrow_parquet, json_record, span_lines
+    if text_errors not in TEXT_ERRORS:
+        raise ConfigError(f"--text-errors must be one of {TEXT_ERRORS}, got {text_errors!r}", field="text_errors")
+    tally = {} if tally is None else tally
+    tally.setdefault("undecodable", 0)
+
+    def cleaned(messages: Any, path: str, where: str, bad: bool) -> Any:
+        fixed, replaced = _clean_text(messages)
+        if replaced and text_errors == "strict":
+            at = next((i for i, m in enumerate(messages) if _clean_text(m)[1]), None) \
+                if isinstance(messages, list) else None
+            raise CorruptError(f"{where}: {'' if at is None else f'message {at}: '}holds a lone UTF-16 surrogate "
+                               f"(an escape such as \\ud83d without its pair); --text-errors replace substitutes "
+                               f"U+FFFD", path=path, field=where.split(" after ")[0])
+        if replaced or bad:
+            tally["undecodable"] += 1
+        return fixed
+
+    for path, span, size in _chat_parts(srcs, units):
         name = os.path.basename(path)
         if path.lower().endswith(".parquet"):
             after = "" if span is None else f" of row groups {span[0]}-{span[1] - 1}"
@@ -943,12 +1006,16 @@ def _chat_records(srcs: list[str], field: str, units: list[Any] | None = None) -
                 if field not in pf.schema_arrow.names:
                     raise CorruptError(f"parquet: no column {field!r} (a list of messages; choose it with --field; "
                                        f"columns: {pf.schema_arrow.names})", path=path, field=field)
-                row = 0
                 groups = None if span is None else list(range(*span))
+                rows = (pf.metadata.num_rows if groups is None else
+                        sum(pf.metadata.row_group(g).num_rows for g in groups))
+                row = done = 0
                 for batch in pf.iter_batches(batch_size=1024, columns=[field], row_groups=groups):
                     for messages in batch.column(0).to_pylist():
                         row += 1
-                        yield f"{name} row {row}{after}", messages
+                        work, done = size * row // max(rows, 1) - done, size * row // max(rows, 1)
+                        where = f"row {row}{after}"
+                        yield f"{name} {where}", cleaned(messages, path, where, False), work
             except CorruptError:
                 raise
             except Exception as exc:  # pyarrow's own errors for damaged files
@@ -956,17 +1023,36 @@ def _chat_records(srcs: list[str], field: str, units: list[Any] | None = None) -
             continue
         after = "" if span is None or not span[0] else f" after byte {span[0]}"
         with _open_bytes(path) as f:
+            compressed = getattr(f, "fileobj", None)   # a .gz file: progress in its compressed bytes
+            pos = carry = 0
             for lineno, raw in enumerate(span_lines(f, span), 1):
+                if compressed is not None:
+                    now = compressed.tell()
+                    carry, pos = carry + max(0, now - pos), now
+                else:
+                    carry += len(raw)
                 if not raw.strip():
                     continue
-                obj = json_record(raw, path, f"line {lineno}{after}", field,
-                                  "a list of messages; choose it with --field")
-                yield f"{name} line {lineno}{after}", obj[field]
+                where = f"line {lineno}{after}"
+                bad = False
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    if text_errors == "strict":
+                        raise CorruptError(f"{where}: byte {exc.start} of it is not UTF-8 ({exc.reason}); "
+                                           f"--text-errors replace substitutes U+FFFD", path=path,
+                                           field=f"line {lineno}") from None
+                    line, bad = raw.decode("utf-8", "replace"), True
+                if lineno == 1 and line.startswith("\ufeff"):
+                    line = line[1:]                      # a byte-order mark
+                obj = json_record(line, path, where, field, "a list of messages; choose it with --field")
+                yield f"{name} {where}", cleaned(obj[field], path, where, bad), carry
+                carry = 0
 
 
-def _chat_groups(records: Iterator[tuple[str, Any]]) -> Iterator[list[tuple[str, Any]]]:
+def _chat_groups(records: Iterator[tuple[str, Any, int]]) -> Iterator[list[tuple[str, Any, int]]]:
     """``records`` in groups of :data:`CHAT_GROUP`."""
-    group: list[tuple[str, Any]] = []
+    group: list[tuple[str, Any, int]] = []
     for record in records:
         group.append(record)
         if len(group) == CHAT_GROUP:
@@ -988,32 +1074,52 @@ def _init_chat_worker(folder: str, roles: tuple[str, ...]) -> None:
     _CHAT = ChatTemplate(folder, roles)
 
 
-def _encode_chat_group(group: list[tuple[str, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``(ids, loss mask)`` of each ``(where, messages)`` of ``group``, with the process's
+def _encode_chat_group(group: list[tuple[Any, ...]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(ids, loss mask)`` of each ``(where, messages, ...)`` of ``group``, with the process's
     template (:func:`_init_chat_worker`)."""
-    return [_CHAT.encode(messages, where=where) for where, messages in group]
+    return [_CHAT.encode(messages, where=where) for where, messages, *_ in group]
 
 
-def _encoded_chat(groups: Iterator[list[tuple[str, Any]]], chat: Any, workers: int
-                  ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _chat_progress(srcs: list[str], units: list[Any] | None, quiet: bool) -> _Progress:
+    """The progress bar of a ``--chat`` conversion (the text path's: input bytes, tokens/s)."""
+    return _Progress(sum(size for _, _, size in _chat_parts(srcs, units)), "B", quiet, "chat")
+
+
+def _encoded_chat(groups: Iterator[list[tuple[str, Any, int]]], chat: Any, workers: int,
+                  progress: _Progress | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The conversations of ``groups`` encoded, in order: on the calling process, or on
     ``workers`` processes (started at the second group, so a small input starts none), with
-    at most two groups per worker in flight."""
+    at most two groups per worker in flight; ``progress`` (closed at the end) advances by each
+    group's input bytes and tokens as its conversations come out."""
+    def advance(group: list[tuple[str, Any, int]], encoded: list[tuple[np.ndarray, np.ndarray]]
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+        if progress is not None:
+            progress.update(sum(r[2] for r in group), sum(int(ids.size) for ids, _ in encoded))
+        return encoded
+
     groups = iter(groups)
-    head = list(itertools.islice(groups, 2))
-    everything = itertools.chain(head, groups)
-    if workers < 2 or len(head) < 2:
-        for group in everything:
-            yield from (chat.encode(messages, where=where) for where, messages in group)
-        return
-    with WorkerPool(workers, _init_chat_worker, (chat.folder, chat.roles)) as pool:
-        pending: deque[Any] = deque()
-        for group in everything:
-            pending.append(pool.submit(_encode_chat_group, group))
-            while len(pending) > 2 * workers:
-                yield from WorkerPool.result(pending.popleft())
-        while pending:
-            yield from WorkerPool.result(pending.popleft())
+    try:
+        head = list(itertools.islice(groups, 2))
+        everything = itertools.chain(head, groups)
+        if workers < 2 or len(head) < 2:
+            for group in everything:
+                yield from advance(group, [chat.encode(messages, where=where) for where, messages, *_ in group])
+        else:
+            with WorkerPool(workers, _init_chat_worker, (chat.folder, chat.roles)) as pool:
+                pending: deque[Any] = deque()
+                for group in everything:
+                    pending.append((group, pool.submit(_encode_chat_group, group)))
+                    while len(pending) > 2 * workers:
+                        group_, res = pending.popleft()
+                        yield from advance(group_, WorkerPool.result(res))
+                while pending:
+                    group_, res = pending.popleft()
+                    yield from advance(group_, WorkerPool.result(res))
+        if progress is not None and progress.bar is not None and progress.bar.total:
+            progress.bar.update(max(0, progress.bar.total - progress.bar.n))   # blank lines at the end
+    finally:
+        if progress is not None:
+            progress.close()
 
 
 def _chat_setup(args: ConvertOptions) -> tuple[Any, str]:
@@ -1059,14 +1165,19 @@ def run_chat_task(srcs: list[str], dst: str, args: ConvertOptions, log: Callable
     md = d.child(LOSS_MASK_DIR)
     TK.write_plan(d, plan)
     TK.write_plan(md, mask_plan)
-    run = TK.TaskRun(d, len(units), args.task, args.tasks)
+    run = TK.TaskRun(d, len(units), args.task, args.tasks, hint=TK.spread_hint(source, units, args.tasks))
+    tally = {"undecodable": 0}
     for u in run.todo:
-        records = _chat_records(srcs, field, [units[u]])
-        encoded = [(ids, mask) for ids, mask in _encoded_chat(_chat_groups(records), chat, args.workers) if ids.size]
+        records = _chat_records(srcs, field, [units[u]], text_errors=args.text_errors, tally=tally)
+        encoded = [(ids, mask) for ids, mask in _encoded_chat(_chat_groups(records), chat, args.workers,
+                                                              _chat_progress(srcs, [units[u]], args.quiet)) if ids.size]
         TK.write_unit(md, u, (m.astype(np.uint16) for _, m in encoded), vocab_size=2, eod=None,
                       shard_tokens=args.shard_tokens, build_seed=TK.unit_seed(mask_plan, u))
         TK.write_unit(d, u, (ids for ids, _ in encoded), vocab_size=chat.vocab_size, eod=None,
                       shard_tokens=args.shard_tokens, build_seed=TK.unit_seed(plan, u))
+    if tally["undecodable"]:
+        log(f"{tally['undecodable']:,} conversations had undecodable text (invalid UTF-8 or lone UTF-16 "
+            f"surrogates), replaced with U+FFFD (--text-errors strict refuses them)")
     summary = run.summary(" (chat, with the loss mask)")
     log(f"{summary} in {time.perf_counter() - t0:.1f} s; when every task is done: zerobatch commit {redact(dst)}")
     return summary
@@ -1086,13 +1197,15 @@ def convert_chat(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[
         from zerobatch.writers.remote import check_remote_destination
         check_remote_destination(dst, args.overwrite)
     t0 = time.perf_counter()
-    counts = {"conversations": 0, "tokens": 0, "trained": 0, "empty": 0}
+    counts = {"conversations": 0, "tokens": 0, "trained": 0, "empty": 0, "undecodable": 0}
 
     def build(folder: str) -> str:
         w = TokenStreamWriter(folder, vocab_size=chat.vocab_size, shard_tokens=args.shard_tokens)
         m = TokenStreamWriter(os.path.join(folder, LOSS_MASK_DIR), vocab_size=2, shard_tokens=args.shard_tokens)
         try:
-            for ids, mask in _encoded_chat(_chat_groups(_chat_records(srcs, field)), chat, args.workers):
+            records = _chat_records(srcs, field, text_errors=args.text_errors, tally=counts)
+            for ids, mask in _encoded_chat(_chat_groups(records), chat, args.workers,
+                                           _chat_progress(srcs, None, args.quiet)):
                 if not ids.size:
                     counts["empty"] += 1
                     continue
@@ -1107,8 +1220,7 @@ def convert_chat(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[
             w.abort()
             m.abort()
             raise
-        m.close()
-        w.close()
+        w.close(loss_mask=m.close())     # the dataset's manifest names its mask's build id
         return (f"wrote {redact(dst)} (tokstream, chat): {counts['conversations']:,} conversations, "
                 f"{counts['tokens']:,} tokens, {counts['trained']:,} of them trained on "
                 f"({', '.join(chat.roles)}) in {time.perf_counter() - t0:.1f} s")
@@ -1128,5 +1240,8 @@ def convert_chat(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[
         summary = build_folder(dst, build, overwrite=args.overwrite)
     if counts["empty"]:
         log(f"skipped {counts['empty']:,} conversations that render to no tokens")
+    if counts["undecodable"]:
+        log(f"{counts['undecodable']:,} conversations had undecodable text (invalid UTF-8 or lone UTF-16 "
+            f"surrogates), replaced with U+FFFD (--text-errors strict refuses them)")
     log(summary)
     return summary

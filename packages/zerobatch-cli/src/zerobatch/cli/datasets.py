@@ -72,6 +72,15 @@ class Dataset(abc.ABC):
         """The tokens in reading order, in bounded pieces (none for non-token formats)."""
         return iter(())
 
+    def sample_masks(self, n: int) -> list[np.ndarray] | None:
+        """The loss masks (one 0/1 per token) of the first ``n`` samples of a dataset that has
+        one (a chat dataset of ``convert --chat``); None for the others."""
+        return None
+
+    def trained_tokens(self) -> tuple[int, int] | None:
+        """``(tokens trained on, tokens)`` of a dataset with a loss mask; None for the others."""
+        return None
+
     @abc.abstractmethod
     def batch_reader(self, batch_size: int, seq_len: int, rng: np.random.Generator
                      ) -> tuple[Callable[[], Any], int, int]:

@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 import numpy as np
 from zerobatch.cli.convert import target_help, targets
 from zerobatch.cli.datasets import dist, human, open_dataset, percentiles, pyplot, time_reads
-from zerobatch.formats.errors import NotFoundError, ZerobatchError
+from zerobatch.formats.errors import FormatError, NotFoundError, StateError, ZerobatchError, scrub
 from zerobatch.formats import registry
 from zerobatch.formats.tokstream import DEFAULT_SHARD_TOKENS
 
@@ -56,7 +56,46 @@ def _bar(args: argparse.Namespace, total: int, unit: str, desc: str) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
+def _inspect_preparation(args: argparse.Namespace) -> bool:
+    """``inspect`` of a folder (or URL) holding an uncommitted distributed preparation (a
+    plan and unit records, no manifest): its state and how to finish it; False otherwise."""
+    from zerobatch.core.remote import is_url, local_path
+    from zerobatch.cli.tasks import preparation_status
+    path = local_path(args.path)
+    if not (is_url(path) or os.path.isdir(path)):
+        return False
+    try:
+        st = preparation_status(path)
+    except (FormatError, StateError):
+        raise                       # a damaged plan or record: said as such
+    except ZerobatchError:
+        return False                # not a store this can list (a file's URL...): the formats say what it is
+    if st is None:
+        return False
+    left = st["units"] - st["finished_units"]
+    if left:
+        owners = st["unfinished_tasks"]
+        shown = ", ".join(map(str, owners[:20])) + (", ..." if len(owners) > 20 else "")
+        st["next"] = (f"{left} unit{'s are' if left != 1 else ' is'} not finished yet: wait for task"
+                      f"{'s' if len(owners) != 1 else ''} {shown} of {st['tasks']} (run a task again only if it "
+                      f"failed), then run zerobatch commit {st['path']}")
+    else:
+        st["next"] = f"every unit is finished: run zerobatch commit {st['path']}"
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return True
+    rows = [("format", st["format"] + (", chat with its loss mask" if st["chat"] else "")),
+            ("units", f"{st['finished_units']} of {st['units']} finished"), ("tasks", str(st["tasks"])),
+            ("next", st["next"])]
+    print(f"{'path':<6}  {args.path}")
+    for k, v in rows:
+        print(f"{k:<6}  {v}")
+    return True
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
+    if _inspect_preparation(args):
+        return 0
     ds = open_dataset(args.path, field=getattr(args, "field", None))
     try:
         rows = ds.info()
@@ -128,11 +167,24 @@ def cmd_head(args: argparse.Namespace) -> int:
     tok = _decoder(args.tokenizer)
     ds = open_dataset(args.path, field=args.field)
     try:
+        masks = ds.sample_masks(args.n) if ds.tokens else None
+        if masks is not None:      # a chat dataset: the tokens its loss mask trains on, marked
+            from zerobatch.cli.formats.tokstream import TRAINED, show_trained
+            colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+            print("tokens trained on (loss mask 1) are shown " +
+                  ("in green" if colour else f"{TRAINED[0]}between these brackets{TRAINED[1]}"))
         for i, s in enumerate(ds.samples(args.n)):
             if not ds.tokens:
                 print(f"{ds.sample_name()} {i}: " + np.array2string(s, precision=4, max_line_width=120))
                 continue
             ids = s.reshape(-1).tolist()
+            if masks is not None and i < len(masks):
+                print(f"--- {ds.sample_name()} {i} ({len(ids)} tokens, {int(np.count_nonzero(masks[i]))} trained on)")
+                shown = ids if tok is not None or args.full or len(ids) <= 64 else ids[:64]
+                text = show_trained(shown, masks[i], tok.decode if tok is not None else None,
+                                    chars=None if args.full or tok is None else args.chars, colour=colour)
+                print(text + (" ..." if len(shown) < len(ids) else ""))
+                continue
             print(f"--- {ds.sample_name()} {i} ({len(ids)} tokens)")
             if tok is not None:
                 text = tok.decode(ids)
@@ -179,6 +231,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
             np.zeros(0, np.int64) if args.eod is not None else ds.lengths())
         what = "documents (split at --eod)" if args.eod is not None else f"{ds.sample_name()}s"
         print(f"tokens: {total:,}  distinct ids: {int(np.count_nonzero(counts)):,}  largest id: {counts.size - 1:,}")
+        trained = ds.trained_tokens()
+        if trained is not None:     # a chat dataset: what its loss mask keeps
+            print(f"trained on (loss mask 1): {trained[0]:,} of {trained[1]:,} tokens "
+                  f"({100 * trained[0] / max(trained[1], 1):.2f} %)")
         print(dist(f"{what} (tokens each)", lengths))
         order = np.argsort(counts)[::-1][: args.top]
         print(f"most frequent {len(order)} ids:")
@@ -511,7 +567,8 @@ def _add_head(sub: Any) -> None:
     s = sub.add_parser("head", help="print the first samples (decoded with --tokenizer)")
     s.add_argument("path")
     s.add_argument("-n", type=int, default=3, help="samples to print (default 3)")
-    s.add_argument("--tokenizer", help="a tokenizer.json, tiktoken:NAME or SentencePiece .model to decode with")
+    s.add_argument("--tokenizer", help="a tokenizer.json (or a tokenizer folder), tiktoken:NAME or SentencePiece "
+                   ".model to decode with; a chat dataset's trained tokens are marked")
     s.add_argument("--field", help="zrecord: the field to print")
     s.add_argument("--chars", type=_positive, default=600, help="decoded characters shown per sample")
     s.add_argument("--full", action="store_true", help="print whole samples")
@@ -523,8 +580,8 @@ def _add_stats(sub: Any) -> None:
     s.add_argument("path")
     s.add_argument("--plot", help="write the distributions as a PNG here")
     s.add_argument("--eod", type=int, help="split documents at this id (formats without document boundaries)")
-    s.add_argument("--tokenizer", help="a tokenizer.json, tiktoken:NAME or SentencePiece .model: the most "
-                   "frequent ids shown as decoded text")
+    s.add_argument("--tokenizer", help="a tokenizer.json (or a tokenizer folder), tiktoken:NAME or SentencePiece "
+                   ".model: the most frequent ids shown as decoded text")
     s.add_argument("--top", type=_positive, default=10, help="frequent ids (or features) listed")
     s.add_argument("--field", help="zrecord: the token field")
     s.set_defaults(func=cmd_stats)
@@ -568,10 +625,21 @@ def _add_quickstart(sub: Any) -> None:
     s.set_defaults(func=cmd_quickstart)
 
 
+def _check_urls(args: argparse.Namespace) -> None:
+    """Refuse, before any work, a URL argument with credentials in it (``s3://KEY:SECRET@b``)
+    or without a valid bucket or host: the message quotes no part of it."""
+    from zerobatch.core.remote import check_url, is_url
+    for name, value in vars(args).items():
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, str) and is_url(v):
+                check_url(v, field=name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
+        _check_urls(args)
         return int(args.func(args))
     except SystemExit as exc:
         return int(exc.code or 0)
@@ -580,7 +648,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except OSError as exc:   # a full disk, a permission, a read error outside the readers
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"zerobatch {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        print(scrub(f"zerobatch {args.command}: error: {where}{exc.strerror or exc}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"zerobatch {args.command}: interrupted", file=sys.stderr)
@@ -588,8 +656,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug: still one line, the traceback on request
         if os.environ.get("ZEROBATCH_DEBUG"):
             raise
-        print(f"zerobatch {args.command}: internal error: {type(exc).__name__}: {exc} (ZEROBATCH_DEBUG=1 shows "
-              "the traceback; please report it)", file=sys.stderr)
+        print(scrub(f"zerobatch {args.command}: internal error: {type(exc).__name__}: {exc}")
+              + " (ZEROBATCH_DEBUG=1 shows the traceback; please report it)", file=sys.stderr)
         return 1
 
 

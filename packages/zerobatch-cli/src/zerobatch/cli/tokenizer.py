@@ -3,7 +3,9 @@ one small interface.
 
 ``--tokenizer`` names one of:
 
-* a Hugging Face ``tokenizer.json`` (the ``tokenizers`` library);
+* a Hugging Face ``tokenizer.json`` (the ``tokenizers`` library), or a tokenizer folder holding
+  one (what ``convert --chat`` takes; a folder with only a SentencePiece ``tokenizer.model`` is
+  read as that model);
 * ``tiktoken:NAME``: a tiktoken encoding (``tiktoken:gpt2``, what nanoGPT's ``prepare.py``
   uses; ``r50k_base`` is the same encoding; ``cl100k_base``, ``o200k_base``...). tiktoken
   downloads an encoding's file once into ``TIKTOKEN_CACHE_DIR``; on a machine without network
@@ -197,7 +199,8 @@ def load_tokenizer(spec: Any) -> TextTokenizer:
     """The tokenizer ``spec`` names (see the module documentation).
 
     Raises:
-        NotFoundError: no such file, or a tiktoken encoding that cannot be loaded.
+        NotFoundError: no such file, a folder without a tokenizer, or a tiktoken encoding that
+            cannot be loaded.
         CorruptError: a file its library cannot load.
         ConfigError: the library is not installed, or an unknown tiktoken encoding.
     """
@@ -208,6 +211,12 @@ def load_tokenizer(spec: Any) -> TextTokenizer:
     spec = os.fspath(spec)
     if spec.startswith(TIKTOKEN_PREFIX):
         return _Tiktoken(spec)
+    if os.path.isdir(spec):
+        for name in ("tokenizer.json", "tokenizer.model"):
+            if os.path.isfile(os.path.join(spec, name)):
+                return load_tokenizer(os.path.join(spec, name))
+        raise NotFoundError("tokenizer: the folder holds no tokenizer.json (nor a SentencePiece tokenizer.model)",
+                            path=spec, field="tokenizer")
     if spec.endswith(".model"):
         return _SentencePiece(spec)
     return _HF(spec)

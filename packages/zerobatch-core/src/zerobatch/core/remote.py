@@ -127,7 +127,7 @@ def check_url(url: str, *, field: str = "path", what: str = "a dataset URL") -> 
 def redact(url: str) -> str:
     """``url`` without user information, query string or fragment (they may hold secrets)."""
     if "://" not in url:
-        return "<url>"
+        return url            # a local path
     scheme, _, rest = scrub(url).partition("://")
     return f"{scheme}://{re.split(r'[?#]', rest.removeprefix('***@'), maxsplit=1)[0]}"
 
@@ -201,8 +201,8 @@ def _fatal(exc: BaseException) -> bool:
     """Errors a retry cannot heal: a missing object, refused credentials, bad configuration."""
     name = type(exc).__name__
     return isinstance(exc, (FileNotFoundError, PermissionError, ValueError, TypeError)) or name in (
-        "PanicException", "PermissionDeniedError", "UnauthenticatedError", "UnknownConfigurationKeyError", "InvalidPathError",
-        "NotSupportedError", "PreconditionError", "AlreadyExistsError", "NotFoundError")
+        "PanicException", "PermissionDeniedError", "UnauthenticatedError", "UnknownConfigurationKeyError",
+        "InvalidPathError", "NotSupportedError", "PreconditionError", "AlreadyExistsError", "NotFoundError")
 
 
 def _check_endpoints(options: dict[str, Any]) -> None:

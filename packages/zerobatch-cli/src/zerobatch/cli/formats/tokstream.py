@@ -12,7 +12,36 @@ from zerobatch.cli.datasets import PIECE, Dataset, Progress, folder_size, human
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import CorruptError
 
-__all__ = ["TokStream", "write"]
+__all__ = ["TRAINED", "TokStream", "show_trained", "write"]
+
+#: How ``head`` marks the tokens a chat dataset trains on: brackets, or (on a terminal) colour.
+TRAINED = ("\u27e6", "\u27e7")
+_COLOUR = ("\x1b[1;32m", "\x1b[0m")
+
+
+def show_trained(ids: list[int], mask: np.ndarray, decode: Callable[[list[int]], str] | None, *,
+                 chars: int | None = None, colour: bool = False) -> str:
+    """One sample of a chat dataset for ``head``: its text (``decode``; ids written as numbers
+    without it) with each run of tokens the loss mask trains on between :data:`TRAINED`
+    brackets, or in colour; at most ``chars`` characters of it (a cut ends in ``[...]``)."""
+    on_off = _COLOUR if colour else TRAINED
+    flags = np.asarray(mask[: len(ids)], bool)
+    cuts = [0, *(np.flatnonzero(np.diff(flags.astype(np.int8))) + 1).tolist(), len(ids)]
+    out: list[str] = []
+    shown = 0
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        if a == b:
+            continue
+        text = decode(ids[a:b]) if decode is not None else " ".join(map(str, ids[a:b]))
+        cut = chars is not None and shown + len(text) > chars
+        if cut:
+            text = text[: chars - shown]
+        shown += len(text)
+        sep = "" if decode is not None or not out else " "
+        out.append(sep + (f"{on_off[0]}{text}{on_off[1]}" if flags[a] and text else text))
+        if cut:
+            return "".join(out) + " [...]"
+    return "".join(out)
 
 
 class TokStream(Dataset):
@@ -90,6 +119,23 @@ class TokStream(Dataset):
     def sample_name(self) -> str:
         return "document"
 
+    def sample_masks(self, n: int) -> list[np.ndarray] | None:
+        mask = self._loss_mask()
+        if mask is None:
+            return None
+        with mask:
+            return [mask.document(i) for i in range(min(n, mask.num_documents))]
+
+    def trained_tokens(self) -> tuple[int, int] | None:
+        mask = self._loss_mask()
+        if mask is None:
+            return None
+        with mask:
+            trained = 0
+            for s in range(0, mask.num_tokens, PIECE):
+                trained += int(np.count_nonzero(mask.window(s, min(PIECE, mask.num_tokens - s))))
+            return trained, int(mask.num_tokens)
+
     def samples(self, n: int) -> list[np.ndarray]:
         return [self.r.document(i) for i in range(min(n, self.r.num_documents))]
 
@@ -120,11 +166,14 @@ def write(dst: str, chunks: Chunks, target: Target) -> str:
     """``convert --to tokstream``: the documents, in shards of about ``--shard-tokens`` tokens
     (built under a temporary name and renamed into place)."""
     from zerobatch.core.remote import is_url
-    from zerobatch.writers.remote import unique_shard_prefix
+    from zerobatch.writers.remote import check_remote_destination, unique_shard_prefix
     from zerobatch.writers.tokstream import TokenStreamWriter
-    # shards bound for object storage get names no earlier upload used, so they never
-    # overwrite the objects of the dataset readers see until the new manifest is in place
-    prefix = unique_shard_prefix() if is_url(dst) else "shard-"
+    # shards replacing a dataset in object storage get names no earlier upload used, so they
+    # never overwrite the objects of the dataset readers see until the new manifest is in
+    # place; a new dataset keeps the plain names (two conversions of the same input make the
+    # same dataset, build id included)
+    replacing = is_url(dst) and check_remote_destination(dst, True)
+    prefix = unique_shard_prefix() if replacing else "shard-"
 
     def build(folder: str) -> str:
         eod = target.eod if target.eod is not None and target.eod < target.vocab else None

@@ -92,7 +92,8 @@ class TokenStreamWriter(PipelineStep):
         TK.write_plan(self.output_folder, {
             "version": 1, "tasks": world_size, "units": [["datatrove task", [r, r + 1]] for r in range(world_size)],
             "source": {"engine": "datatrove"}, "tokenizer": tok.fingerprint, "eod": eod, "bos": None,
-            "vocab_size": vocab, "shard_tokens": self.shard_tokens, "metadata_fields": list(self.metadata_fields)})
+            "vocab_size": vocab, "shard_tokens": self.shard_tokens, "metadata_fields": list(self.metadata_fields),
+            "build_ids": "recorded"})     # a task's documents are not decided by the plan: no seed
         metas: collections.deque[dict[str, Any]] = collections.deque()
 
         def batches() -> Iterator[list[Any]]:

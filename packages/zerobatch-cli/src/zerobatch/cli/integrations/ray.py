@@ -124,5 +124,6 @@ class TokenStreamDatasink(Datasink):
         TK.write_plan(self.output_folder, {
             "version": 1, "tasks": n, "units": [["ray write task", [u, u + 1]] for u in range(n)],
             "source": {"engine": "ray"}, "tokenizer": tok.fingerprint, "eod": eod, "bos": None, "vocab_size": vocab,
-            "shard_tokens": self.shard_tokens, "metadata_fields": list(self.metadata_columns)})
+            "shard_tokens": self.shard_tokens, "metadata_fields": list(self.metadata_columns),
+            "build_ids": "recorded"})     # written after the units, which name no plan
         TK.commit(self.output_folder, log=lambda *_: None)
