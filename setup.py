@@ -54,10 +54,34 @@ def _digest(pkg: pathlib.Path) -> str:
     return h.hexdigest()[:16]
 
 
-if os.environ.get("ZEROBATCH_UMBRELLA_PINNED") == "1":
-    requires = [f"{p.name}=={VERSION}" for p in PACKAGES]
-else:
-    requires = [f"{p.name} @ {p.as_uri()}?src={_digest(p)}" for p in PACKAGES]
+def _extras(pkg: pathlib.Path) -> list[str]:
+    """The names of a package's extras (``[project.optional-dependencies]``)."""
+    try:
+        import tomllib
+    except ImportError:            # Python 3.10: tomli, a build requirement there
+        import tomli as tomllib
+    with open(pkg / "pyproject.toml", "rb") as f:
+        return sorted(tomllib.load(f).get("project", {}).get("optional-dependencies", {}))
+
+
+def _requirement(pkg: pathlib.Path, extra: str | None = None) -> str:
+    name = f"{pkg.name}[{extra}]" if extra else pkg.name
+    if os.environ.get("ZEROBATCH_UMBRELLA_PINNED") == "1":
+        return f"{name}=={VERSION}"
+    return f"{name} @ {pkg.as_uri()}?src={_digest(pkg)}"
+
+
+requires = [_requirement(p) for p in PACKAGES]
+# The umbrella's extras: each extra of any package (remote, torch, jax, chat, parquet, plot,
+# tiktoken, sentencepiece, datatrove, ray, ...) under its own name, asking every package that
+# has it (``pip install '.[remote,chat]'``: the remote extra of core, readers, writers,
+# adapters and the CLI at once), and ``all``. The requirement strings are those of
+# install_requires plus the extra, so pip sees one URL per package.
+extras: dict[str, list[str]] = {}
+for _pkg in PACKAGES:
+    for _extra in _extras(_pkg):
+        extras.setdefault(_extra, []).append(_requirement(_pkg, _extra))
+extras["all"] = sorted({r for reqs in extras.values() for r in reqs})
 
 setup(
     name="zerobatch",
@@ -68,4 +92,5 @@ setup(
     python_requires=">=3.10",
     packages=[],
     install_requires=requires,
+    extras_require=extras,
 )

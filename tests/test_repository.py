@@ -190,3 +190,36 @@ def test_mypy_sees_the_sources_and_their_signatures(tmp_path):
     assert "has no attribute" not in out, out
     assert 'Argument 2 to "TokenWindows" has incompatible type "str"; expected "int"' in out, out
     assert 'Revealed type is "zerobatch.adapters.sources.packed.FlatDocuments"' in out, out
+
+
+def test_the_umbrella_offers_every_extra_of_every_package():
+    """``pip install '.[remote,chat]'`` asks each package for the extras it has, through the
+    very requirement (URL) the umbrella installs it by: one URL per package, so pip resolves
+    (asking ``./packages/zerobatch-cli[remote]`` beside ``.`` was ResolutionImpossible)."""
+    import os
+    from distutils.core import run_setup   # setuptools' shim
+
+    here = os.getcwd()
+    try:
+        os.chdir(REPO)
+        dist = run_setup(str(REPO / "setup.py"), stop_after="init")
+    finally:
+        os.chdir(here)
+    base = {r.split(" @ ")[0]: r.split(" @ ")[1] for r in dist.install_requires}
+    extras = dist.extras_require
+    wanted: dict[str, set[str]] = {}
+    for pkg in sorted((REPO / "packages").iterdir()):
+        if not (pkg / "pyproject.toml").is_file():
+            continue
+        opts = tomllib.loads((pkg / "pyproject.toml").read_text())["project"].get("optional-dependencies", {})
+        for extra in opts:
+            wanted.setdefault(extra, set()).add(f"{pkg.name}[{extra}]")
+    assert {"remote", "torch", "jax", "chat", "parquet", "plot", "tiktoken", "sentencepiece", "datatrove",
+            "ray"} <= set(wanted)
+    for extra, names in wanted.items():
+        got = {r.split(" @ ")[0] for r in extras[extra]}
+        assert got == names, extra
+        for r in extras[extra]:
+            name, url = r.split(" @ ")
+            assert url == base[name.split("[")[0]], r
+    assert {r.split(" @ ")[0] for r in extras["all"]} == set().union(*wanted.values())
