@@ -181,7 +181,8 @@ def _obstore() -> Any:
         import obstore
     except ImportError:
         raise ConfigError("reading or writing a URL needs obstore: pip install 'zerobatch-readers[remote]' "
-                          "(or 'obstore')", field="path") from None
+                          "(or 'obstore'; from a zerobatch checkout: pip install -c constraints.txt '.[remote]')",
+                          field="path") from None
     return obstore
 
 
