@@ -16,7 +16,7 @@ import numpy as np
 from zerobatch.formats.errors import ConfigError, NotFoundError, ZerobatchError
 
 __all__ = ["PIECE", "Dataset", "Progress", "dist", "folder_size", "human", "open_dataset", "percentiles", "pyplot",
-           "time_reads"]
+           "summary", "time_reads"]
 
 Progress = Callable[[int, int], None]
 #: Tokens read per piece when streaming a dataset for statistics.
@@ -87,26 +87,38 @@ class Dataset(abc.ABC):
         """``(read, units, tokens_per_read)``: ``read()`` reads one random batch of
         ``batch_size`` samples; ``units`` how many distinct batches there are."""
 
-    def print_value_stats(self, path: str, *, top: int, plot: str | None) -> int:
+    def print_value_stats(self, path: str, *, top: int, plot: str | None, as_json: bool = False) -> int:
         """``stats`` of a dataset that holds values rather than tokens (``tokens`` False):
-        prints them; returns the exit status.
+        prints them (``as_json``: as one JSON object); returns the exit status.
 
         Raises:
-            ConfigError: a token dataset (``stats`` counts its ids instead).
+            ConfigError: a dataset with no value statistics.
         """
-        raise ConfigError(f"stats: a {self.kind} dataset holds tokens", path=self.path, field="stats")
+        raise ConfigError(f"stats: a {self.kind} dataset has no value statistics", path=self.path, field="stats")
 
     def close(self) -> None:  # noqa: B027 - a dataset with no reader of its own has nothing to release
         """Release the reader (idempotent)."""
 
 
+def summary(a: np.ndarray) -> dict[str, Any]:
+    """The figures :func:`dist` prints, for ``stats --json``: ``count``, and when there is
+    anything ``mean``, ``min``, ``p50``, ``p90``, ``p99`` (NumPy's linear percentiles), ``max``
+    and ``all_equal`` (every value the same: no distribution to draw)."""
+    if a.size == 0:
+        return {"count": 0}
+    p = np.percentile(a, [50, 90, 99])
+    lo, hi = int(a.min()), int(a.max())
+    return {"count": int(a.size), "mean": float(a.mean()), "min": lo, "p50": float(p[0]), "p90": float(p[1]),
+            "p99": float(p[2]), "max": hi, "all_equal": lo == hi}
+
+
 def dist(name: str, a: np.ndarray) -> str:
     """One line: the count, mean, extremes and percentiles of ``a``."""
-    if a.size == 0:
+    s = summary(a)
+    if not s["count"]:
         return f"{name}: none"
-    p = np.percentile(a, [50, 90, 99])
-    return (f"{name}: {a.size:,}  mean {a.mean():,.1f}  min {int(a.min()):,}  p50 {p[0]:,.0f}  p90 {p[1]:,.0f}  "
-            f"p99 {p[2]:,.0f}  max {int(a.max()):,}")
+    return (f"{name}: {s['count']:,}  mean {s['mean']:,.1f}  min {s['min']:,}  p50 {s['p50']:,.0f}  "
+            f"p90 {s['p90']:,.0f}  p99 {s['p99']:,.0f}  max {s['max']:,}")
 
 
 def pyplot() -> Any:

@@ -7,13 +7,14 @@
     zerobatch inspect PATH [--json]           header or manifest, counts, sizes, dtype, build id, checksums
     zerobatch verify PATH                     full integrity check; exit 1 and the faulty file and place
     zerobatch head PATH -n N [--tokenizer T]  the first samples, decoded with a tokenizer
-    zerobatch stats PATH [--plot out.png]     token and document-length distributions
+    zerobatch stats PATH [--plot out.png]     token and document-length distributions (--json: as JSON)
     zerobatch bench [PATH]                    read throughput and latency percentiles (no PATH: a sample)
     zerobatch quickstart                      tokenizer, conversion and a tiny LM trained through the loader
 
 Every format is recognised from its bytes (file magic) or its folder's files. Exit status: 0
 success, 1 a fault found (``verify``) or an error (one line on stderr, never a traceback;
-``ZEROBATCH_DEBUG=1`` prints it), 2 bad command-line usage, 130 interrupted.
+``ZEROBATCH_DEBUG=1`` prints it), 2 bad command-line usage, 130 interrupted, 141 stdout closed
+by its reader (``zerobatch stats X | head``: quietly, as SIGPIPE ends other tools).
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from typing import Any, NoReturn
 
 import numpy as np
 from zerobatch.cli.convert import target_help, targets
-from zerobatch.cli.datasets import dist, human, open_dataset, percentiles, pyplot, time_reads
+from zerobatch.cli.datasets import dist, human, open_dataset, percentiles, pyplot, summary, time_reads
 from zerobatch.formats.errors import FormatError, NotFoundError, StateError, ZerobatchError, scrub
 from zerobatch.formats import registry
 from zerobatch.formats.tokstream import DEFAULT_SHARD_TOKENS
 
-__all__ = ["build_parser", "main"]
+__all__ = ["EXIT_PIPE", "build_parser", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -201,69 +202,155 @@ def cmd_stats(args: argparse.Namespace) -> int:
     tok = _decoder(args.tokenizer)
     ds = open_dataset(args.path, field=args.field)
     try:
-        print(f"{args.path}: {ds.kind}")
+        if not args.json:
+            print(f"{args.path}: {ds.kind}")
         if not ds.tokens:
-            return ds.print_value_stats(args.path, top=args.top, plot=args.plot)
-        counts = np.zeros(0, np.int64)
-        total = 0
-        doc_lengths: list[np.ndarray] = []
-        carry = 0
-        for piece in ds.token_pieces():
-            if piece.size == 0:
-                continue
-            top = int(piece.max())
-            if top >= counts.size:
-                counts = np.concatenate([counts, np.zeros(top + 1 - counts.size, np.int64)])
-            counts[: top + 1] += np.bincount(piece, minlength=top + 1)
-            total += piece.size
-            if args.eod is not None:   # documents from the end-of-document id in reading order
-                ends = np.flatnonzero(piece == args.eod)
-                if ends.size:
-                    lens = np.diff(np.concatenate([[-1], ends]))
-                    lens[0] += carry
-                    doc_lengths.append(lens)
-                    carry = piece.size - 1 - int(ends[-1])
-                else:
-                    carry += piece.size
-        if args.eod is not None and carry:   # the last document need not end with the id
-            doc_lengths.append(np.array([carry], np.int64))
-        lengths = np.concatenate(doc_lengths) if args.eod is not None and doc_lengths else (
-            np.zeros(0, np.int64) if args.eod is not None else ds.lengths())
-        what = "documents (split at --eod)" if args.eod is not None else f"{ds.sample_name()}s"
-        print(f"tokens: {total:,}  distinct ids: {int(np.count_nonzero(counts)):,}  largest id: {counts.size - 1:,}")
+            # as_json only when asked: a format of another distribution may predate it
+            return ds.print_value_stats(args.path, top=args.top, plot=args.plot,
+                                        **({"as_json": True} if args.json else {}))
+        counts, total, lengths = _count_tokens(ds, args.eod)
+        noun = "document" if args.eod is not None else ds.sample_name()
+        what = "documents (split at --eod)" if args.eod is not None else f"{noun}s"
         trained = ds.trained_tokens()
+        order = [int(i) for i in np.argsort(-counts, kind="stable")[: args.top] if counts[i]]
+        lens = summary(lengths)
+        if args.plot:
+            _plot_tokens(args.plot, counts, lengths, what, noun, args.path)
+        if args.json:
+            out: dict[str, Any] = {
+                "path": args.path, "format": ds.kind.upper(), "tokens": total,
+                "distinct_ids": int(np.count_nonzero(counts)), "largest_id": counts.size - 1 if total else None,
+                f"{noun}s": lens["count"], "lengths": {"of": what, **lens},
+                "trained_tokens": trained[0] if trained is not None else None,
+                "trained_fraction": trained[0] / max(trained[1], 1) if trained is not None else None,
+                "most_frequent": [{"id": i, "count": int(counts[i]), "fraction": float(counts[i] / max(total, 1)),
+                                   **({"text": tok.label(i)} if tok is not None else {})} for i in order]}
+            if args.eod is not None:
+                out["split_at_eod"] = args.eod
+            if args.plot:
+                out["plot"] = args.plot
+            print(json.dumps(out, indent=2))
+            return 0
+        print(f"tokens: {total:,}  distinct ids: {int(np.count_nonzero(counts)):,}  largest id: "
+              f"{f'{counts.size - 1:,}' if total else 'none'}")
         if trained is not None:     # a chat dataset: what its loss mask keeps
             print(f"trained on (loss mask 1): {trained[0]:,} of {trained[1]:,} tokens "
                   f"({100 * trained[0] / max(trained[1], 1):.2f} %)")
-        print(dist(f"{what} (tokens each)", lengths))
-        order = np.argsort(counts)[::-1][: args.top]
+        if lens.get("all_equal"):   # one length: a histogram of it would say nothing
+            print(f"{what}: {lens['count']:,}, {_all_equal(noun, lens['min'])}")
+        else:
+            print(dist(f"{what} (tokens each)", lengths))
         print(f"most frequent {len(order)} ids:")
         for i in order:
-            if counts[i] == 0:
-                break
-            label = f"  {tok.label(int(i))!r}" if tok is not None else ""
-            print(f"  {int(i):>8}  {int(counts[i]):>12,}  {100 * counts[i] / max(total, 1):6.2f} %{label}")
+            label = f"  {tok.label(i)!r}" if tok is not None else ""
+            print(f"  {i:>8}  {int(counts[i]):>12,}  {100 * counts[i] / max(total, 1):6.2f} %{label}")
         if args.plot:
-            _plot_tokens(args.plot, counts, lengths, what, args.path)
             print(f"wrote {args.plot}")
     finally:
         ds.close()
     return 0
 
 
-def _plot_tokens(path: str, counts: np.ndarray, lengths: np.ndarray, what: str, title: str) -> None:
+def _count_tokens(ds: Any, eod: int | None) -> tuple[np.ndarray, int, np.ndarray]:
+    """``(occurrences of each id, tokens, lengths)``: the lengths of the documents that ``eod``
+    ends, in reading order (the last need not end with it), or else of the dataset's own
+    documents or records."""
+    counts = np.zeros(0, np.int64)
+    total = 0
+    doc_lengths: list[np.ndarray] = []
+    carry = 0
+    for piece in ds.token_pieces():
+        if piece.size == 0:
+            continue
+        top = int(piece.max())
+        if top >= counts.size:
+            counts = np.concatenate([counts, np.zeros(top + 1 - counts.size, np.int64)])
+        counts[: top + 1] += np.bincount(piece, minlength=top + 1)
+        total += piece.size
+        if eod is not None:   # documents from the end-of-document id in reading order
+            ends = np.flatnonzero(piece == eod)
+            if ends.size:
+                lens = np.diff(np.concatenate([[-1], ends]))
+                lens[0] += carry
+                doc_lengths.append(lens)
+                carry = piece.size - 1 - int(ends[-1])
+            else:
+                carry += piece.size
+    if eod is None:
+        return counts, total, ds.lengths()
+    if carry:
+        doc_lengths.append(np.array([carry], np.int64))
+    return counts, total, np.concatenate(doc_lengths) if doc_lengths else np.zeros(0, np.int64)
+
+
+def _all_equal(noun: str, length: int) -> str:
+    return f"every {noun} holds {length:,} token{'s' if length != 1 else ''}"
+
+
+#: Percentiles marked on the length histogram, with the colour of each mark.
+_MARKS = (("p50", 50, "tab:green"), ("p90", 90, "tab:orange"), ("p99", 99, "tab:red"), ("max", 100, "black"))
+
+
+def _token_figure(counts: np.ndarray, lengths: np.ndarray, what: str, noun: str, title: str) -> Any:
+    """The ``stats --plot`` figure: the length histogram (log-spaced bins on a log axis when
+    the longest is at least 4 times the shortest, else a bin per length, at most 100) with p50, p90, p99
+    and max marked, beside the rank-frequency curve; when every length is the same, only the
+    curve, and the title says the length."""
     plt = pyplot()
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-    if lengths.size:
-        ax[0].hist(lengths, bins=min(100, max(10, int(np.unique(lengths).size))))
-    ax[0].set(title=f"{what}: length distribution", xlabel="tokens", ylabel="count")
     freq = np.sort(counts[counts > 0])[::-1]
-    ax[1].loglog(np.arange(1, freq.size + 1), freq)
-    ax[1].set(title="token frequency by rank", xlabel="rank", ylabel="occurrences")
-    fig.suptitle(title)
+    equal = lengths.size > 0 and int(lengths.min()) == int(lengths.max())
+    if equal:
+        fig, rank = plt.subplots(1, 1, figsize=(6, 4))
+        fig.suptitle(f"{title}: {lengths.size:,} {what}, {_all_equal(noun, int(lengths[0]))}")
+    else:
+        fig, (hist, rank) = plt.subplots(1, 2, figsize=(11, 4))
+        fig.suptitle(title)
+        _length_histogram(hist, lengths, what)
+    rank.loglog(np.arange(1, freq.size + 1), freq)
+    rank.set(title="token frequency by rank", xlabel="rank", ylabel="occurrences")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def _length_histogram(ax: Any, lengths: np.ndarray, what: str) -> None:
+    name = f"{what}: length distribution"
+    shown = lengths[lengths > 0]
+    if not shown.size:
+        ax.set(title=f"{name} (none)" if not lengths.size else f"{name} (all empty)", xlabel="tokens", ylabel="count")
+        return
+    lo, hi = int(shown.min()), int(shown.max())
+    if hi >= 4 * lo:        # a wide spread: equal steps in the logarithm, each bin holding a whole length
+        bins = int(np.clip(2 * np.sqrt(shown.size), 10, 60))
+        edges = np.unique(np.round(np.geomspace(lo, hi + 1, bins + 1))) - 0.5
+        ax.set_xscale("log")
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+        # lengths as plain numbers (10, 20, 50: not 2 x 10^1), 1-2-5 steps over up to three decades
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if hi < 1000 * lo else (1.0,)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        empty = int(lengths.size - shown.size)
+        if empty:           # a log axis has no place for 0
+            name += f" ({empty:,} empty not shown)"
+        ax.hist(shown, bins=edges)
+    else:
+        lo = int(lengths.min())     # empty ones included: a linear axis shows them
+        edges = np.arange(lo - 0.5, hi + 1.5) if hi - lo < 100 else np.linspace(lo - 0.5, hi + 0.5, 101)
+        ax.hist(lengths, bins=edges)
+    values = np.percentile(lengths, [q for _, q, _ in _MARKS])
+    for (label, _, colour), v in zip(_MARKS, values):
+        if v > 0:
+            ax.axvline(v, color=colour, linestyle="--", linewidth=1, label=f"{label} {v:,.0f}")
+    ax.legend(fontsize="small")
+    ax.set(title=name, xlabel="tokens" + (" (log scale)" if ax.get_xscale() == "log" else ""), ylabel="count")
+
+
+def _plot_tokens(path: str, counts: np.ndarray, lengths: np.ndarray, what: str, noun: str, title: str) -> None:
+    plt = pyplot()
+    fig = _token_figure(counts, lengths, what, noun, title)
+    try:
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -419,7 +506,8 @@ COMMAND_HELP = {
                "place.", "zerobatch verify train.batch"),
     "head": ("Print the first samples (documents, records or rows), decoded to text with --tokenizer.",
              "zerobatch head corpus -n 2 --tokenizer tokenizer.json"),
-    "stats": ("Count every token id and the length of every document (or record); --plot draws both.",
+    "stats": ("Count every token id and the length of every document (or record), with p50/p90/p99/max; "
+              "--plot draws both (lengths on a log axis when they spread), --json prints the figures.",
               "zerobatch stats corpus --tokenizer tokenizer.json --plot corpus.png"),
     "bench": ("Time random batch reads of PATH (throughput and p50/p95/p99 latency); without PATH, write a "
               "sample .batch file and stream epochs from it through the loader.",
@@ -579,6 +667,8 @@ def _add_stats(sub: Any) -> None:
     s = sub.add_parser("stats", help="token and document-length distributions (--plot: a PNG)")
     s.add_argument("path")
     s.add_argument("--plot", help="write the distributions as a PNG here")
+    s.add_argument("--json", action="store_true", help="print the figures as JSON (tokens, counts, length "
+                   "percentiles, trained fraction, most frequent ids)")
     s.add_argument("--eod", type=int, help="split documents at this id (formats without document boundaries)")
     s.add_argument("--tokenizer", help="a tokenizer.json (or a tokenizer folder), tiktoken:NAME or SentencePiece "
                    ".model: the most frequent ids shown as decoded text")
@@ -635,8 +725,42 @@ def _check_urls(args: argparse.Namespace) -> None:
                 check_url(v, field=name)
 
 
+#: The exit status when the reader of stdout goes away (``zerobatch stats X | head -2``): what
+#: a shell reports for a tool that SIGPIPE ended (128 + 13), as ``cat`` and ``yes`` give.
+EXIT_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status.
+
+    A closed stdout (the reader of a pipe went away) ends every command quietly with
+    :data:`EXIT_PIPE`, nothing on stderr, as Python's note on SIGPIPE recommends: stdout is
+    pointed at the null device so that the interpreter's last flush cannot fail again.
+    """
+    try:
+        try:
+            return _main(argv)
+        finally:        # output still buffered is written here, where a closed pipe is caught
+            if sys.stdout is not None:
+                sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return EXIT_PIPE
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):     # replaced by an object without a descriptor
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _check_urls(args)
@@ -646,6 +770,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ZerobatchError as exc:
         print(f"zerobatch {args.command}: error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # stdout closed: no error of the command (main ends it quietly)
+        raise
     except OSError as exc:   # a full disk, a permission, a read error outside the readers
         where = f"{exc.filename}: " if exc.filename else ""
         print(scrub(f"zerobatch {args.command}: error: {where}{exc.strerror or exc}"), file=sys.stderr)

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from zerobatch.cli.datasets import Dataset, Progress, dist, folder_size, human, pyplot
+from zerobatch.cli.datasets import Dataset, Progress, dist, folder_size, human, pyplot, summary
 from zerobatch.formats.errors import CorruptError
 
 __all__ = ["Features"]
@@ -65,11 +66,15 @@ class Features(Dataset):
     def close(self) -> None:
         pass
 
-    def print_value_stats(self, path: str, *, top: int, plot: str | None) -> int:
+    def print_value_stats(self, path: str, *, top: int, plot: str | None, as_json: bool = False) -> int:
         ds = self
         m = ds.r.matrix
-        print(f"rows: {m.shape[0]:,}  features: {m.shape[1]}  keys: {len(ds.r.meta.keys)}")
-        print(dist("key lengths (rows each)", ds.lengths()))
+        if not as_json:
+            print(f"rows: {m.shape[0]:,}  features: {m.shape[1]}  keys: {len(ds.r.meta.keys)}")
+            print(dist("key lengths (rows each)", ds.lengths()))
+        out: dict[str, Any] = {"path": path, "format": self.kind.upper(), "rows": int(m.shape[0]),
+                               "features": int(m.shape[1]), "keys": len(ds.r.meta.keys),
+                               "lengths": {"of": "keys (rows each)", **summary(ds.lengths())}, "values": []}
         if m.shape[0]:
             lo = np.full(m.shape[1], np.inf)
             hi = np.full(m.shape[1], -np.inf)
@@ -83,9 +88,12 @@ class Features(Dataset):
             mean = s / m.shape[0]
             std = np.sqrt(np.maximum(s2 / m.shape[0] - mean * mean, 0))
             names = ds.r.meta.columns or [f"f{j}" for j in range(m.shape[1])]
-            print(f"{'feature':<16} {'mean':>10} {'std':>10} {'min':>10} {'max':>10}   (stored values)")
-            for j in range(min(m.shape[1], top)):
-                print(f"{names[j][:16]:<16} {mean[j]:>10.4f} {std[j]:>10.4f} {lo[j]:>10.4f} {hi[j]:>10.4f}")
+            out["values"] = [{"feature": names[j], "mean": float(mean[j]), "std": float(std[j]), "min": float(lo[j]),
+                              "max": float(hi[j])} for j in range(min(m.shape[1], top))]
+            if not as_json:
+                print(f"{'feature':<16} {'mean':>10} {'std':>10} {'min':>10} {'max':>10}   (stored values)")
+                for j in range(min(m.shape[1], top)):
+                    print(f"{names[j][:16]:<16} {mean[j]:>10.4f} {std[j]:>10.4f} {lo[j]:>10.4f} {hi[j]:>10.4f}")
             if plot:
                 plt = pyplot()
                 fig, ax = plt.subplots(1, 2, figsize=(11, 4))
@@ -95,6 +103,14 @@ class Features(Dataset):
                 ax[1].set(title="stored values: mean +- std per feature", xlabel="feature")
                 fig.suptitle(path)
                 fig.tight_layout()
-                fig.savefig(plot, dpi=110)
-                print(f"wrote {plot}")
+                try:
+                    fig.savefig(plot, dpi=110)
+                finally:
+                    plt.close(fig)
+                if as_json:
+                    out["plot"] = plot
+                else:
+                    print(f"wrote {plot}")
+        if as_json:
+            print(json.dumps(out, indent=2))
         return 0

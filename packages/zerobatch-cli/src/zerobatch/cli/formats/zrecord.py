@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from zerobatch.cli.convert import Chunks, Target, build_folder, documents
 from zerobatch.cli.datasets import Dataset, Progress, folder_size, human
-from zerobatch.formats.errors import CorruptError, NotFoundError
+from zerobatch.formats.errors import ConfigError, CorruptError, NotFoundError
 
 __all__ = ["ZRecord", "write"]
 
@@ -83,6 +83,17 @@ class ZRecord(Dataset):
         def read() -> Any:
             self.r.gather(rng.integers(0, n, batch_size), [self.field], zero_copy=True).release()
         return read, max(1, n // batch_size), batch_size * mean
+
+    def print_value_stats(self, path: str, *, top: int, plot: str | None, as_json: bool = False) -> int:
+        """Refused: ``stats`` counts the token ids of an integer field.
+
+        Raises:
+            ConfigError: the field chosen holds no integers.
+        """
+        dtype = next(f.dtype for f in self.r.fields if f.name == self.field)
+        ints = [f.name for f in self.r.fields if f.dtype not in ("bytes", "bool", "f16", "f32", "f64")]
+        raise ConfigError(f"stats: field {self.field!r} holds {dtype} values, not token ids; choose an integer "
+                          f"field with --field (integer fields: {ints or 'none'})", path=self.path, field="field")
 
     def close(self) -> None:
         self.r.close()
