@@ -23,7 +23,8 @@ def torchrun(nproc: int, data: str, ckpt: str, logs: str, die_at: int | None,
              env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
             str(REPO / "examples" / "ddp_train.py"), data, ckpt, "--steps", str(STEPS), "--seq-len", str(SEQ),
-            "--global-batch", str(G), "--vocab", "12000", "--ckpt-every", "50", "--seed", str(SEED), "--ids-log", logs]
+            "--global-batch", str(G), "--vocab", "12000", "--ckpt-every", "50", "--log-every", "25", "--seed",
+            str(SEED), "--ids-log", logs, "--resume"]
     if die_at is not None:
         argv += ["--die-at", str(die_at)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHELASTIC_ERROR_FILE": os.path.join(logs, "error.json"),
@@ -95,3 +96,54 @@ def test_killed_and_resumed_on_other_world_sizes(tmp_path, where, request):
     assert got == expected[:STEPS]
     first_epoch = [i for s in got[:per_epoch] for i in s]
     assert len(first_epoch) == len(set(first_epoch)) == per_epoch * G
+
+
+def example(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python examples/ddp_train.py ARGS`` on one process, its default folders in ``tmp_path``."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    env.pop("WORLD_SIZE", None)
+    return subprocess.run([sys.executable, str(REPO / "examples" / "ddp_train.py"), *args],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_example_run_as_the_docs_say_prints_checkpoints_and_resumes(tmp_path):
+    import re
+
+    import torch
+
+    run = tmp_path / "zerobatch-ddp-example"
+    r = example(tmp_path, "--steps", "20")
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [(int(m[1]), float(m[2]), m[3]) for m in
+             re.finditer(r"^step (\d+) epoch 0 loss (\d+\.\d+) \(([\d,]+) tokens/s\)$", r.stdout, re.M)]
+    assert [s for s, _, _ in steps] == list(range(2, 21, 2)), r.stdout
+    assert all(int(rate.replace(",", "")) > 0 for _, _, rate in steps)
+    assert f"checkpoint {run / 'ckpt.pt'}: step 20, loader at epoch 0 after 160 of" in r.stdout
+    assert "--steps 40 --resume" in r.stdout
+    ckpt = torch.load(run / "ckpt.pt", weights_only=False)
+    assert ckpt["step"] == 20 and set(ckpt) == {"model", "optim", "loader", "step"}
+    assert ckpt["loader"]["consumed"] == 160 and ckpt["loader"]["source"]["seq_len"] == 32
+
+    # --resume continues at the checkpoint, with a checkpoint every --ckpt-every steps
+    r = example(tmp_path, "--steps", "30", "--resume", "--ckpt-every", "5", "--log-every", "5")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed at step 20 on 1 process(es), epoch 0" in r.stdout
+    assert re.findall(r"^step (\d+) ", r.stdout, re.M) == ["25", "30"]
+    assert re.findall(r"checkpoint .*: step (\d+),", r.stdout) == ["25", "30"]
+    ckpt = torch.load(run / "ckpt.pt", weights_only=False)
+    # the loader stands where an uninterrupted 30-step run stands
+    ref = Loader(TokenWindows(str(run / "demo-data"), 32), global_batch_size=8, seed=1234, rank=0,
+                 world_size=1)
+    it = iter(ref)
+    for _ in range(30):
+        next(it)
+    assert ckpt["step"] == 30 and ckpt["loader"] == ref.state_dict()
+    ref.close()
+
+    # a resumed run at its end has nothing to do; without --resume a run starts over
+    r = example(tmp_path, "--steps", "30", "--resume")
+    assert r.returncode == 0 and "nothing to do: the checkpoint is at step 30" in r.stdout, r.stdout
+    r = example(tmp_path, "--steps", "2")
+    assert r.returncode == 0 and "starting at step 0" in r.stdout and "pass --resume" in r.stdout, r.stdout
+    assert torch.load(run / "ckpt.pt", weights_only=False)["step"] == 2

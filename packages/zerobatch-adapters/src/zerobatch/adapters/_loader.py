@@ -306,10 +306,22 @@ class BaseLoader:
         steps the worker reads and how many of them it delivered (kind :data:`WORKER_STATE`).
         """
         if self._in_worker():
-            share = self._share or {"start": self.schedule.state_dict(), "worker": self._worker_split()[0],
+            share = self._share or {"start": self._schedule_state(), "worker": self._worker_split()[0],
                                     "num_workers": self._worker_split()[1], "delivered": 0}
             return {"kind": WORKER_STATE, "version": 1, **share, "start": dict(share["start"])}
-        return self.schedule.state_dict()
+        return self._schedule_state()
+
+    def _schedule_state(self, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``state`` (default: the schedule's now) with the source's geometry under
+        ``"source"`` (its kind and :meth:`~zerobatch.adapters.sources.Source.geometry`),
+        which the schedule ignores and :meth:`load_state_dict` reads to name what changed
+        when a state does not fit (states without it, saved by earlier releases, load as
+        before)."""
+        state = self.schedule.state_dict() if state is None else state
+        geometry = self.source.geometry()
+        if geometry and "source" not in state:
+            state = {**state, "source": {"kind": self.source.kind, **geometry}}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where ``state`` stopped, on any world size.
@@ -333,17 +345,58 @@ class BaseLoader:
         if not isinstance(state, dict):
             raise StateError(f"a loader state is a dict, got {type(state).__name__}", field="state")
         share = None
-        if state.get("kind") == WORKER_STATE:
-            if not self._in_worker():
-                raise StateError("this is the state of one DataLoader worker's share of the steps; load the "
-                                 "DataLoader's whole state (StatefulDataLoader.state_dict()) instead")
-            share = _check_share(state)
-            state = share["start"]
-        elif "_snapshot" in state or "_num_yielded" in state:
-            state = self._from_torchdata(state)
-        self._close_active()
-        self.schedule.load_state_dict(state)
+        saved = state
+        try:
+            if state.get("kind") == WORKER_STATE:
+                if not self._in_worker():
+                    raise StateError("this is the state of one DataLoader worker's share of the steps; load "
+                                     "the DataLoader's whole state (StatefulDataLoader.state_dict()) instead")
+                share = _check_share(state)
+                state = share["start"]
+            elif "_snapshot" in state or "_num_yielded" in state:
+                state = self._from_torchdata(state)
+            self._close_active()
+            self.schedule.load_state_dict(state)
+        except StateError as exc:
+            better = self._geometry_error(saved, exc)
+            if better is None:
+                raise
+            raise better from exc
         self._share, self._share_loaded = share, share is not None
+
+    def _geometry_error(self, state: dict[str, Any], exc: StateError) -> StateError | None:
+        """The error to raise instead of ``exc`` (a state refused for its item count or data)
+        when the source's geometry explains it: the saved state was made with another
+        ``seq_len`` (or stride, window...) than this loader's source. ``None``: no better
+        words."""
+        if exc.field not in ("num_items", "fingerprint"):
+            return None
+        geometry = self.source.geometry()
+        saved = _saved_schedule_state(state)
+        if not geometry or saved is None:
+            return None
+        n, item = self.source.num_items, self.source.item_name
+        theirs = saved.get("source")
+        saved_n = saved.get("num_items")
+        count = f" ({saved_n} {item})" if isinstance(saved_n, int) else ""
+        if isinstance(theirs, dict) and theirs.get("kind") == self.source.kind:
+            changed = [k for k in geometry if theirs.get(k, geometry[k]) != geometry[k]]
+            if not changed:
+                return None
+            was = ", ".join(f"{k} {theirs[k]!r}" for k in changed)
+            now = ", ".join(f"{k} {geometry[k]!r}" for k in changed)
+            return StateError(f"{changed[0]}: the saved state was made with {was}{count} but this loader has "
+                              f"{now} ({n} {item})", field=changed[0])
+        same_data = saved.get("fingerprint") == self.source.fingerprint
+        if theirs is None and exc.field == "num_items" and same_data:
+            # a state saved before the geometry was recorded: the same data cut another way
+            names = list(geometry)
+            keys = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+            now = ", ".join(f"{k} {v!r}" for k, v in geometry.items())
+            return StateError(f"num_items: the saved state has {saved_n} {item} but this loader has {n}: the "
+                              f"same data cut another way, so the state was saved with another {keys} than "
+                              f"this loader's {now}", field="num_items")
+        return None
 
     def _from_torchdata(self, state: dict[str, Any]) -> dict[str, Any]:
         """The position a torchdata ``StatefulDataLoader`` state stands at."""
@@ -398,7 +451,7 @@ class _Pass:
         # inside a worker process: the share this pass delivers, counted as it goes
         self.share: dict[str, Any] | None = None
         if share:
-            self.share = {"start": self.schedule.state_dict(), "worker": worker, "num_workers": num_workers,
+            self.share = {"start": loader._schedule_state(), "worker": worker, "num_workers": num_workers,
                           "delivered": skip}
             loader._share, loader._share_loaded = self.share, False
         self.closed = False
@@ -538,6 +591,23 @@ class _Pass:
         if self.pool is not None:
             pool, self.pool = self.pool, None
             pool.detach()
+
+
+def _saved_schedule_state(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The schedule's state inside a loader state, a worker's share or a torchdata state
+    (``None`` when it has none)."""
+    try:
+        if state.get("kind") == WORKER_STATE:
+            inner = state["start"]
+        elif "_num_yielded" in state:
+            inner = state["dataset_state"]
+        elif "_snapshot" in state:
+            inner = state["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]["start"]
+        else:
+            inner = state
+    except (KeyError, TypeError):
+        return None
+    return inner if isinstance(inner, dict) else None
 
 
 def _check_share(state: Any) -> dict[str, Any]:

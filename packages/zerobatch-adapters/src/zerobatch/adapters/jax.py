@@ -43,6 +43,34 @@ __all__.sort()
 OUTPUTS = ("jax", "numpy")
 
 
+def _jax_device(device: Any) -> Any:
+    """``device`` as what ``jax.device_put`` takes, checked now rather than at the first batch.
+
+    Raises:
+        ConfigError: a platform JAX has no backend for here, an index past its devices, or
+            something that names no device.
+    """
+    if device is None or isinstance(device, (jax.Device, jax.sharding.Sharding)):
+        return device
+    if not isinstance(device, str):
+        raise ConfigError(f"device: must be a jax.Device, a platform name ('cpu', 'gpu', 'tpu', 'gpu:1') or "
+                          f"None, got {device!r}", field="device")
+    platform, sep, number = device.partition(":")
+    if sep and not number.isdigit():
+        raise ConfigError(f"device: {device!r} is not a platform name with a device number ('gpu:1')",
+                          field="device")
+    try:
+        devices = jax.local_devices(backend=platform)      # this process's own: the ones it can put on
+    except RuntimeError as exc:
+        raise ConfigError(f"device: {device!r} but JAX has no {platform} backend here ({exc})",
+                          field="device") from None
+    index = int(number) if sep else 0
+    if index >= len(devices):
+        raise ConfigError(f"device: {device!r} but JAX has {len(devices)} {platform} device(s)",
+                          field="device")
+    return devices[index]
+
+
 class Loader(BaseLoader):
     """Batches of a zerobatch source for this JAX process.
 
@@ -54,7 +82,10 @@ class Loader(BaseLoader):
             for ``jax.Array`` output).
         output: ``"jax"`` (``jax.Array`` on ``device``, or global arrays over
             ``sharding``) or ``"numpy"``.
-        device: a ``jax.Device`` for the arrays (default: JAX's default device).
+        device: a ``jax.Device`` for the arrays (default: JAX's default device), or a
+            platform name (``"cpu"``, ``"gpu"``, ``"tpu"``, ``"gpu:1"``: that platform's
+            first, or numbered, local device); checked when the loader is made (a platform JAX
+            cannot start here raises a :class:`ConfigError`, field ``device``).
         sharding: a ``jax.sharding.Sharding`` of the global batch; each array becomes a
             global array made of every process's rows.
     """
@@ -77,7 +108,7 @@ class Loader(BaseLoader):
         if device is not None and sharding is not None:
             raise ConfigError("pass device or sharding, not both", field="sharding")
         self.output = output
-        self.device = device
+        self.device = _jax_device(device)
         self.sharding = sharding
 
     def __iter__(self) -> Iterator[Any]:

@@ -32,6 +32,7 @@ from zerobatch.adapters import sources as _sources
 from zerobatch.adapters._loader import DEFAULT_PREFETCH, DEFAULT_SEED, BaseLoader
 from zerobatch.adapters.sources import *  # noqa: F403 - every source, re-exported with the loader
 from zerobatch.adapters.sources import LLMBatchSource
+from zerobatch.adapters.sources._base import check_dataset
 from zerobatch.formats.errors import ConfigError
 from zerobatch.readers import llmbatch as _llmbatch
 
@@ -95,6 +96,40 @@ class BatchFileReader(_llmbatch.BatchFileReader):
 
 
 
+def _device(device: Any) -> torch.device | None:
+    """``device`` as a ``torch.device``, checked now rather than at the first batch (where
+    torch would raise an ``AssertionError`` from deep inside a copy); ``None`` for none.
+
+    Raises:
+        ConfigError: not a device torch knows, a device type whose backend says it is not
+            available (``torch.cuda.is_available()`` is False), or an index past its count.
+    """
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ConfigError(f"device: {device!r} is not a torch device ({exc}); give 'cuda', 'cuda:1', 'cpu', "
+                          f"a torch.device or None", field="device") from None
+    if dev.type in ("cpu", "meta"):
+        return dev
+    backend = getattr(torch, dev.type, None)
+    available = getattr(backend, "is_available", None)
+    if callable(available) and not available():
+        why = ""
+        if dev.type == "cuda":
+            why = (" (this torch is a build without CUDA: torch.version.cuda is None)"
+                   if torch.version.cuda is None
+                   else " (no CUDA device is visible: check the driver and CUDA_VISIBLE_DEVICES)")
+        raise ConfigError(f"device: {device!r} but torch.{dev.type}.is_available() is False{why}; pass "
+                          f"device=None (or 'cpu') to keep batches on the CPU", field="device")
+    count = getattr(backend, "device_count", None)
+    if dev.index is not None and callable(count) and dev.index >= count():
+        raise ConfigError(f"device: {device!r} but torch.{dev.type}.device_count() is {count()}",
+                          field="device")
+    return dev
+
+
 def _accelerator_available() -> bool:
     acc = getattr(torch, "accelerator", None)
     if acc is not None and hasattr(acc, "is_available"):
@@ -129,7 +164,10 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
             source allows: an LLMBATCH file read one file batch per step).
         pin_memory: copy each batch into page-locked memory (ignored, with a warning, on a
             machine without an accelerator).
-        device: move each batch there (``non_blocking`` copies from pinned memory).
+        device: move each batch there (``non_blocking`` copies from pinned memory); checked
+            when the loader is made: a device torch does not know, or one whose backend is
+            not available (``"cuda"`` where ``torch.cuda.is_available()`` is False), raises
+            a :class:`ConfigError` (field ``device``).
         num_workers: refused with a :class:`ConfigError` that says where worker processes
             live (:meth:`dataloader`); the loader itself uses threads.
 
@@ -168,7 +206,7 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
             warnings.warn("pin_memory=True but no accelerator is available: batches are not pinned",
                           RuntimeWarning, stacklevel=2)
             self.pin_memory = False
-        self.device = None if device is None else torch.device(device)
+        self.device = _device(device)
         if self.device is not None and self.device.type == "cpu":
             self.device = None
 
@@ -260,7 +298,7 @@ class WorkerDataLoader(torch.utils.data.DataLoader):
     def state_dict(self) -> dict[str, Any]:
         if self._start is None:
             return self.zb.state_dict()
-        return self.zb.schedule.advanced(self._delivered, self._start)
+        return self.zb._schedule_state(self.zb.schedule.advanced(self._delivered, self._start))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._start, self._delivered = None, 0
@@ -311,6 +349,7 @@ class BatchNativeLoader(Loader):
                  num_threads: int | None = None, prefetch: int = DEFAULT_PREFETCH, verify: bool = True,
                  pin_memory: bool = False, device: Any = None) -> None:
         if not isinstance(path, _llmbatch.BatchFileReader):
+            check_dataset(path, "BatchNativeLoader", ("llmbatch",))
             path = BatchFileReader(path, verify=verify)
         source = LLMBatchSource(path, block_size=block_size, verify=verify)
         super().__init__(source, None, shuffle=shuffle, seed=seed, tail="drop" if drop_last else "pad",
@@ -347,10 +386,11 @@ class DatasetLoader:
     def __init__(self, batch: int, seq_len: int, process_rank: int, num_processes: int,
                  dataset_dir: str | os.PathLike[str], device: Any = "cpu") -> None:
         from zerobatch.adapters.npy_folder import NpyTokenFolder
+        resolved = _device(device)
         self.stream = NpyTokenFolder(dataset_dir, batch, seq_len, process_rank, num_processes)
         self.batch, self.seq_len = self.stream.batch, self.stream.seq_len
         self.process_rank, self.num_processes = self.stream.rank, self.stream.world_size
-        self.device = torch.device(device)
+        self.device = torch.device("cpu") if resolved is None else resolved
         self.filepaths = list(self.stream.paths)
 
     @property

@@ -70,18 +70,26 @@ def open_source(value: Any, **kwargs: Any) -> Source:
     whose format has a default source that needs no arguments (a ``.batch`` file).
 
     Raises:
-        ConfigError: anything else (name the source: ``TokenWindows(path, seq_len)``...).
+        ConfigError: a path that does not exist; a dataset of a format with no default source
+            (naming its sources: ``TokenWindows(path, seq_len)``...); anything else.
     """
     if isinstance(value, Source):
         return value
+    from zerobatch.core.remote import is_url
     from zerobatch.readers.llmbatch import BatchFileReader
     if isinstance(value, BatchFileReader):
         return globals()["LLMBatchSource"](value, **kwargs)
     if isinstance(value, (str, os.PathLike)) and os.path.exists(value):
+        from zerobatch.adapters.sources._base import _what, how_to_read
         from zerobatch.readers.detect import find
 
         fmt = find(value)
         if fmt is not None and fmt.default_source is not None:
             return fmt.resolve("default_source")(value, **kwargs)
+        if fmt is not None:
+            raise ConfigError(f"source: {_what(fmt)}, which the loader does not open from a path alone: give "
+                              f"it {how_to_read(fmt, value)}", path=value, field="source")
+    elif isinstance(value, (str, os.PathLike)) and not is_url(os.fspath(value)):
+        raise ConfigError("source: the path does not exist", path=value, field="source")
     raise ConfigError(f"source: expected a zerobatch source (LLMBatchSource, TokenWindows, TokenDocuments, "
                       f"RecordFields, Mixture) or a .batch file, got {value!r}", field="source")

@@ -4,6 +4,9 @@ shares (NumPy only)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
+import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -13,11 +16,11 @@ import numpy as np
 
 from zerobatch.adapters._buffers import BufferPool
 from zerobatch.core.checks import check_count
-from zerobatch.formats.errors import ConfigError
+from zerobatch.formats.errors import ConfigError, NotFoundError
 from zerobatch.samplers import GlobalRandomOrder, IndexOrder, IndexSampler, Schedule, SequentialOrder
 
 __all__ = ["CHUNK_BYTES", "IGNORE_INDEX", "VIEW_STEPS", "Array", "Output", "OutputPlan", "ReadTicket", "Source", "StackedRuns", "Value", "build", "leaves",
-           "open_reader"]
+           "check_dataset", "how_to_read", "open_reader"]
 
 #: Bytes one read-ahead job fills when steps can be read together (amortizes the hand-off
 #: between threads).
@@ -174,6 +177,105 @@ def open_reader(value: Any, cls: type, **kwargs: Any) -> Any:
     return value if isinstance(value, cls) else cls(value, **kwargs)
 
 
+def _article(words: str) -> str:
+    """``words`` after "a" or "an" ("an LLMBATCH file", "a TOKSTREAM dataset", "a folder")."""
+    first = words[:1]
+    vowel = first in "aeiou" if first.islower() else first in "AEFHILMNORSX"   # letters said with a vowel
+    return f"{'an' if vowel else 'a'} {words}"
+
+
+def _what(fmt: Any) -> str:
+    """How a message names a dataset of the format ``fmt``: "an LLMBATCH file", "a TOKSTREAM dataset"."""
+    return _article(f"{fmt.title} {'file' if fmt.layout == 'file' else 'dataset'}")
+
+
+def _call(target: str) -> str:
+    """How to call the source that ``target`` (``"module:Class"``) names on a path, with its
+    other required arguments by name: ``TokenWindows(path, seq_len)``."""
+    name = target.rpartition(":")[2]
+    try:
+        module, _, attr = target.partition(":")
+        target_obj = getattr(importlib.import_module(module), attr)
+        params = list(inspect.signature(target_obj).parameters.values())[1:]
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return f"{name}(path, ...)"
+    required = [p.name for p in params if p.default is inspect.Parameter.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return f"{name}({', '.join(['path', *required])})"
+
+
+def how_to_read(fmt: Any, path: str) -> str:
+    """The sources that read a dataset of the format ``fmt`` (and the loader, when a path alone
+    opens it): "LLMBatchSource(path) (or Loader('x.batch'))"."""
+    calls = " or ".join(_call(t) for t in fmt.sources) or "its reader"
+    if fmt.default_source:
+        calls += f" (or Loader({path!r}))"
+    return calls
+
+
+def check_dataset(value: Any, source: str, accepts: tuple[str, ...], expected: str | None = None) -> None:
+    """Before the source ``source`` opens ``value`` (when it is a local path): refuse a path
+    that does not exist, or that holds a dataset of another format than ``accepts`` (the
+    registry's format names), naming the format found and the source that reads it, rather
+    than let the reader fail on a file it was never meant to open
+    (``x.batch/manifest.json: cannot open: Not a directory``). An open reader, a URL (found
+    out by the reader, not with requests made here) and a path of no known format (the
+    reader says what is wrong with it) pass.
+
+    Args:
+        value: what the source was given.
+        source: the source's name, for the message.
+        accepts: the formats the source reads.
+        expected: how the message names what the source reads (default: from ``accepts``).
+
+    Raises:
+        NotFoundError: nothing at the path (field ``path``).
+        ConfigError: a dataset of another format, or a file where the source reads folders or
+            a folder where it reads files (field ``path``).
+    """
+    if not isinstance(value, (str, os.PathLike)):
+        return
+    from zerobatch.core.remote import is_url, local_path
+    from zerobatch.formats.registry import get
+    from zerobatch.readers.detect import find
+
+    raw = os.fspath(value)
+    if isinstance(raw, bytes) or (is_url(raw) and not raw.lower().startswith("file://")):
+        return
+    path = local_path(raw)
+    formats = [get(name) for name in accepts]
+    if expected is None:
+        expected = " or ".join(_what(f) for f in formats)
+    if not os.path.lexists(path):
+        raise NotFoundError(f"does not exist ({source} reads {expected})", path=path, field="path")
+    fmt = find(path)
+    name = os.path.basename(os.path.normpath(path)) or path
+    if fmt is not None and fmt.name not in accepts:
+        raise ConfigError(f"{name} is {_what(fmt)}, not {expected}: read it with {how_to_read(fmt, raw)}",
+                          path=path, field="path")
+    if fmt is not None or not os.path.exists(path):
+        return
+    layouts = {f.layout for f in formats}
+    if os.path.isdir(path):
+        try:
+            npy = any(n.endswith(".npy") for n in os.listdir(path))
+        except OSError:
+            npy = False                     # unreadable: the reader says so
+        if formats and npy:                 # a source of a registered format given NpyTokenWindows' data
+            raise ConfigError(f"{name} is a folder of .npy token files, not {expected}: read it with "
+                              f"NpyTokenWindows(path, seq_len)", path=path, field="path")
+        if layouts == {"file"}:
+            raise ConfigError(f"{name} is a folder, not {expected}", path=path, field="path")
+    elif "folder" in layouts or not formats:
+        folders = " or ".join(f"{_what(f)} (a folder holding {', '.join(f.markers)})"
+                              for f in formats if f.layout == "folder") or expected
+        if "file" in layouts:
+            files = " or ".join(_what(f) for f in formats if f.layout == "file")
+            raise ConfigError(f"{name} is not {files} (its first bytes are no zerobatch magic) and not "
+                              f"{folders}", path=path, field="path")
+        raise ConfigError(f"{name} is a file, not {folders}", path=path, field="path")
+
+
 class Source(ABC):
     """Items a loader can read: a view of one reader (see :mod:`zerobatch.adapters.sources`).
 
@@ -187,6 +289,7 @@ class Source(ABC):
             of per-step dicts).
         output: what a step is handed out as (:class:`Array` / :class:`Value` leaves in
             tuples and dicts); the loaders build it from a read with one generic function.
+        item_name: what an item is called in messages (``"windows"``, ``"documents"``).
     """
 
     kind: str = ""
@@ -195,6 +298,15 @@ class Source(ABC):
     rows_per_item: int = 1
     stacked: bool = True
     output: Any = Array("tokens")
+    item_name: str = "items"
+
+    def geometry(self) -> dict[str, Any]:
+        """The arguments that decide how this source cuts its data into items, beyond the
+        data's identity (the fingerprint): ``{"seq_len": 2048, "stride": 2048}`` for token
+        windows. JSON-able; a loader records them in its state, so a state that does not fit
+        names the one that changed rather than only the item count it changes. Empty (the
+        default) when the items are the data's own (documents, records)."""
+        return {}
 
     def __init__(self) -> None:
         self._pools: dict[tuple[Any, ...], BufferPool] = {}

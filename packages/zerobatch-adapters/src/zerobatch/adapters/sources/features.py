@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources._base import CHUNK_BYTES, Array, Source
+from zerobatch.adapters.sources._base import CHUNK_BYTES, Array, Source, check_dataset
 from zerobatch.formats.errors import ConfigError
 
 __all__ = ["FeatureWindows"]
@@ -25,6 +25,7 @@ class FeatureWindows(Source):
     """
 
     kind = "features"
+    item_name = "windows"
 
     def __init__(self, folder: Any, window: int | None = None, *, stride: int = 1, horizon: int = 0,
                  verify: bool = True) -> None:
@@ -33,6 +34,7 @@ class FeatureWindows(Source):
         if isinstance(folder, FeatureMatrix):
             self.matrix = folder
         else:
+            check_dataset(folder, "FeatureWindows", ("features",))
             if window is None:
                 raise ConfigError("window: give the rows per window", field="window")
             self.matrix = FeatureMatrix(folder, window, stride=stride, horizon=horizon, verify=verify)
@@ -40,6 +42,10 @@ class FeatureWindows(Source):
         self.output = (Array("x"), Array("y")) if self.horizon else Array("x")
         self.num_items = len(self.matrix)
         self.fingerprint = self.matrix.build_id
+
+    def geometry(self) -> dict[str, Any]:
+        m = self.matrix
+        return {"window": int(m.window), "stride": int(m.stride), "horizon": int(m.horizon)}
 
     @property
     def remote(self) -> bool:

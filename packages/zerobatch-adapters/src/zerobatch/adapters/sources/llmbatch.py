@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources._base import CHUNK_BYTES, Array, ReadTicket, Source, StackedRuns, open_reader
+from zerobatch.adapters.sources._base import (CHUNK_BYTES, Array, ReadTicket, Source, StackedRuns,
+                                              check_dataset, open_reader)
 from zerobatch.core.checks import check_count
 from zerobatch.samplers import BlockShuffleOrder, IndexOrder
 
@@ -26,10 +27,12 @@ class LLMBatchSource(Source):
 
     kind = "llmbatch"
     output = Array("tokens")
+    item_name = "batches"
 
     def __init__(self, path: Any, *, block_size: int = 256, verify: bool = True) -> None:
         super().__init__()
         from zerobatch.readers.llmbatch import BatchFileReader
+        check_dataset(path, "LLMBatchSource", ("llmbatch",))
         self.reader = open_reader(path, BatchFileReader, verify=verify)
         self.block_size = check_count(block_size, "block_size", minimum=1)
         self.num_items = self.reader.num_batches
@@ -39,6 +42,10 @@ class LLMBatchSource(Source):
         self._advised: set[int] = set()
         self._to_advise: list[int] = []
         self._started = False
+
+    def geometry(self) -> dict[str, Any]:
+        """The file's batch shape (a file rebuilt with another one is another file)."""
+        return {"batch_size": self._shape[0], "seq_len": self._shape[1]}
 
     def default_order(self, shuffle: bool, seed: int) -> IndexOrder:
         """The seed's block shuffle (:class:`~zerobatch.samplers.BlockShuffleOrder`)."""

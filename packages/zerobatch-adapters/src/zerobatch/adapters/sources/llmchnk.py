@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources._base import CHUNK_BYTES, Array, Source, check_pad_id, check_seq_len, open_reader
+from zerobatch.adapters.sources._base import (CHUNK_BYTES, Array, Source, check_dataset, check_pad_id,
+                                              check_seq_len, open_reader)
 
 __all__ = ["LLMChunkSource"]
 
@@ -25,11 +26,13 @@ class LLMChunkSource(Source):
     """
 
     kind = "llmchnk"
+    item_name = "records"
 
     def __init__(self, path: Any, seq_len: int | None = None, *, pad_id: int = 0, mask: bool = False,
                  verify: bool = True) -> None:
         super().__init__()
         from zerobatch.readers.llmchnk import LLMChunkReader
+        check_dataset(path, "LLMChunkSource", ("llmchnk",))
         self.reader = open_reader(path, LLMChunkReader, verify=verify)
         width = self.reader.seq_len if seq_len is None else seq_len
         self.seq_len = check_seq_len(width)

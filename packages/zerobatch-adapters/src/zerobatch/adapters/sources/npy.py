@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources._base import CHUNK_BYTES, Array, Source, check_seq_len, next_token_pair
+from zerobatch.adapters.sources._base import (CHUNK_BYTES, Array, Source, check_dataset, check_seq_len,
+                                              next_token_pair)
 from zerobatch.core import xxh3_64
 from zerobatch.formats.errors import CorruptError
 
@@ -26,10 +27,12 @@ class NpyTokenWindows(Source):
     """
 
     kind = "npy-windows"
+    item_name = "windows"
 
     def __init__(self, folder: Any, seq_len: int, *, next_token: bool = True) -> None:
         super().__init__()
         from zerobatch.adapters.npy_folder import NpyTokenFolder
+        check_dataset(folder, "NpyTokenWindows", (), expected="a folder of .npy token files")
         self.seq_len = check_seq_len(seq_len)
         self.next_token = bool(next_token)
         self.length = self.seq_len + 1 if self.next_token else self.seq_len
@@ -42,6 +45,9 @@ class NpyTokenWindows(Source):
         self.fingerprint = f"{xxh3_64(repr(self.files.fingerprint()).encode()):016x}"
         self.output = next_token_pair() if self.next_token else Array("tokens")
         self._maps: list[np.ndarray] | None = None
+
+    def geometry(self) -> dict[str, Any]:
+        return {"seq_len": self.seq_len, "next_token": self.next_token}
 
     def chunk_steps(self, items_per_step: int) -> int:
         return max(1, CHUNK_BYTES // (items_per_step * self.length * 8))

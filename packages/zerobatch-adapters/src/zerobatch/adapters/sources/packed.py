@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Array, ReadTicket, Source, Value,
-                                              check_pad_id, check_position_dtype, check_seq_len)
+                                              check_dataset, check_pad_id, check_position_dtype,
+                                              check_seq_len)
 from zerobatch.core import PACKING_ALGORITHMS, flat_layout, pack_plan, pack_rows
 from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError
@@ -102,15 +103,17 @@ class RecordDocuments:
         self.records.close()
 
 
-def open_documents(value: Any, verify: bool) -> Any:
+def open_documents(value: Any, verify: bool, source: str) -> Any:
     """A TOKSTREAM reader or, for an LLMCHNK file (a path, URL or open reader), its records as
-    :class:`RecordDocuments`."""
+    :class:`RecordDocuments` (``source``: the source opening it, named by the message of a
+    path of another format)."""
     from zerobatch.readers.llmchnk import LLMChunkReader
     from zerobatch.readers.tokstream import TokenStreamReader
     if isinstance(value, (TokenStreamReader, RecordDocuments)):
         return value
     if isinstance(value, LLMChunkReader):
         return RecordDocuments(value)
+    check_dataset(value, source, ("tokstream", "llmchnk"))
     if isinstance(value, (str, os.PathLike)):
         from zerobatch.readers.detect import find
         fmt = find(value)
@@ -246,6 +249,7 @@ class PackedDocuments(Source):
     """
 
     kind = "tokstream-packed"
+    item_name = "rows"
 
     def __init__(self, reader: Any, seq_len: int, *, next_token: bool = True, algorithm: str = "best-fit",
                  buffer: int = 4096, seed: int | None = 0, pad_id: int = 0, mask_boundaries: bool = True,
@@ -254,7 +258,7 @@ class PackedDocuments(Source):
         super().__init__()
         from zerobatch.adapters.sources.tokstream import _loss_mask
         self.layout = resolve_layout(layout, bool(next_token), "PackedDocuments")
-        self.reader = open_documents(reader, verify)
+        self.reader = open_documents(reader, verify, "PackedDocuments")
         _no_mask_in_records(self.reader, loss_mask, split_at_turns)
         self.mask_reader = _loss_mask(self.reader, loss_mask, next_token)
         self.seq_len = check_seq_len(seq_len)
@@ -290,6 +294,12 @@ class PackedDocuments(Source):
         self._plan()
         self.fingerprint = (f"{_build_id(self.reader)}:packed:{self.algorithm}:{self.capacity}:{self.buffer}:"
                             f"{'none' if self.seed is None else self.seed}{':turns' if self.split_at_turns else ''}")
+
+    def geometry(self) -> dict[str, Any]:
+        """What decides the packing (the fingerprint holds it too, less readably)."""
+        return {"seq_len": self.seq_len, "next_token": self.next_token, "layout": self.layout,
+                "algorithm": self.algorithm, "buffer": self.buffer, "seed": self.seed,
+                "split_at_turns": self.split_at_turns}
 
     def _plan(self) -> None:
         n = self.reader.num_documents
@@ -486,6 +496,7 @@ class FlatDocuments(Source):
     """
 
     kind = "tokstream-flat"
+    item_name = "documents"
 
     def __init__(self, reader: Any, token_budget: int | None = None, *, algorithm: str = "best-fit",
                  buffer: int = 4096, seed: int | None = 0, next_token: bool = True, position_ids: bool = True,
@@ -494,7 +505,7 @@ class FlatDocuments(Source):
         super().__init__()
         from zerobatch.adapters.sources.tokstream import _loss_mask
         self.layout = resolve_layout(layout, bool(next_token), "FlatDocuments")
-        self.reader = open_documents(reader, verify)
+        self.reader = open_documents(reader, verify, "FlatDocuments")
         _no_mask_in_records(self.reader, loss_mask, split_at_turns)
         self.next_token = bool(next_token)
         self.mask_reader = _loss_mask(self.reader, loss_mask, self.next_token)
@@ -522,8 +533,17 @@ class FlatDocuments(Source):
                                               bool(loss_mask) if split_at_turns is None else split_at_turns))
             self.num_items = self.groups.num_items
             self.fingerprint = self.groups.fingerprint.replace(":packed:", ":flat:")
+            self.item_name = "groups of documents"
         if self.num_items == 0:
             raise ConfigError("the dataset holds no documents", path=self.reader.path, field="documents")
+
+    def geometry(self) -> dict[str, Any]:
+        """The token budget and, with one, how documents are grouped under it."""
+        if self.groups is None:
+            return {"token_budget": None}
+        g = self.groups.geometry()
+        return {"token_budget": self.token_budget, **{k: g[k] for k in ("algorithm", "buffer", "seed",
+                                                                        "split_at_turns")}}
 
     def _pieces(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.groups is not None:

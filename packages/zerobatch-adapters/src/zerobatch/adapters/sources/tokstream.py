@@ -10,8 +10,8 @@ import numpy as np
 
 from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Array, ReadTicket, Source, Value,
                                               check_pad_id,
-                                              check_position_dtype, check_seq_len, next_token_pair,
-                                              open_reader)
+                                              check_dataset, check_position_dtype, check_seq_len,
+                                              next_token_pair, open_reader)
 from zerobatch.core import pad_rows
 from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError
@@ -44,12 +44,14 @@ class TokenWindows(Source):
     """
 
     kind = "tokstream-windows"
+    item_name = "windows"
 
     def __init__(self, reader: Any, seq_len: int, *, next_token: bool = True, stride: int | None = None,
                  boundaries: bool = False, metadata: bool = False, position_dtype: Any = np.int64,
                  loss_mask: bool = False, verify: bool = True) -> None:
         super().__init__()
         from zerobatch.readers.tokstream import TokenStreamReader
+        check_dataset(reader, "TokenWindows", ("tokstream",))
         self.reader = open_reader(reader, TokenStreamReader, verify=verify)
         self.mask_reader = _loss_mask(self.reader, loss_mask, next_token)
         self.seq_len = check_seq_len(seq_len)
@@ -63,6 +65,9 @@ class TokenWindows(Source):
         self.output = self._output()
         self.num_items = self.reader.num_windows(self.length, self.stride)
         self.fingerprint = self.reader.manifest.build_id
+
+    def geometry(self) -> dict[str, Any]:
+        return {"seq_len": self.seq_len, "stride": self.stride, "next_token": self.next_token}
 
     def _output(self) -> Any:
         tokens = next_token_pair() if self.next_token else Array("tokens")
@@ -171,11 +176,13 @@ class TokenDocuments(Source):
     """
 
     kind = "tokstream-documents"
+    item_name = "documents"
 
     def __init__(self, reader: Any, width: int, *, pad_id: int = 0, next_token: bool = True,
                  loss_mask: bool = False, verify: bool = True) -> None:
         super().__init__()
         from zerobatch.readers.tokstream import TokenStreamReader
+        check_dataset(reader, "TokenDocuments", ("tokstream",))
         self.reader = open_reader(reader, TokenStreamReader, verify=verify)
         self.mask_reader = _loss_mask(self.reader, loss_mask, next_token)
         self.width = check_count(width, "width", minimum=2 if next_token else 1)

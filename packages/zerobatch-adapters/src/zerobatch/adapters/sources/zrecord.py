@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources._base import Array, Source, Value, open_reader
+from zerobatch.adapters.sources._base import Array, Source, Value, check_dataset, open_reader
 from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError, OutOfRangeError
 
@@ -34,11 +34,13 @@ class RecordFields(Source):
     """
 
     kind = "zrecord"
+    item_name = "records"
 
     def __init__(self, store: Any, fields: Sequence[str] | None = None, *, pad_to: int | dict[str, int] | None = None,
                  pad_value: int | float = 0, token_fields: Sequence[str] = (), num_threads: int = 1) -> None:
         super().__init__()
         from zerobatch.readers.zrecord import ZRecordStore
+        check_dataset(store, "RecordFields", ("zrecord",))
         self.store = open_reader(store, ZRecordStore, num_threads=num_threads)
         self.fingerprint = self.store.fingerprint   # the store's identity, checked by a loaded state
         names = self.store.keys() if fields is None else list(fields)
