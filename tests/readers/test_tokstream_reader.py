@@ -201,13 +201,24 @@ def test_sizes_that_disagree_with_the_manifest(dataset, fname):
 
 
 def test_a_file_from_another_build_is_refused(tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    build(a, seed=3)
-    build(b, seed=3)                   # same content, another build
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    docs = build(a, seed=3)
+    # the same documents, one token changed: files of the same sizes, another build
+    docs[0] = docs[0].copy()
+    docs[0][0] = (docs[0][0] + 1) % 50257
+    with TokenStreamWriter(b, vocab_size=50257, shard_tokens=700) as w:
+        for t in docs:
+            w.add_document(t)
     shutil.copy(shard_dir(b) / "tokens.bin", shard_dir(a) / "tokens.bin")
     with pytest.raises(CorruptError) as info:
         TokenStreamReader(a)
     assert info.value.field == "build_id" and info.value.path.endswith("tokens.bin")
+    # the same documents written again make the same build, file for file (ids derive from
+    # the contents), so a file of one is a file of the other
+    build(c, seed=3)
+    build(tmp_path / "d", seed=3)
+    for f in sorted(p.name for p in shard_dir(c).iterdir()):
+        assert (shard_dir(c) / f).read_bytes() == (shard_dir(tmp_path / "d") / f).read_bytes(), f
 
 
 def test_damaged_trailer(dataset):

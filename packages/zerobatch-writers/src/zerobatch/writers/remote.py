@@ -34,8 +34,11 @@ __all__ = ["UPLOAD_THREADS", "check_remote_destination", "check_remote_file", "c
 
 #: Shard uploads in flight.
 UPLOAD_THREADS = 8
-#: Shard names :func:`unique_shard_prefix` makes (what a rerun may remove when no manifest names them).
-_OWN_SHARD = re.compile(r"^shard-[0-9a-f]{8}-\d{5,}$")
+#: Shard names zerobatch's writers make: ``shard-NNNNN`` (a new dataset) and those of
+#: :func:`unique_shard_prefix` (one replacing a dataset); what a rerun may remove when no
+#: manifest names them (a killed upload's, or those of a dataset replaced by one whose
+#: cleanup a kill cut short).
+_OWN_SHARD = re.compile(r"^shard-([0-9a-f]{8}-)?\d{5,}$")
 
 
 def unique_shard_prefix() -> str:
