@@ -287,6 +287,14 @@ def test_tasks_prepare_into_object_storage_and_commit_puts_the_manifest_last(inp
     r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "convert", *src, url, "--task", "1", *args],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
+    # a part folder no record names is refused by name at a URL too (the store lists by path
+    # segment: the check lists every key and filters names itself), and left in place
+    store.put("part-000999-00000/shard.json", b"{}")
+    r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "commit", url], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 1 and "part-000999-00000 is not named by any unit record" in r.stderr, r.stderr
+    assert store.head("part-000999-00000/shard.json") is not None and store.head("manifest.json") is None
+    store.delete("part-000999-00000/shard.json")
     m = commit(url, log=quiet)
     keys = {k for k, _ in store.list("")}
     assert not any(k.startswith("_parts/") for k in keys) and "manifest.json" in keys

@@ -259,13 +259,19 @@ def test_the_loss_mask_is_bound_to_its_dataset(tmp_path):
     damaged("damaged mask")
     os.symlink(tmp_path / "nowhere", tokens)
     damaged("loss_mask")
-    # the manifest's binding edited: the dataset's build id no longer covers it
+    # the manifest's binding damaged: it names a mask that is not there (the tokens still read,
+    # as a release before the binding reads them)
     shutil.rmtree(tmp_path / "a")
     _chat(tmp_path / "a", 0)
     man = json.loads((tmp_path / "a" / "manifest.json").read_text())
     man["loss_mask"]["build_id"] = json.loads((tmp_path / "b" / "loss_mask" / "manifest.json").read_text())["build_id"]
     (tmp_path / "a" / "manifest.json").write_text(json.dumps(man))
-    with pytest.raises(CorruptError, match="build_id"):
+    damaged("not the .* the dataset's manifest names")
+    with TokenStreamReader(tmp_path / "a") as r:
+        assert r.num_documents == 3
+    man["loss_mask"] = {"build_id": "not hex"}
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(CorruptError, match="loss_mask.build_id"):
         TokenStreamReader(tmp_path / "a")
 
 
@@ -288,3 +294,76 @@ def test_a_mask_folder_without_a_mask_is_damage_not_absence(tmp_path):
         shutil.rmtree(tmp_path / "old" / "loss_mask")
         with pytest.raises(NotFoundError, match="has no loss mask"):
             open_loss_mask(r)
+
+
+def test_a_chat_dataset_goes_to_a_url_with_its_mask(s3_endpoint, tmp_path):
+    """publish_tokstream takes a chat dataset's mask with it (both datasets' shards, then the
+    mask's manifest, then the dataset's); a replacement brings its own mask, and a dataset
+    without a mask replacing a chat dataset removes the old one."""
+    from s3kit import CREDENTIALS, new_bucket
+
+    from zerobatch.core.remote import ObjectStore
+    from zerobatch.readers.tokstream import TokenStreamReader, open_loss_mask
+    from zerobatch.writers.remote import publish_tokstream, unique_shard_prefix
+    from zerobatch.writers.tokstream import TokenStreamWriter
+    opts = {**CREDENTIALS, "endpoint": s3_endpoint}
+    url = f"s3://{new_bucket(s3_endpoint)}/chat"
+
+    def chat(folder, seed, prefix="shard-"):
+        rng = np.random.default_rng(seed)
+        w = TokenStreamWriter(folder, vocab_size=100, shard_tokens=200, prefix=prefix)
+        m = TokenStreamWriter(folder / "loss_mask", vocab_size=2, shard_tokens=200, prefix=prefix)
+        docs, masks = [], []
+        for n in (30, 150, 70, 90):
+            docs.append(rng.integers(0, 100, n))
+            masks.append(rng.integers(0, 2, n))
+            w.add_document(docs[-1])
+            m.add_document(masks[-1])
+        w.close(loss_mask=m.close())
+        return docs, masks
+
+    def read(cache):
+        with TokenStreamReader(url, storage_options=opts, cache_dir=tmp_path / cache) as r, open_loss_mask(r) as m:
+            return [r.document(i).tolist() for i in range(r.num_documents)], \
+                [m.document(i).tolist() for i in range(r.num_documents)]
+    docs, masks = chat(tmp_path / "one", 1)
+    publish_tokstream(tmp_path / "one", url, storage_options=opts)
+    assert read("c1") == ([d.tolist() for d in docs], [m.tolist() for m in masks])
+    docs, masks = chat(tmp_path / "two", 2, prefix=unique_shard_prefix())
+    publish_tokstream(tmp_path / "two", url, storage_options=opts, overwrite=True)
+    assert read("c2") == ([d.tolist() for d in docs], [m.tolist() for m in masks])
+    store = ObjectStore(url, opts)
+    names = {json.loads((tmp_path / "two" / "manifest.json").read_text())["shards"][k]["name"] for k in range(2)}
+    assert {k.partition("/")[0] for k, _ in store.list("")} == names | {"manifest.json", "loss_mask"}
+    with TokenStreamWriter(tmp_path / "plain", vocab_size=100, prefix=unique_shard_prefix()) as w:
+        w.add_document([1, 2, 3])
+    publish_tokstream(tmp_path / "plain", url, storage_options=opts, overwrite=True)
+    assert not [k for k, _ in store.list("") if k.startswith("loss_mask/")]
+    with TokenStreamReader(url, storage_options=opts, cache_dir=tmp_path / "c3") as r, \
+            pytest.raises(NotFoundError, match="has no loss mask"):
+        open_loss_mask(r)
+
+
+def test_the_url_writer_leaves_no_staging_folder(s3_endpoint, tmp_path, monkeypatch):
+    import tempfile
+
+    from s3kit import CREDENTIALS, new_bucket
+
+    from zerobatch.writers.tokstream import TokenStreamWriter
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    opts = {**CREDENTIALS, "endpoint": s3_endpoint}
+    url = f"s3://{new_bucket(s3_endpoint)}/ds"
+    for bad in ({"vocab_size": 0}, {"vocab_size": 10, "codec": "nope", "metadata": True},
+                {"vocab_size": 10, "prefix": "bad/"}):
+        with pytest.raises(ZerobatchError):
+            TokenStreamWriter(url, storage_options=opts, **bad)
+        assert list((tmp_path / "tmp").iterdir()) == [], bad
+    w = TokenStreamWriter(url, vocab_size=10, storage_options=opts)
+    w.add_document([1, 2])
+    with pytest.raises(ConfigError, match="publish_tokstream"):
+        w.close(loss_mask=object())      # type: ignore[arg-type]
+    assert list((tmp_path / "tmp").iterdir()) == []
+    with TokenStreamWriter(url, vocab_size=10, storage_options=opts) as w:
+        w.add_document([1, 2])
+    assert list((tmp_path / "tmp").iterdir()) == []

@@ -799,7 +799,7 @@ def convert(src: str | os.PathLike[str] | list[Any], dst: str, *, to: str, log: 
                         return itertools.islice(meta(), a, b)
                 part = write_target(args.to, out, document_range(chunks, a, b), num_tokens=n, max_token=top,
                                     args=args, eod=eod, log=log, rows=part_rows, meta=part_meta)
-                log(f"{name}: documents [{a:,}, {b:,}) -> {out}: {part}")
+                log(f"{name}: documents [{a:,}, {b:,}) -> {redact(out)}: {part}")
                 parts.append(f"{name} {b - a:,} documents")
             summary = ", ".join(parts)
     except BaseException as exc:
@@ -824,7 +824,7 @@ def convert(src: str | os.PathLike[str] | list[Any], dst: str, *, to: str, log: 
             log(f"{source.undecodable:,} documents had undecodable text (invalid UTF-8 or lone UTF-16 surrogates), "
                 f"replaced with U+FFFD (--text-errors strict refuses them)")
     dt = time.perf_counter() - t0
-    log(f"wrote {dst} ({args.to}): {summary} in {dt:.1f} s ({num_tokens / max(dt, 1e-9) / 1e6:,.2f}M tokens/s)")
+    log(f"wrote {redact(dst)} ({args.to}): {summary} in {dt:.1f} s ({num_tokens / max(dt, 1e-9) / 1e6:,.2f}M tokens/s)")
     return summary
 
 
@@ -1191,17 +1191,22 @@ def convert_chat(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[
     from zerobatch.writers.tokstream import TokenStreamWriter
 
     chat, field = _chat_setup(args)
+    prefix = "shard-"
     if not is_url(dst):
         check_destination(dst, "folder", args.overwrite)
     else:
-        from zerobatch.writers.remote import check_remote_destination
-        check_remote_destination(dst, args.overwrite)
+        from zerobatch.writers.remote import check_remote_destination, unique_shard_prefix
+        if check_remote_destination(dst, args.overwrite):
+            # replacing a dataset: names its readers' objects do not have (they keep reading
+            # the old dataset until the new manifest is in place)
+            prefix = unique_shard_prefix()
     t0 = time.perf_counter()
     counts = {"conversations": 0, "tokens": 0, "trained": 0, "empty": 0, "undecodable": 0}
 
     def build(folder: str) -> str:
-        w = TokenStreamWriter(folder, vocab_size=chat.vocab_size, shard_tokens=args.shard_tokens)
-        m = TokenStreamWriter(os.path.join(folder, LOSS_MASK_DIR), vocab_size=2, shard_tokens=args.shard_tokens)
+        w = TokenStreamWriter(folder, vocab_size=chat.vocab_size, shard_tokens=args.shard_tokens, prefix=prefix)
+        m = TokenStreamWriter(os.path.join(folder, LOSS_MASK_DIR), vocab_size=2, shard_tokens=args.shard_tokens,
+                              prefix=prefix)
         try:
             records = _chat_records(srcs, field, text_errors=args.text_errors, tally=counts)
             for ids, mask in _encoded_chat(_chat_groups(records), chat, args.workers,
@@ -1230,9 +1235,7 @@ def convert_chat(srcs: list[str], dst: str, args: ConvertOptions, log: Callable[
         tmp = tempfile.mkdtemp(prefix="zerobatch-chat-")
         try:
             summary = build(os.path.join(tmp, "dataset"))
-            # the mask first, then the dataset: its manifest is the switch readers open
-            publish_tokstream(os.path.join(tmp, "dataset", LOSS_MASK_DIR), f"{dst.rstrip('/')}/{LOSS_MASK_DIR}",
-                              overwrite=args.overwrite)
+            # both datasets' shards, then the mask's manifest, then the dataset's (the switch)
             publish_tokstream(os.path.join(tmp, "dataset"), dst, overwrite=args.overwrite)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

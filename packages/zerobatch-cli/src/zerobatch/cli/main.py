@@ -88,7 +88,7 @@ def _inspect_preparation(args: argparse.Namespace) -> bool:
     rows = [("format", st["format"] + (", chat with its loss mask" if st["chat"] else "")),
             ("units", f"{st['finished_units']} of {st['units']} finished"), ("tasks", str(st["tasks"])),
             ("next", st["next"])]
-    print(f"{'path':<6}  {args.path}")
+    print(f"{'path':<6}  {_shown(args.path)}")
     for k, v in rows:
         print(f"{k:<6}  {v}")
     return True
@@ -102,12 +102,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         rows = ds.info()
         if args.json:
             d: dict[str, Any] = ds.json_info() if hasattr(ds, "json_info") else {
-                "format": ds.kind.upper(), "path": args.path,
+                "format": ds.kind.upper(), "path": _shown(args.path),
                 **{("description" if k == "format" else k): v for k, v in rows}}
             print(json.dumps(d, indent=2, default=str))
             return 0
         width = max(len(k) for k, _ in rows)
-        print(f"{'path':<{width}}  {args.path}")
+        print(f"{'path':<{width}}  {_shown(args.path)}")
         for k, v in rows:
             print(f"{k:<{width}}  {v}")
     finally:
@@ -122,7 +122,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except NotFoundError:
         raise
     except ZerobatchError as exc:   # structure damaged: a fault of the file, not of the command
-        print(_fault(args.path, exc), file=sys.stderr)
+        print(_fault(_shown(args.path), exc), file=sys.stderr)
         return 1
     try:
         bar = _bar(args, 0, "", "verify")
@@ -134,7 +134,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         try:
             faults, summary = ds.verify(progress)
         except ZerobatchError as exc:
-            print(_fault(args.path, exc), file=sys.stderr)
+            print(_fault(_shown(args.path), exc), file=sys.stderr)
             return 1
         if bar is not None:
             bar.close()
@@ -142,10 +142,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         ds.close()
     if faults:
         for f in faults:
-            print(f"{args.path}: FAULT: {f}", file=sys.stderr)
+            print(f"{_shown(args.path)}: FAULT: {f}", file=sys.stderr)
         return 1
     if not args.quiet:
-        print(f"{args.path}: OK: {summary} in {time.perf_counter() - started:.2f} s")
+        print(f"{_shown(args.path)}: OK: {summary} in {time.perf_counter() - started:.2f} s")
     return 0
 
 
@@ -203,10 +203,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
     ds = open_dataset(args.path, field=args.field)
     try:
         if not args.json:
-            print(f"{args.path}: {ds.kind}")
+            print(f"{_shown(args.path)}: {ds.kind}")
         if not ds.tokens:
             # as_json only when asked: a format of another distribution may predate it
-            return ds.print_value_stats(args.path, top=args.top, plot=args.plot,
+            return ds.print_value_stats(_shown(args.path), top=args.top, plot=args.plot,
                                         **({"as_json": True} if args.json else {}))
         counts, total, lengths = _count_tokens(ds, args.eod)
         noun = "document" if args.eod is not None else ds.sample_name()
@@ -218,7 +218,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
             _plot_tokens(args.plot, counts, lengths, what, noun, args.path)
         if args.json:
             out: dict[str, Any] = {
-                "path": args.path, "format": ds.kind.upper(), "tokens": total,
+                "path": _shown(args.path), "format": ds.kind.upper(), "tokens": total,
                 "distinct_ids": int(np.count_nonzero(counts)), "largest_id": counts.size - 1 if total else None,
                 f"{noun}s": lens["count"], "lengths": {"of": what, **lens},
                 "trained_tokens": trained[0] if trained is not None else None,
@@ -361,7 +361,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         rng = np.random.default_rng(args.seed)
         read, units, tokens = ds.batch_reader(args.batch_size, args.seq_len, rng)
         trial_reads = args.reads
-        print(f"{args.path}: {ds.kind}; random batches "
+        print(f"{_shown(args.path)}: {ds.kind}; random batches "
               f"({'the stored batches' if ds.stored_batches else f'{args.batch_size} x {args.seq_len}'}), "
               f"int64 into a reused buffer, warm page cache")
         rates = []
@@ -713,6 +713,12 @@ def _add_quickstart(sub: Any) -> None:
     s.add_argument("--text", help="train on this text file instead of the bundled one")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_quickstart)
+
+
+def _shown(path: str) -> str:
+    """A path as printed: a URL without user information or query string."""
+    from zerobatch.core.remote import is_url, redact
+    return redact(path) if is_url(path) else path
 
 
 def _check_urls(args: argparse.Namespace) -> None:

@@ -221,7 +221,10 @@ class Destination:
     def shards(self, prefix: str) -> list[str]:
         """The shard folders (top-level names) starting with ``prefix``."""
         if self.store is not None:
-            return sorted({key.partition("/")[0] for key, _ in self.store.list(prefix) if "/" in key})
+            # the whole listing, filtered here: object stores match a listing's prefix by path
+            # segment ("part-" lists only "part-/..."), not by the start of a name
+            return sorted({top for key, _ in self.store.list("") if "/" in key
+                           for top in (key.partition("/")[0],) if top.startswith(prefix)})
         return sorted(e.name for e in os.scandir(self.root)
                       if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False))
 

@@ -138,6 +138,10 @@ def local_destination(path: str | os.PathLike[str], *, field: str = "path") -> s
                               "zerobatch.writers.remote (publish_tokstream, publish_file, publish_folder, "
                               "publish_zrecord), or give TokenStreamWriter or `zerobatch convert` the URL",
                               path=f"{scheme}://", field=field)
+        # another scheme (r2://, minio://...) is no local path either: a folder named after
+        # it would hold whatever the URL holds, credentials included
+        raise ConfigError(f"{field}: {scheme}:// is not a URL scheme zerobatch writes to (s3, gs, az, http(s), "
+                          "file) nor a local path", path=f"{scheme}://" if scheme.isalnum() else None, field=field)
     return path
 
 
@@ -247,13 +251,15 @@ def open_regular_file(path: str | os.PathLike[str], *, write: bool = False,
     flags = (os.O_RDWR if write else os.O_RDONLY) | (os.O_CREAT if create else 0)
     try:
         fd = os.open(p, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644)
-    except FileNotFoundError as exc:
-        raise NotFoundError("file: no such file (or a dangling symlink)", path=p, field="file") from exc
+    # (from None: the OSError's text would repeat the raw path, which the typed error names
+    # scrubbed of any credential a mistyped URL put there; errno is kept)
+    except FileNotFoundError:
+        raise NotFoundError("file: no such file (or a dangling symlink)", path=p, field="file") from None
     except OSError as exc:
         if exc.errno in (_errno.ENXIO, _errno.EISDIR):
             kind = "a directory" if exc.errno == _errno.EISDIR else "a socket or device"
-            raise FormatError(f"file: not a regular file ({kind})", path=p, field="file") from exc
-        raise ReadError(f"file: cannot open: {exc.strerror}", errno=exc.errno, path=p, field="file") from exc
+            raise FormatError(f"file: not a regular file ({kind})", path=p, field="file") from None
+        raise ReadError(f"file: cannot open: {exc.strerror}", errno=exc.errno, path=p, field="file") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -37,8 +37,9 @@ __all__ = [
     "scrub",
 ]
 
-# a URL: ``scheme://`` and what follows up to a space or a quote
-_URL = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^\s'\"]*)")
+# a URL: ``scheme://`` and what follows up to a space or a quote; also ``scheme:/`` (a URL
+# that went through os.path.abspath or pathlib, which fold ``//``)
+_URL = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*:/{1,2})([^\s'\"]*)")
 
 
 def _scrub_url(m: re.Match[str]) -> str:
@@ -63,7 +64,7 @@ def scrub(text: str) -> str:
     """``text`` with the user information of any URL in it (``s3://KEY:SECRET@bucket``,
     ``http://user:pa/ss@host``) and its query string (a signature, a SAS token) replaced by
     ``***``: no error message carries a credential written into a URL, whatever raised it."""
-    if "://" not in text or ("@" not in text and "?" not in text):
+    if ":/" not in text or ("@" not in text and "?" not in text):
         return text
     return _URL.sub(_scrub_url, text)
 

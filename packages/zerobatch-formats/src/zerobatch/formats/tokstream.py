@@ -45,6 +45,7 @@ __all__ = [
     "digest_sizes",
     "FORMAT_NAME",
     "MANIFEST_NAME",
+    "LOSS_MASK_DIR",
     "MAX_INDEX_ENTRIES_PER_SHARD",
     "MAX_MANIFEST_BYTES",
     "MAX_METADATA_PER_SHARD",
@@ -118,6 +119,8 @@ MAX_INDEX_ENTRIES_PER_SHARD = (1 << 23) - 1
 #: Metadata serializers a writer may record; a reader needs the same one to decode.
 CODECS = ("json", "numpy", "bytes", "pickle")
 
+#: The folder of a chat dataset's loss mask (a TOKSTREAM dataset of one 0/1 per token).
+LOSS_MASK_DIR = "loss_mask"
 _HEX128 = re.compile(r"^[0-9a-f]{32}$")
 _HEX64 = re.compile(r"^[0-9a-f]{16}$")
 _SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -214,6 +217,7 @@ class DatasetManifest:
     #: the build id of the dataset's loss mask (``loss_mask/``, ``convert --chat``), which
     #: binds the mask to these tokens: a mask with another build id, or none, is damage.
     #: ``None``: no mask, or one written before masks were bound (matched by geometry only).
+    #: Not covered by ``build_id`` (older releases read the tokens of a chat dataset).
     loss_mask: str | None = None
 
     @property
@@ -260,18 +264,16 @@ class DatasetManifest:
         }
 
 
-def build_id_material(options: dict[str, Any], shards: Sequence[ShardEntry], *,
-                      loss_mask: str | None = None) -> tuple[bytes, bytes]:
+def build_id_material(options: dict[str, Any], shards: Sequence[ShardEntry]) -> tuple[bytes, bytes]:
     """What a dataset's ``build_id`` hashes: its 32 hex digits are XXH3-64 of the first value
     (the shards' build ids, back to back) then XXH3-64 of the second (the canonical JSON of
-    the dataset options, every shard entry and, when the dataset has one, its loss mask's
-    build id). Every field of ``manifest.json`` that reads depend on is thus covered, and a
-    reader recomputes it at open."""
+    the dataset options and every shard entry). Every field of ``manifest.json`` that token
+    reads depend on is thus covered, and a reader recomputes it at open. (``loss_mask`` is
+    not: it is checked against the mask itself, and a release that predates it still reads
+    the tokens of a chat dataset.)"""
     ids = b"".join(bytes.fromhex(e.build_id) for e in shards)
     record: dict[str, Any] = {"options": {k: options[k] for k in sorted(options)},
                               "shards": [e.to_dict() for e in shards]}
-    if loss_mask is not None:
-        record["loss_mask"] = loss_mask
     return ids, json.dumps(record, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 

@@ -64,7 +64,7 @@ from zerobatch.readers.base import BatchReader, OpensOnFirstUse
 __all__ = ["LOSS_MASK_DIR", "TokenStreamReader", "VerifyReport", "WindowMetadata", "open_loss_mask"]
 
 #: The folder of a chat dataset's loss mask (a TOKSTREAM dataset of 0/1 per token, ``convert --chat``).
-LOSS_MASK_DIR = "loss_mask"
+LOSS_MASK_DIR = T.LOSS_MASK_DIR
 
 #: The files read through the storage backend (the index files and digests are small and
 #: mapped at open); with metadata, ``metadata.bin`` gets a quarter of ``max_open_files``.
@@ -171,7 +171,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                                     field="manifest") from None
         self.manifest = T.parse_manifest(raw, path=path)
         m = self.manifest
-        ids, record = T.build_id_material(m.options(), m.shards, loss_mask=m.loss_mask)
+        ids, record = T.build_id_material(m.options(), m.shards)
         if f"{xxh3_64(ids):016x}{xxh3_64(record):016x}" != m.build_id:
             raise CorruptError("build_id: the manifest does not hash to its build id (a field was changed after "
                                "assemble)", path=path, field="build_id")

@@ -51,6 +51,12 @@ def publish_tokstream(folder: str | os.PathLike[str], url: str, *, storage_optio
                       overwrite: bool = False, log: Callable[[str], None] | None = None) -> T.DatasetManifest:
     """Upload the finished dataset at ``folder`` to ``url`` (see the module documentation).
 
+    A chat dataset's loss mask (``folder/loss_mask``, named by the manifest) goes with it:
+    both datasets' shards first, then the mask's ``manifest.json``, then the dataset's, in two
+    consecutive requests (a reader that opens the mask between them is refused, never served
+    a mask of other tokens). A dataset that replaces a chat dataset without a mask of its own
+    removes the old mask.
+
     Args:
         folder: a local TOKSTREAM dataset folder (with ``manifest.json``).
         url: where it goes (``s3://bucket/prefix``...).
@@ -69,55 +75,98 @@ def publish_tokstream(folder: str | os.PathLike[str], url: str, *, storage_optio
         WriteError: an upload failed after the retry budget.
     """
     folder = os.path.abspath(os.fspath(folder))
-    path = os.path.join(folder, T.MANIFEST_NAME)
-    try:
-        raw = read_document(path, limit=T.MAX_MANIFEST_BYTES, field="manifest")
-    except FileNotFoundError:
-        raise NotFoundError("manifest.json: not found (not a finished tokstream dataset)", path=path,
-                            field="manifest") from None
-    manifest = T.parse_manifest(raw, path=path)
-    store = ObjectStore(url, storage_options)
-    old: dict[str, str] = {}
-    if store.head(T.MANIFEST_NAME) is not None:
-        if not overwrite:
-            raise ConfigError("destination: a dataset is already there; pass overwrite=True (--overwrite) to replace "
-                              "it (readers see the old one until the new one is complete)",
-                              path=store.name(T.MANIFEST_NAME), field="destination")
-        try:
-            prev = T.parse_manifest(store.get(T.MANIFEST_NAME, limit=T.MAX_MANIFEST_BYTES, field="manifest"),
-                                    path=store.name(T.MANIFEST_NAME))
-            old = {s.name: s.build_id for s in prev.shards}
-        except FormatError:
-            old = {}          # a damaged manifest: nothing of it is kept
-    for s in manifest.shards:
-        if s.name in old and old[s.name] != s.build_id:
-            raise ConfigError(f"shard {s.name!r}: the dataset at the destination has a shard of that name with other "
-                              f"contents; write the new dataset with unique shard names (TokenStreamWriter(prefix="
-                              f"unique_shard_prefix()))", path=store.name(s.name), field="shards")
-    todo = [s for s in manifest.shards if old.get(s.name) != s.build_id or not _complete(store, s)]
+    main = _Publication(folder, url, storage_options, overwrite)
+    mask = None
+    if main.manifest.loss_mask is not None:
+        # the mask at the destination goes with its dataset (checked above for overwrite)
+        mask = _Publication(os.path.join(folder, T.LOSS_MASK_DIR), f"{url.rstrip('/')}/{T.LOSS_MASK_DIR}",
+                            storage_options, True)
+        if mask.manifest.build_id != main.manifest.loss_mask:
+            raise FormatError(f"loss_mask: the mask in the folder has build id {mask.manifest.build_id}, not the "
+                              f"{main.manifest.loss_mask} the dataset's manifest names", path=mask.path,
+                              field="loss_mask")
+    for stage in (mask, main):
+        if stage is not None:
+            stage.upload(log)
+    if mask is not None:
+        mask.switch()
+    main.switch()            # the switch: readers now open the new dataset
+    if mask is not None:
+        mask.cleanup(log)
+    main.cleanup(log, drop_mask=mask is None)
+    return main.manifest
 
-    def upload(entry: T.ShardEntry) -> None:
-        base = os.path.join(folder, entry.name)
-        for fname in sorted(entry.files):
-            store.put(f"{entry.name}/{fname}", os.path.join(base, fname))
-        store.put(f"{entry.name}/{T.SHARD_MANIFEST_NAME}", os.path.join(base, T.SHARD_MANIFEST_NAME))
-    if todo:
-        with ThreadPoolExecutor(min(UPLOAD_THREADS, len(todo)), thread_name_prefix="zerobatch-upload") as pool:
-            for f in [pool.submit(upload, s) for s in todo]:
-                f.result()
-    if log:
-        log(f"uploaded {len(todo)} of {len(manifest.shards)} shards to {store.url}")
-    store.put(T.MANIFEST_NAME, raw)       # the switch: readers now open the new dataset
-    keep = {s.name for s in manifest.shards}
-    removed = 0
-    for key, _ in store.list(""):
-        top, _, rest = key.partition("/")
-        if rest and top not in keep and (top in old or _OWN_SHARD.match(top)):
-            store.delete(key)
-            removed += 1
-    if log and removed:
-        log(f"removed {removed} objects of the previous dataset or of unfinished uploads")
-    return manifest
+
+class _Publication:
+    """One TOKSTREAM dataset going up: checked, its shards uploaded, its manifest put, the
+    objects of the dataset it replaced removed (the steps :func:`publish_tokstream` orders)."""
+
+    def __init__(self, folder: str, url: str, storage_options: dict[str, Any] | None, overwrite: bool) -> None:
+        self.folder = folder
+        self.path = os.path.join(folder, T.MANIFEST_NAME)
+        try:
+            self.raw = read_document(self.path, limit=T.MAX_MANIFEST_BYTES, field="manifest")
+        except FileNotFoundError:
+            raise NotFoundError("manifest.json: not found (not a finished tokstream dataset)", path=self.path,
+                                field="manifest") from None
+        self.manifest = T.parse_manifest(self.raw, path=self.path)
+        self.store = store = ObjectStore(url, storage_options)
+        self.old: dict[str, str] | None = None          # the shards of the dataset replaced, if any
+        if store.head(T.MANIFEST_NAME) is not None:
+            if not overwrite:
+                raise ConfigError("destination: a dataset is already there; pass overwrite=True (--overwrite) to "
+                                  "replace it (readers see the old one until the new one is complete)",
+                                  path=store.name(T.MANIFEST_NAME), field="destination")
+            try:
+                prev = T.parse_manifest(store.get(T.MANIFEST_NAME, limit=T.MAX_MANIFEST_BYTES, field="manifest"),
+                                        path=store.name(T.MANIFEST_NAME))
+                self.old = {s.name: s.build_id for s in prev.shards}
+            except FormatError:
+                self.old = {}          # a damaged manifest: nothing of it is kept
+        old = self.old or {}
+        for s in self.manifest.shards:
+            if s.name in old and old[s.name] != s.build_id:
+                raise ConfigError(f"shard {s.name!r}: the dataset at the destination has a shard of that name with "
+                                  f"other contents; write the new dataset with unique shard names "
+                                  f"(TokenStreamWriter(prefix=unique_shard_prefix()))", path=store.name(s.name),
+                                  field="shards")
+
+    def upload(self, log: Callable[[str], None] | None) -> None:
+        store, old = self.store, self.old or {}
+        todo = [s for s in self.manifest.shards if old.get(s.name) != s.build_id or not _complete(store, s)]
+
+        def one(entry: T.ShardEntry) -> None:
+            base = os.path.join(self.folder, entry.name)
+            for fname in sorted(entry.files):
+                store.put(f"{entry.name}/{fname}", os.path.join(base, fname))
+            store.put(f"{entry.name}/{T.SHARD_MANIFEST_NAME}", os.path.join(base, T.SHARD_MANIFEST_NAME))
+        if todo:
+            with ThreadPoolExecutor(min(UPLOAD_THREADS, len(todo)), thread_name_prefix="zerobatch-upload") as pool:
+                for f in [pool.submit(one, s) for s in todo]:
+                    f.result()
+        if log:
+            log(f"uploaded {len(todo)} of {len(self.manifest.shards)} shards to {store.url}")
+
+    def switch(self) -> None:
+        self.store.put(T.MANIFEST_NAME, self.raw)
+
+    def cleanup(self, log: Callable[[str], None] | None, *, drop_mask: bool = False) -> None:
+        """Remove what the new manifest does not name: the replaced dataset's shards and those
+        killed uploads left (zerobatch's shard names only), and with ``drop_mask`` (a dataset
+        without a loss mask replacing one) the old ``loss_mask/``."""
+        keep = {s.name for s in self.manifest.shards}
+        old = self.old or {}
+        removed = 0
+        for key, _ in self.store.list(""):
+            top, _, rest = key.partition("/")
+            if not rest or top in keep:
+                continue
+            if top in old or _OWN_SHARD.match(top) or (drop_mask and self.old is not None
+                                                       and top == T.LOSS_MASK_DIR):
+                self.store.delete(key)
+                removed += 1
+        if log and removed:
+            log(f"removed {removed} objects of the previous dataset or of unfinished uploads")
 
 
 def _complete(store: ObjectStore, entry: T.ShardEntry) -> bool:

@@ -139,9 +139,11 @@ class ShardWriter:
         checksum_block: bytes per checksum block (a power of two from 512 to 16 MiB; default
             1 KiB): a reader checks, and a remote reader fetches, whole blocks.
         build_seed: derive the shard's build id (which ties its files together, and which
-            caches key on) from this seed and ``name`` instead of drawing it at random: a
-            reproducible build. A seed must only ever name the same contents (derive it from
-            everything that decides them: inputs, tokenizer, options, version).
+            caches key on) from this seed and ``name``, known before any document is written
+            (distributed preparation binds parts to their plan this way), instead of from the
+            shard's contents at close (the default: equal contents, equal id). A seed must
+            only ever name the same contents (derive it from everything that decides them:
+            inputs, tokenizer, options, version).
 
     Use as a context manager, or call :meth:`close` (commit) / :meth:`abort`.
 
@@ -468,7 +470,7 @@ def manifest_of(shards: Iterable[tuple[str, bytes, Any]], *, loss_mask: str | No
         raise NotFoundError("no shard to assemble", field="shards")
     if loss_mask is not None and not (isinstance(loss_mask, str) and T._HEX128.match(loss_mask)):
         raise ConfigError(f"loss_mask: a build id of 32 hex digits, got {loss_mask!r}", field="loss_mask")
-    ids, record = T.build_id_material(options, entries, loss_mask=loss_mask)
+    ids, record = T.build_id_material(options, entries)
     build_id = f"{xxh3_64(ids):016x}{xxh3_64(record):016x}"
     return T.DatasetManifest(shards=tuple(entries), build_id=build_id, loss_mask=loss_mask, **options)
 
@@ -515,19 +517,24 @@ class TokenStreamWriter:
                 # names no shard of the dataset there has: its readers keep their objects
                 # until the new manifest is in place
                 prefix = unique_shard_prefix()
-            self._staging = tempfile.mkdtemp(prefix="zerobatch-upload-")
-            folder = os.path.join(self._staging, "dataset")
-        self.folder = make_folder(folder)
-        self._kw = {"vocab_size": vocab_size, "metadata": metadata, "eod_token": eod_token, "codec": codec,
-                    "checksum_block": checksum_block, "build_seed": build_seed}
-        self.shard_tokens = shard_tokens
         if not isinstance(prefix, str) or not T._SHARD_NAME.match(prefix + "00000"):
             raise ConfigError(f"prefix: {prefix!r} does not make valid shard names", field="prefix")
-        self.prefix = prefix
-        self.names: list[str] = []
+        if self.url is not None:
+            self._staging = tempfile.mkdtemp(prefix="zerobatch-upload-")
+            folder = os.path.join(self._staging, "dataset")
         self._shard: ShardWriter | None = None
-        self._clear_unfinished_run()
-        self._open_shard()
+        try:
+            self.folder = make_folder(folder)
+            self._kw = {"vocab_size": vocab_size, "metadata": metadata, "eod_token": eod_token, "codec": codec,
+                        "checksum_block": checksum_block, "build_seed": build_seed}
+            self.shard_tokens = shard_tokens
+            self.prefix = prefix
+            self.names: list[str] = []
+            self._clear_unfinished_run()
+            self._open_shard()
+        except BaseException:
+            self._drop_staging()         # a refused argument leaves no staging folder behind
+            raise
 
     def _clear_unfinished_run(self) -> None:
         """A rerun after a killed run: with no ``manifest.json`` (nothing was committed), the
@@ -601,20 +608,26 @@ class TokenStreamWriter:
         """
         if self._shard is None:
             raise ConfigError("the writer is closed", path=self.folder, field="writer")
+        if loss_mask is not None and self.url is not None:
+            self.abort()
+            raise ConfigError("loss_mask: a chat dataset goes to a URL with its mask: write both into a local folder "
+                              "(the mask in folder/loss_mask), then publish_tokstream(folder, url)",
+                              field="loss_mask")
         shard, self._shard = self._shard, None
-        if shard.num_documents == 0 and len(self.names) > 1:
-            shard.abort()
-            os.rmdir(shard.path)
-            self.names.pop()
-        else:
-            shard.close()
-        manifest = assemble(self.folder, self.names, loss_mask=None if loss_mask is None else loss_mask.build_id)
-        if self.url is not None:
-            from zerobatch.writers.remote import publish_tokstream
-            try:
+        try:
+            if shard.num_documents == 0 and len(self.names) > 1:
+                shard.abort()
+                os.rmdir(shard.path)
+                self.names.pop()
+            else:
+                shard.close()
+            manifest = assemble(self.folder, self.names,
+                                loss_mask=None if loss_mask is None else loss_mask.build_id)
+            if self.url is not None:
+                from zerobatch.writers.remote import publish_tokstream
                 publish_tokstream(self.folder, self.url, **self._publish)   # type: ignore[arg-type]
-            finally:
-                self._drop_staging()
+        finally:
+            self._drop_staging()        # published, or failed: nothing stays in the temporary folder
         return manifest
 
     def abort(self) -> None:
