@@ -553,8 +553,8 @@ def unit_seed(plan: dict[str, Any], u: int) -> bytes:
 def part_build_id(plan: dict[str, Any], u: int, name: str) -> str:
     """The build id of part ``name`` of unit ``u`` written with :func:`unit_seed` (as
     :class:`~zerobatch.writers.tokstream.ShardWriter` derives it from a ``build_seed``)."""
-    key = hashlib.blake2b(unit_seed(plan, u)).digest()
-    return hashlib.blake2b(name.encode("utf-8"), digest_size=16, key=key).hexdigest()
+    from zerobatch.writers.tokstream import seeded_build_id
+    return seeded_build_id(unit_seed(plan, u), name).hex()
 
 
 def read_plan(dst: str | Destination) -> dict[str, Any]:

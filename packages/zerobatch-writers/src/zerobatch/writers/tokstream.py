@@ -37,7 +37,7 @@ from zerobatch.core.io import AtomicFile, local_destination, make_folder, read_d
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import ConfigError, FormatError, LimitExceededError, NotFoundError, ReadError
 
-__all__ = ["ShardWriter", "TokenStreamWriter", "assemble", "manifest_of", "serialize_metadata"]
+__all__ = ["ShardWriter", "TokenStreamWriter", "assemble", "manifest_of", "seeded_build_id", "serialize_metadata"]
 
 
 def serialize_metadata(obj: Any, codec: str) -> bytes:
@@ -62,6 +62,12 @@ def serialize_metadata(obj: Any, codec: str) -> bytes:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"metadata: cannot serialize with codec {codec!r}: {exc}", field="metadata") from exc
     raise ConfigError(f"codec must be one of {T.CODECS}, got {codec!r}", field="codec")
+
+
+def seeded_build_id(seed: bytes, name: str) -> bytes:
+    """The build id of shard ``name`` written with ``build_seed=seed``: BLAKE2b-128 of the name
+    keyed with BLAKE2b-512 of the seed (what a distributed commit recomputes for each part)."""
+    return hashlib.blake2b(name.encode("utf-8"), digest_size=16, key=hashlib.blake2b(seed).digest()).digest()
 
 
 class _HashedFile:
@@ -184,8 +190,7 @@ class ShardWriter:
         # state resumes on a re-tokenized copy). A placeholder until then: trailers are
         # written at close.
         self._seeded = build_seed is not None
-        self._build = bytes(16) if build_seed is None else \
-            hashlib.blake2b(name.encode("utf-8"), digest_size=16, key=hashlib.blake2b(build_seed).digest()).digest()
+        self._build = bytes(16) if build_seed is None else seeded_build_id(build_seed, name)
         self.dtype = np.dtype(T.record_dtype_descr(self.token_dtype, self.metadata))
         self.num_tokens = 0
         self.num_documents = 0
