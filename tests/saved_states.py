@@ -68,6 +68,26 @@ def write_datasets(root: Path) -> None:
                                                                                       dtype=np.uint16))
 
 
+def write_more_datasets(root: Path) -> None:
+    """Datasets added after the first cases (each written once, when missing): a chat
+    dataset with a loss mask (every other message trained), for the packed cases."""
+    from zerobatch.writers.tokstream import TokenStreamWriter
+
+    if not (root / "chat").exists():
+        rng = np.random.default_rng(12)
+        docs, masks = [], []
+        for _ in range(80):
+            turns = rng.integers(1, 12, rng.integers(1, 7))
+            masks.append(np.concatenate([np.full(n, j % 2, np.uint16) for j, n in enumerate(turns.tolist())]))
+            docs.append(rng.integers(1, 1000, masks[-1].size))
+        with TokenStreamWriter(root / "chat", vocab_size=1000, shard_tokens=300) as w:
+            for d in docs:
+                w.add_document(d)
+        with TokenStreamWriter(root / "chat" / "loss_mask", vocab_size=2, shard_tokens=300) as w:
+            for m in masks:
+                w.add_document(m)
+
+
 def _trim_store(store: Path) -> None:
     """Cut a new store's sparse preallocation (1 Mi table entries, a 1 GiB chunk) to what
     its records use, so that a checkout holds kilobytes: a reader needs no more."""
@@ -137,7 +157,82 @@ CASE_SPECS: list[dict[str, Any]] = [
     {"name": "npy-folder-dataset-loader", "kind": "dataset_loader", "make": {"batch": 2, "seq_len": 8,
                                                                             "process_rank": 1, "num_processes": 2},
      "steps": 9, "next": 12, "resume": [{}]},
+    # added before the one storage door and declared read interfaces (issue 31): packed,
+    # flat and chat sources, a curriculum, a batch-size ramp, and remote sources of the
+    # three remote designs (TOKSTREAM, LLMBATCH, ZRECORD on a real S3 API server)
+    {"name": "packed-best-fit", "kind": "loader", "source": ["packed", {"data": "web", "seq_len": 16}],
+     "make": {"batch_size": 3, "seed": 41}, "epoch": 1, "steps": 4, "next": 10,
+     "resume": [{"batch_size": 3}, {"batch_size": 1, "rank": 2, "world_size": 3}]},
+    {"name": "packed-chat-mask-turns", "kind": "loader",
+     "source": ["packed", {"data": "chat", "seq_len": 12, "loss_mask": True, "split_at_turns": True}],
+     "make": {"batch_size": 2, "seed": 42}, "epoch": 0, "steps": 5, "next": 10,
+     "resume": [{"batch_size": 2}, {"batch_size": 1, "rank": 1, "world_size": 2}]},
+    {"name": "flat-documents-budget", "kind": "loader",
+     "source": ["flat", {"data": "code", "token_budget": 48, "layout": "hf"}],
+     "make": {"batch_size": 1, "seed": 43}, "epoch": 0, "steps": 6, "next": 8,
+     "resume": [{"batch_size": 1}]},
+    {"name": "flat-documents-chat", "kind": "loader",
+     "source": ["flat", {"data": "chat", "token_budget": None, "loss_mask": True}],
+     "make": {"batch_size": 3, "seed": 44}, "epoch": 0, "steps": 3, "next": 8, "resume": [{"batch_size": 3}]},
+    {"name": "curriculum-ramp", "kind": "loader", "source": ["curriculum", {}],
+     "make": {"seed": 45}, "epoch": 0, "steps": 5, "next": 9,
+     "resume": [{}, {"rank": 1, "world_size": 2}]},
+    {"name": "mixture-batch-schedule", "kind": "loader", "source": ["mixture-ramp", {"seq_len": 10}],
+     "make": {"seed": 46}, "epoch": 0, "steps": 4, "next": 8, "resume": [{}, {"rank": 0, "world_size": 2}]},
+    {"name": "remote-windows", "kind": "loader", "source": ["windows", {"data": "web", "seq_len": 8, "remote": True}],
+     "make": {"batch_size": 4, "seed": 47}, "epoch": 0, "steps": 3, "next": 6,
+     "resume": [{"batch_size": 4}, {"batch_size": 2, "rank": 1, "world_size": 2}]},
+    {"name": "remote-packed", "kind": "loader",
+     "source": ["packed", {"data": "chat", "seq_len": 12, "loss_mask": True, "remote": True}],
+     "make": {"batch_size": 2, "seed": 48}, "epoch": 1, "steps": 3, "next": 6, "resume": [{"batch_size": 2}]},
+    {"name": "remote-llmbatch", "kind": "loader", "source": ["llmbatch", {"block_size": 4, "remote": True}],
+     "make": {"seed": 49}, "epoch": 0, "steps": 4, "resume": [{}]},
+    {"name": "remote-zrecord", "kind": "loader",
+     "source": ["zrecord", {"fields": ["tokens", "label"], "pad_to": 16, "token_fields": ["tokens"], "remote": True}],
+     "make": {"batch_size": 5, "seed": 50}, "epoch": 0, "steps": 3, "next": 5, "resume": [{"batch_size": 5}]},
 ]
+
+
+_REMOTE: dict[str, Any] = {}
+
+
+def _remote(root: Path, name: str) -> tuple[str, dict[str, Any]]:
+    """The URL of ``root / name`` uploaded to this process's real S3 API server (moto, on
+    127.0.0.1; once per process), and the keyword arguments a reader opens it with."""
+    import tempfile
+
+    from s3kit import moto_server, new_bucket, options, upload
+
+    if name not in _REMOTE:
+        endpoint = moto_server()
+        url = f"s3://{new_bucket(endpoint)}/{name}"
+        if (root / name).is_dir():
+            upload(root / name, url, options(endpoint))
+        else:
+            from zerobatch.core.remote import ObjectStore
+            url = f"s3://{url[5:].split('/')[0]}/{name}"
+            ObjectStore(url.rsplit("/", 1)[0], options(endpoint)).put(name, str(root / name))
+        _REMOTE[name] = url, options(endpoint)
+    url, opts = _REMOTE[name]
+    return url, {"storage_options": opts, "cache_dir": tempfile.mkdtemp(prefix="zb-states-")}
+
+
+def _reader(root: Path, name: str, remote: bool) -> Any:
+    """``root / name`` as a path, or (``remote``) as a reader of its copy on the S3 server."""
+    if not remote:
+        return str(root / name)
+    from zerobatch.readers import detect
+
+    url, kw = _remote(root, name)
+    fmt = detect.detect(str(root / name)).name
+    if fmt == "llmbatch":
+        from zerobatch.readers.llmbatch import BatchFileReader
+        return BatchFileReader(url, **kw)
+    if fmt == "zrecord":
+        from zerobatch.readers.zrecord import ZRecordStore
+        return ZRecordStore(url, **kw)
+    from zerobatch.readers.tokstream import TokenStreamReader
+    return TokenStreamReader(url, **kw)
 
 
 def _source(spec: list[Any], root: Path) -> Any:
@@ -145,16 +240,30 @@ def _source(spec: list[Any], root: Path) -> Any:
 
     kind, kw = spec
     kw = dict(kw)
+    remote = kw.pop("remote", False)
     if kind == "llmbatch":
-        return S.LLMBatchSource(str(root / "train.batch"), **kw)
+        return S.LLMBatchSource(_reader(root, "train.batch", remote), **kw)
     if kind == "windows":
-        return S.TokenWindows(str(root / kw.pop("data")), **kw)
+        return S.TokenWindows(_reader(root, kw.pop("data"), remote), **kw)
+    if kind == "packed":
+        return S.PackedDocuments(_reader(root, kw.pop("data"), remote), **kw)
+    if kind == "flat":
+        return S.FlatDocuments(_reader(root, kw.pop("data"), remote), **kw)
+    if kind == "curriculum":
+        return S.Curriculum([("short", 0, S.TokenWindows(str(root / "web"), 8), 4),
+                             ("long", 3, S.TokenWindows(str(root / "code"), 16), 2)],
+                            seed=71, batch_schedule=[(6, 4)])
+    if kind == "mixture-ramp":
+        seq = kw["seq_len"]
+        return S.Mixture([("web", S.TokenWindows(str(root / "web"), seq), 0.6),
+                          ("chat", S.TokenWindows(str(root / "chat"), seq), 0.4)],
+                         seed=72, batch_schedule=[(0, 2), (3, 4), (6, 6)])
     if kind == "documents":
         return S.TokenDocuments(str(root / kw.pop("data")), **kw)
     if kind == "llmchnk":
         return S.LLMChunkSource(str(root / "docs.chunk"), **kw)
     if kind == "zrecord":
-        return S.RecordFields(str(root / "store"), **kw)
+        return S.RecordFields(_reader(root, "store", remote), **kw)
     if kind == "features":
         return S.FeatureWindows(str(root / "features"), **kw)
     if kind == "npy":
@@ -309,6 +418,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
 def write() -> None:
     if not DATA.exists():
         write_datasets(DATA)
+    write_more_datasets(DATA)
     have = json.loads(CASES.read_text()) if CASES.exists() else {"cases": []}
     known = {c["name"] for c in have["cases"]}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
