@@ -26,7 +26,7 @@ from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import CorruptError, IntegrityError, TruncatedError, ZerobatchError
 from zerobatch.readers._tokstream_shard import Shard, block_digests
 from zerobatch.readers.backends import DataFile
-from zerobatch.readers.remote import FETCH_TRIES, CacheDir, Fetcher, RemoteBackend, RWLock
+from zerobatch.readers.remote import FETCH_TRIES, CacheDir, Fetcher, RemoteBackend, RWLock, fetch_checked
 from zerobatch.readers.remote import open_sparse
 from zerobatch.readers.remote import runs as _runs
 
@@ -136,16 +136,18 @@ class RemoteShard(Shard):
             runs = _runs(pages)
             starts = [d] + [r[0] * block for r in runs]
             stops = [d + t] + [min(r[1] * block, d) for r in runs]
-            for _ in range(FETCH_TRIES):
-                parts = self.remote.store.get_ranges(f"{self.key}/checksums.bin", starts, stops)
-                got = np.frombuffer(bytes(parts[0]), "<u8")
-                if f"{xxh3_64(got.tobytes()):016x}" == e.files["checksums.bin"].xxh3:
-                    top = got
-                    break
-            else:
-                raise IntegrityError(f"checksums.bin: bytes [{d}, {d + t}) (the top-level digests) did not match the "
-                                     f"manifest in {FETCH_TRIES} fetches", path=f"{self.url}/checksums.bin",
-                                     field="checksums.bin.xxh3")
+            parts: list[Any] = [None] * len(starts)
+            want = e.files["checksums.bin"].xxh3
+
+            def accept(which: list[int], got: list[Any]) -> list[int]:
+                # the top level against the manifest; pages kept, checked against it below
+                for i, part in zip(which, got, strict=True):
+                    parts[i] = part
+                return [0] if 0 in which and f"{xxh3_64(bytes(parts[0])):016x}" != want else []
+            fetch_checked(self.remote.store, f"{self.key}/checksums.bin", starts, stops, accept,
+                          path=f"{self.url}/checksums.bin", field="checksums.bin.xxh3",
+                          against="the manifest's digest of the top-level digests")
+            top = np.frombuffer(bytes(parts[0]), "<u8")
             if refetch:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
@@ -212,20 +214,18 @@ class RemoteShard(Shard):
                     if have[p - r0] == self._top[p]:
                         self._page_ok[p] = True
             missing = [p for p in todo if not self._page_ok[p]]
-            for _ in range(FETCH_TRIES):
-                if not missing:
-                    return
-                runs = _runs(missing)
-                starts = [r[0] * block for r in runs]
-                stops = [min(r[1] * block, d) for r in runs]
-                parts = self.remote.store.get_ranges(f"{self.key}/checksums.bin", starts, stops)
-                self._accept_pages(runs, starts, parts)
-                missing = [p for p in missing if not self._page_ok[p]]
-            if missing:
-                a = missing[0] * block
-                raise IntegrityError(f"checksums.bin: bytes [{a}, {min(a + block, d)}) did not match their top-level "
-                                     f"digest in {FETCH_TRIES} fetches", path=f"{self.url}/checksums.bin",
-                                     field="checksums.bin")
+            if not missing:
+                return
+            runs = _runs(missing)
+            starts = [r[0] * block for r in runs]
+            stops = [min(r[1] * block, d) for r in runs]
+
+            def accept(which: list[int], parts: list[Any]) -> list[int]:
+                self._accept_pages([runs[i] for i in which], [starts[i] for i in which], parts)
+                return [i for i in which if not self._page_ok[runs[i][0]:runs[i][1]].all()]
+            fetch_checked(self.remote.store, f"{self.key}/checksums.bin", starts, stops, accept,
+                          path=f"{self.url}/checksums.bin", field="checksums.bin",
+                          against="their top-level digests")
 
     def load_indexes(self) -> None:
         """Fetch (or find in the cache), map and check the document and metadata indexes."""
@@ -387,27 +387,22 @@ class RemoteShard(Shard):
         size, block = self.entry.files[fname].size, self.block
         runs = _runs(blocks)
         fd = self._fds[fname] if fd is None else fd
-        written = 0
-        for _ in range(FETCH_TRIES):
-            starts = [r[0] * block for r in runs]
-            stops = [min(r[1] * block, size) for r in runs]
-            parts = self.remote.store.get_ranges(f"{self.key}/{fname}", starts, stops)
-            bad = []
-            for run, a, part in zip(runs, starts, parts, strict=True):
-                if (block_digests(part, block) == self._digests_of(fname, run[0], run[1])).all():
-                    pwrite_all(fd, part, a)
+        starts = [r[0] * block for r in runs]
+        stops = [min(r[1] * block, size) for r in runs]
+
+        def accept(which: list[int], parts: list[Any]) -> list[int]:
+            bad, written = [], 0
+            for i, part in zip(which, parts, strict=True):
+                r0, r1 = runs[i]
+                if (block_digests(part, block) == self._digests_of(fname, r0, r1)).all():
+                    pwrite_all(fd, part, starts[i])
                     written += len(part)
                 else:
-                    bad.append(run)
-            if not bad:
-                break
-            runs = bad
-        else:
-            a, b = runs[0][0] * block, min(runs[0][1] * block, size)
-            raise IntegrityError(f"{fname}: bytes [{a}, {b}) did not match their checksums in {FETCH_TRIES} "
-                                 f"fetches (the object differs from its dataset's digests)",
-                                 path=f"{self.url}/{fname}", field="xxh3")
-        self.remote.fetched(written)
+                    bad.append(i)
+            self.remote.fetched(written)
+            return bad
+        fetch_checked(self.remote.store, f"{self.key}/{fname}", starts, stops, accept, path=f"{self.url}/{fname}",
+                      field="xxh3")
 
     def check_file(self, fname: str) -> list[str]:
         """As :meth:`Shard.check_file`; a data file is fetched whole into the cache first (its

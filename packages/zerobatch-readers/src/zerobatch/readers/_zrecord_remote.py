@@ -44,7 +44,7 @@ from zerobatch.core import xxh3_64
 from zerobatch.core.io import pwrite_all
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import CorruptError, IntegrityError, StateError
-from zerobatch.readers.remote import FETCH_TRIES, RemoteOptions, RWLock, open_sparse, runs
+from zerobatch.readers.remote import FETCH_TRIES, RemoteOptions, RWLock, fetch_checked, open_sparse, runs
 
 __all__ = ["PAGE_ENTRIES", "StoreMirror"]
 
@@ -252,18 +252,24 @@ class StoreMirror:
     # -- fetching --------------------------------------------------------------------------
 
     def _fetch(self, obj: str, fd: int, starts: list[int], stops: list[int]) -> None:
-        parts = self.store.get_ranges(obj, starts, stops)
-        written = disk = 0
-        for a, part in zip(starts, parts, strict=True):
-            pwrite_all(fd, part, a)
-            written += len(part)
-            # the disk a sparse copy spends: whole file-system blocks (at most; neighbours share)
-            disk += -(-(a + len(part)) // _FS_BLOCK) * _FS_BLOCK - a // _FS_BLOCK * _FS_BLOCK
-        if obj.startswith(Z.CHUNK_DIR):
-            with self._lock:
-                self.written += disk
-        if self.remote.cache.added(written):
-            self.remote.cache.evict(lambda path: path == self.folder, lambda path: False)
+        """Ranges of object ``obj`` written into its sparse copy ``fd``, unchecked here: each
+        record is checked by the gather kernel against its ``.check`` entry as it is read, and a
+        record that fails is fetched again from there (:meth:`forget_record`)."""
+        def accept(which: list[int], parts: list[Any]) -> list[int]:
+            written = disk = 0
+            for i, part in zip(which, parts, strict=True):
+                a = starts[i]
+                pwrite_all(fd, part, a)
+                written += len(part)
+                # the disk a sparse copy spends: whole file-system blocks (at most; neighbours share)
+                disk += -(-(a + len(part)) // _FS_BLOCK) * _FS_BLOCK - a // _FS_BLOCK * _FS_BLOCK
+            if obj.startswith(Z.CHUNK_DIR):
+                with self._lock:
+                    self.written += disk
+            if self.remote.cache.added(written):
+                self.remote.cache.evict(lambda path: path == self.folder, lambda path: False)
+            return []
+        fetch_checked(self.store, obj, starts, stops, accept, path=self.store.name(obj), field="record")
 
     def _close_tables(self) -> None:
         fds = [fd for pair in self._tables for fd in pair]

@@ -30,7 +30,7 @@ import contextlib
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -42,7 +42,7 @@ from zerobatch.formats.errors import ConfigError, IntegrityError, NotFoundError
 from zerobatch.readers.backends import DataFile, PreadBackend
 
 __all__ = ["DEFAULT_CACHE_LIMIT", "FETCH_TRIES", "CacheDir", "Fetcher", "RWLock", "RemoteBackend", "RemoteFile",
-           "RemoteItems", "RemoteOptions", "cache_root", "open_sparse", "runs"]
+           "RemoteItems", "RemoteOptions", "cache_root", "fetch_checked", "open_sparse", "runs"]
 
 #: Bytes of disk the cache folder is kept under by default.
 DEFAULT_CACHE_LIMIT = 16 << 30
@@ -82,6 +82,33 @@ def open_sparse(path: str, size: int, tail: bytes = b"") -> int:
             os.unlink(tmp)
         raise
     return fd
+
+
+def fetch_checked(store: Any, key: str, starts: Sequence[int], stops: Sequence[int],
+                  accept: Callable[[list[int], list[Any]], list[int]], *, path: str, field: str,
+                  against: str = "their checksums") -> None:
+    """The one fetch loop of every remote reader: ranges ``[starts[i], stops[i])`` of object
+    ``key`` fetched in one request (obstore merges close ranges), handed to ``accept(which,
+    parts)`` (the range numbers and their bytes), which checks them, writes those that
+    matched into the local copy and returns the numbers of those that did not; those are
+    fetched again, :data:`FETCH_TRIES` fetches in all.
+
+    Raises:
+        IntegrityError: a range never matched (naming ``path``, the first such range and
+            ``field``: the object differs from the digests it is checked against).
+        ReadError, TruncatedError, NotFoundError: the store failed (after its own retries).
+    """
+    todo = list(range(len(starts)))
+    for _ in range(FETCH_TRIES):
+        if not todo:
+            return
+        parts = store.get_ranges(key, [starts[i] for i in todo], [stops[i] for i in todo])
+        todo = accept(todo, parts)
+    if todo:
+        a, b = int(starts[todo[0]]), int(stops[todo[0]])
+        raise IntegrityError(f"{path.rpartition('/')[2]}: bytes [{a}, {b}) did not match {against} in {FETCH_TRIES} "
+                             f"fetches (the object differs from the digests it is checked against)", path=path,
+                             field=field)
 
 
 class RemoteItems:
@@ -491,25 +518,24 @@ class RemoteFile:
             raise ConfigError("RemoteFile.units() must be called before a read", path=self.url, field="units")
         bad = self._check(units)
         self.held[np.setdiff1d(units, bad)] = True
-        for _ in range(FETCH_TRIES):
-            if not bad:
-                return
-            starts, stops = self._spans(np.asarray(bad, np.int64))
-            parts = self.remote.store.get_ranges(self.key, starts.tolist(), stops.tolist())
+        if not bad:
+            return
+        check = self._check
+        starts, stops = self._spans(np.asarray(bad, np.int64))
+
+        def accept(which: list[int], parts: list[Any]) -> list[int]:
             written = 0
-            for a, part in zip(starts.tolist(), parts, strict=True):
-                pwrite_all(self.fd, part, a)
+            for i, part in zip(which, parts, strict=True):
+                pwrite_all(self.fd, part, int(starts[i]))
                 written += len(part)
             if self.remote.cache.added(written):
                 self.maybe_evict()
-            again = self._check(bad)
-            self.held[np.setdiff1d(bad, again)] = True
-            bad = again
-        if bad:
-            starts, stops = self._spans(np.asarray(bad[:1], np.int64))
-            raise IntegrityError(f"bytes [{int(starts[0])}, {int(stops[0])}) did not match their checksum in "
-                                 f"{FETCH_TRIES} fetches (the object differs from the checksums it carries)",
-                                 path=self.url, field="checksum")
+            units = [bad[i] for i in which]          # checked in the copy: the reader's own check
+            again = set(check(units))
+            self.held[[u for u in units if u not in again]] = True
+            return [i for i, u in zip(which, units, strict=True) if u in again]
+        fetch_checked(self.remote.store, self.key, starts.tolist(), stops.tolist(), accept, path=self.url,
+                      field="checksum", against="their checksum")
 
     def maybe_evict(self) -> None:
         """Keep the cache folder under its limit (this copy's folder is kept)."""
