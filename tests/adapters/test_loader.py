@@ -633,8 +633,9 @@ class HintedSource(Source):
         self.lock = threading.Lock()
 
     @property
-    def remote(self) -> bool:
-        return self._remote
+    def access(self):
+        from zerobatch.readers.base import FETCHED, MAPPED
+        return FETCHED if self._remote else MAPPED
 
     def prepare(self, items):
         with self.lock:
@@ -651,7 +652,8 @@ def test_read_ahead_hints_of_a_remote_source_cover_every_step_once_in_groups_ahe
     else), then of ``prefetch`` steps per hint, each step once, in order, every step hinted
     before it is read and never more than 5 x ``prefetch`` steps ahead of the reads; a local
     source hears of each read as it is planned."""
-    from zerobatch.adapters._loader import AHEAD_GROUPS
+    from zerobatch.readers.base import FETCHED
+    AHEAD_GROUPS = FETCHED.hint_groups
     for threads in (0, 2):
         src = HintedSource()
         ld = Loader(src, batch_size=4, num_threads=threads, prefetch=8, seed=1, shuffle=True)

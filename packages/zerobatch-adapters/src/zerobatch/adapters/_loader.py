@@ -58,13 +58,14 @@ def default_num_threads() -> int:
     """Read-ahead threads by default: one fewer than the CPUs (the training thread keeps one),
     at least 1 and at most 2.
 
-    Measured on 2 CPUs (``tools/read_ahead.py``, docs/performance.md): with the data in the
-    page cache a read-ahead thread neither gains nor loses in a training loop (reads take
-    under 1 % of a 20 ms step either way), and it halves the raw batches per second of a
-    loop with no compute (the hand-off between threads costs about as much as a read);
-    with the data on disk one thread cuts the time inside ``next()`` by 2-9x (LLMCHNK
-    4.4 % -> 0.5 % of the step, ZRECORD 7.5 % -> 3.0 %), a second adds little. More threads
-    than that only multiply idle threads per rank on large nodes.
+    With the data in the page cache a read-ahead thread neither gains nor loses in a training
+    loop (reads are a small share of a step either way), and it lowers the raw batches per
+    second of a loop with no compute (the hand-off between threads costs about as much as a
+    read); with the data on disk one thread cuts the time inside ``next()`` several-fold, a
+    second adds little. More threads than that only multiply idle threads per rank on large
+    nodes. ``tools/read_ahead.py`` compares 0, 1 and 2 threads, page cache and disk; asv gates
+    the default with bench_loader.TrainingLoop.track_step_time_ratio and
+    bench_loader.EndToEnd.time_batches.
     """
     return max(1, min(2, (os.cpu_count() or 2) - 1))
 
@@ -470,22 +471,25 @@ class _Pass:
             self.pool = shared_pool(loader.num_threads, READ_AHEAD_POOL)
             self.pool.attach()
         self._tickets: collections.deque[tuple[Any, list[Any]]] = collections.deque()
-        # a source at a URL: the first read alone until it is in, its requests ahead of any
-        # read-ahead's (the first batch is what the training loop waits for; later steps'
-        # fetches start once it arrives, still well ahead of their turn)
-        self._first_alone = bool(getattr(self.source, "remote", False))
+        # as the source's storage declares (Access): the first read alone until it is in, its
+        # requests ahead of any read-ahead's (the first batch is what the training loop waits
+        # for; later steps' fetches start once it arrives, still well ahead of their turn)
+        access = self.source.access
+        self._first_alone = access.first_alone
+        self._hint_groups = access.hint_groups
         self._plan = self._reads()
 
     def _reads(self) -> Iterator[tuple[np.ndarray, np.ndarray | None, list[Any]]]:
         """``(items (steps, k), sources or None, position after each step)`` per read, in
         order: the schedule's pages cut into reads of 1, 2, 4... steps up to the chunk."""
         size = 1
-        # a source at a URL hears of steps ``prefetch`` at a time, up to AHEAD_GROUPS times that
-        # beyond the reads in flight: one hint covers many steps, so the ranges of neighbouring
-        # steps (windows shuffled within a shard) go out as one request, not one per step
-        # (2.3 -> 0.8 requests per step). The very first read is hinted alone (the first batch
-        # waits on nothing else).
-        group = self.loader.prefetch if self._first_alone else 0
+        # a source whose storage asks for it (Access.hint_groups) hears of steps ``prefetch``
+        # at a time, up to hint_groups times that beyond the reads in flight: one hint covers
+        # many steps, so the ranges of neighbouring steps (windows shuffled within a shard) go
+        # out as one request, not one per step. The very first read is hinted alone (the
+        # first batch waits on nothing else).
+        groups = self._hint_groups
+        group = self.loader.prefetch if groups else 0
         first = True
         for page in self.schedule.plan(self.worker + self.num_workers * self.skip, self.num_workers):
             at, hinted = 0, 0
@@ -499,7 +503,7 @@ class _Pass:
                     hinted = at + count
                     first = False
                 else:
-                    while hinted < min(page.steps, at + count + AHEAD_GROUPS * group):
+                    while hinted < min(page.steps, at + count + groups * group):
                         stop = min(page.steps, hinted + group)
                         if page.items[hinted:stop].size:
                             self.source.prepare(page.items[hinted:stop])
@@ -621,13 +625,6 @@ def _check_share(state: Any) -> dict[str, Any]:
         raise StateError(f"a bad zerobatch worker state: worker {share['worker']!r} of {share['num_workers']!r}, "
                          f"{share['delivered']!r} delivered", field="worker")
     return share
-
-
-#: How far ahead of the reads in flight a source at a URL hears of steps: this many times
-#: ``prefetch`` (their bytes go to the cache on disk, not to memory). Windows shuffled within
-#: shards, tools/bench_remote_peers.py's server (20 ms per request): 1 -> 9.6, 2 -> 13.7,
-#: 4 -> 16.2 M tokens/s; 8 adds little more.
-AHEAD_GROUPS = 4
 
 
 class _Ready:

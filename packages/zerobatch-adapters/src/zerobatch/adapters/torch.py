@@ -258,9 +258,9 @@ class WorkerDataLoader(torch.utils.data.DataLoader):
         for key in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
             if key in kwargs:
                 raise ConfigError(f"{key}: the zerobatch loader batches, orders and shards itself", field=key)
-        if num_workers and kwargs.get("multiprocessing_context") is None and loader.source.remote:
-            # obstore's runtime does not survive fork: workers of a remote dataset start
-            # from a fresh interpreter (forkserver: cheap after the first)
+        if num_workers and kwargs.get("multiprocessing_context") is None and not loader.source.access.fork_safe:
+            # storage whose runtime does not survive a fork (obstore's): workers start from a
+            # fresh interpreter (forkserver: cheap after the first)
             kwargs["multiprocessing_context"] = "forkserver"
         super().__init__(loader, batch_size=None, num_workers=num_workers, **kwargs)
         self.zb = loader

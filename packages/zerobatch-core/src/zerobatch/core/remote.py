@@ -83,6 +83,18 @@ def local_path(path: Any) -> Any:
     return path
 
 
+def local_or_none(path: Any) -> str | None:
+    """The local path ``path`` names (a path, or a ``file://`` URL), or ``None`` where it names
+    an object in storage (read there by the reader, which checks it) or is not a path at all:
+    the storage layer's one answer to "is there a local file to look at first"."""
+    if not isinstance(path, (str, os.PathLike)):
+        return None
+    raw = os.fspath(path)
+    if isinstance(raw, bytes) or (is_url(raw) and raw[:7].lower() != "file://"):
+        return None
+    return str(local_path(raw))
+
+
 def _authority(url: str) -> str:
     """What follows ``scheme://`` up to the first ``/``, ``?`` or ``#`` (``urlsplit``'s netloc),
     without ``urlsplit``'s port parsing: its error would quote the text after ``:``, which in

@@ -7,6 +7,11 @@ and :meth:`BatchReader.read_async` queues that read on a :class:`~zerobatch.core
 and returns a ticket (``wait()`` returns what ``read_into`` returns or raises its error;
 ``cancel()`` drops it if it has not started, else waits for it). A reader with a compiled
 read that needs no GIL from start to finish (LLMBATCH) queues that instead of a Python call.
+
+Every reader also declares its :class:`Access`: what reaching its bytes costs (mapped local
+files, or sparse copies fetched from object storage). Sources and the loader plan reads by
+it (hints ahead, exact ranges, zero-copy views, queued compiled reads, worker start method)
+and never ask where the data lives.
 """
 
 from __future__ import annotations
@@ -14,9 +19,61 @@ from __future__ import annotations
 import functools
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["BatchReader", "OpensOnFirstUse", "Ticket"]
+__all__ = ["FETCHED", "MAPPED", "Access", "BatchReader", "OpensOnFirstUse", "Ticket"]
+
+
+@dataclass(frozen=True)
+class Access:
+    """What reaching a reader's bytes costs, declared by the reader's storage.
+
+    Attributes:
+        fetched: the bytes are fetched into a local copy before a read (object storage):
+            a read of bytes not held yet waits for requests.
+        exact: a read costs the bytes it touches: read exactly the ranges wanted, never
+            an overrun past them (over a mapping an overrun is free).
+        views: reads may hand out views of the file's own bytes (zero copies).
+        tasks: reads may be queued as compiled, GIL-free tasks (``ranges_async``...).
+        fork_safe: a forked worker process may go on using the reader's storage (obstore's
+            runtime does not survive a fork: workers then start from a fresh interpreter).
+        hint_groups: how far ahead of the reads in flight the reader wants to hear of
+            steps (``prefetch``), in groups of the loader's ``prefetch`` steps, each group one
+            hint (neighbouring steps' ranges then go out as one request); 0: each read is
+            hinted as it is planned.
+        first_alone: the first read is fetched alone, before any read-ahead's requests
+            (the first batch is what the training loop waits for).
+    """
+
+    fetched: bool = False
+    exact: bool = False
+    views: bool = True
+    tasks: bool = True
+    fork_safe: bool = True
+    hint_groups: int = 0
+    first_alone: bool = False
+
+    @staticmethod
+    def of_all(accesses: Iterable[Access]) -> Access:
+        """The access of a read over several readers (a mixture): each cost if any has it,
+        each capability if all have it."""
+        a = list(accesses) or [MAPPED]
+        return Access(fetched=any(x.fetched for x in a), exact=any(x.exact for x in a),
+                      views=all(x.views for x in a), tasks=all(x.tasks for x in a),
+                      fork_safe=all(x.fork_safe for x in a), hint_groups=max(x.hint_groups for x in a),
+                      first_alone=any(x.first_alone for x in a))
+
+
+#: Local files (mapped or read by descriptor): every capability, no hints needed.
+MAPPED = Access()
+#: Sparse local copies of objects, fetched by byte ranges as reads need them. Hints go
+#: four groups of ``prefetch`` steps ahead (windows shuffled within shards against a server
+#: with a round trip per request gain little from more: tools/bench_remote_peers.py measures
+#: it); the hinted bytes go to the cache on disk, not to memory.
+FETCHED = Access(fetched=True, exact=True, views=False, tasks=False, fork_safe=False, hint_groups=4,
+                 first_alone=True)
 
 
 class Ticket(Protocol):

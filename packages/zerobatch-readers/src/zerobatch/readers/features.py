@@ -27,7 +27,7 @@ from zerobatch.core.remote import is_url, local_path
 from zerobatch.formats import features as F
 from zerobatch.formats.errors import (ConfigError, CorruptError, IntegrityError, LimitExceededError, ReadError,
                                       TruncatedError)
-from zerobatch.readers.base import BatchReader
+from zerobatch.readers.base import FETCHED, MAPPED, Access, BatchReader
 
 __all__ = ["FeatureMatrix"]
 
@@ -331,6 +331,11 @@ class FeatureMatrix(BatchReader):
             gather_rows(buf, self._row_bytes, self.num_rows, rows + self.window, self.horizon, target_out)
             y = target_out
         return out, y
+
+    @property
+    def access(self) -> Access:
+        """What reaching the dataset's bytes costs (:class:`~zerobatch.readers.base.Access`)."""
+        return MAPPED if self._remote_options is None else FETCHED
 
     @property
     def remote(self) -> bool:

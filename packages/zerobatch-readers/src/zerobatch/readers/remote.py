@@ -40,6 +40,7 @@ from zerobatch.core.checks import check_count
 from zerobatch.core.io import pwrite_all
 from zerobatch.formats.errors import ConfigError, IntegrityError, NotFoundError
 from zerobatch.readers.backends import DataFile, PreadBackend
+from zerobatch.readers.base import FETCHED, MAPPED, Access
 
 __all__ = ["DEFAULT_CACHE_LIMIT", "FETCH_TRIES", "CacheDir", "Fetcher", "RWLock", "RemoteBackend", "RemoteFile",
            "RemoteItems", "RemoteOptions", "cache_root", "fetch_checked", "open_sparse", "runs"]
@@ -137,6 +138,11 @@ class RemoteItems:
     def remote(self) -> bool:
         """Whether the file is read from a URL (object storage)."""
         return self._remote is not None
+
+    @property
+    def access(self) -> Access:
+        """What reaching the file's bytes costs (:class:`~zerobatch.readers.base.Access`)."""
+        return MAPPED if self._remote is None else FETCHED
 
     @property
     def store(self) -> Any:

@@ -59,7 +59,7 @@ from zerobatch.readers._tokstream_remote import RemoteShards, placeholder_docume
 from zerobatch.readers.backends import Backend, open_backend
 from zerobatch.readers.remote import DEFAULT_CACHE_LIMIT, DEFAULT_FETCH_THREADS, CacheDir, Fetcher, RemoteBackend, \
     cache_root
-from zerobatch.readers.base import BatchReader, OpensOnFirstUse
+from zerobatch.readers.base import FETCHED, MAPPED, Access, BatchReader, OpensOnFirstUse
 
 __all__ = ["LOSS_MASK_DIR", "TokenStreamReader", "VerifyReport", "WindowMetadata", "open_loss_mask"]
 
@@ -249,6 +249,11 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         if not isinstance(shards, RemoteShards):
             raise ConfigError("the dataset is not read from a URL", path=self.folder, field="backend")
         return shards
+
+    @property
+    def access(self) -> Access:
+        """What reaching the dataset's bytes costs (:class:`~zerobatch.readers.base.Access`)."""
+        return MAPPED if self._store is None else FETCHED
 
     @property
     def remote(self) -> bool:

@@ -35,9 +35,9 @@ import numpy as np
 
 from zerobatch.core import (FileMapping, buffer_views, check_records, inflate_records, publish_chunk, record_views,
                             snapshot_entries, zrstore)
-from zerobatch.core._status import STATUS, raise_for_status
 from zerobatch.core.io import open_regular_file
 from zerobatch.core.pool import shared_pool
+from zerobatch.core.status import STATUS, raise_for_status
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import (
     ConfigError,
@@ -46,6 +46,7 @@ from zerobatch.formats.errors import (
     StateError,
     TruncatedError,
 )
+from zerobatch.readers.base import FETCHED, MAPPED, Access
 from zerobatch.readers.remote import FETCH_TRIES
 
 __all__ = ["FieldView", "RecordBatch", "ZRecordStore"]
@@ -362,6 +363,11 @@ class ZRecordStore:
     def _name(self, rel: str) -> str:
         """A file of the store, for messages (its URL for a store at a URL)."""
         return f"{self.path}/{rel}" if self._mirror is not None else os.path.join(self.path, rel)
+
+    @property
+    def access(self) -> Access:
+        """What reaching the store's bytes costs (:class:`~zerobatch.readers.base.Access`)."""
+        return FETCHED if self.remote else MAPPED
 
     @property
     def remote(self) -> bool:

@@ -75,21 +75,22 @@ def open_source(value: Any, **kwargs: Any) -> Source:
     """
     if isinstance(value, Source):
         return value
-    from zerobatch.core.remote import is_url
+    from zerobatch.core.remote import local_or_none
     from zerobatch.readers.llmbatch import BatchFileReader
     if isinstance(value, BatchFileReader):
         return globals()["LLMBatchSource"](value, **kwargs)
-    if isinstance(value, (str, os.PathLike)) and os.path.exists(value):
+    path = local_or_none(value)
+    if path is not None and os.path.exists(path):
         from zerobatch.adapters.sources._base import _what, how_to_read
         from zerobatch.readers.detect import find
 
-        fmt = find(value)
+        fmt = find(path)
         if fmt is not None and fmt.default_source is not None:
             return fmt.resolve("default_source")(value, **kwargs)
         if fmt is not None:
             raise ConfigError(f"source: {_what(fmt)}, which the loader does not open from a path alone: give "
                               f"it {how_to_read(fmt, value)}", path=value, field="source")
-    elif isinstance(value, (str, os.PathLike)) and not is_url(os.fspath(value)):
+    elif path is not None:
         raise ConfigError("source: the path does not exist", path=value, field="source")
     raise ConfigError(f"source: expected a zerobatch source (LLMBatchSource, TokenWindows, TokenDocuments, "
                       f"RecordFields, Mixture) or a .batch file, got {value!r}", field="source")

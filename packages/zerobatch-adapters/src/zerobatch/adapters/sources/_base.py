@@ -17,6 +17,7 @@ import numpy as np
 from zerobatch.adapters._buffers import BufferPool
 from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError, NotFoundError
+from zerobatch.readers.base import MAPPED, Access
 from zerobatch.samplers import GlobalRandomOrder, IndexOrder, IndexSampler, Schedule, SequentialOrder
 
 __all__ = ["CHUNK_BYTES", "IGNORE_INDEX", "VIEW_STEPS", "Array", "Output", "OutputPlan", "ReadTicket", "Source", "StackedRuns", "Value", "build", "leaves",
@@ -233,16 +234,14 @@ def check_dataset(value: Any, source: str, accepts: tuple[str, ...], expected: s
         ConfigError: a dataset of another format, or a file where the source reads folders or
             a folder where it reads files (field ``path``).
     """
-    if not isinstance(value, (str, os.PathLike)):
-        return
-    from zerobatch.core.remote import is_url, local_path
+    from zerobatch.core.remote import local_or_none
     from zerobatch.formats.registry import get
     from zerobatch.readers.detect import find
 
-    raw = os.fspath(value)
-    if isinstance(raw, bytes) or (is_url(raw) and not raw.lower().startswith("file://")):
+    path = local_or_none(value)
+    if path is None:                        # an object in storage: its reader checks it
         return
-    path = local_path(raw)
+    raw = os.fspath(value)
     formats = [get(name) for name in accepts]
     if expected is None:
         expected = " or ".join(_what(f) for f in formats)
@@ -350,9 +349,16 @@ class Source(ABC):
         return False
 
     @property
+    def access(self) -> Access:
+        """What reaching the source's bytes costs, as its reader declares it
+        (:class:`~zerobatch.readers.base.Access`): the loader plans read-ahead by it. A source
+        over a reader returns the reader's; this default is local files'."""
+        return MAPPED
+
+    @property
     def remote(self) -> bool:
-        """Whether the source reads a dataset at a URL (object storage)."""
-        return bool(getattr(getattr(self, "reader", None), "remote", False))
+        """Whether the source's bytes are fetched from object storage (``access.fetched``)."""
+        return self.access.fetched
 
     def prepare(self, items: np.ndarray) -> None:  # noqa: B027 - optional hook, no-op by default
         """Called in order as reads are planned (read-ahead hints)."""

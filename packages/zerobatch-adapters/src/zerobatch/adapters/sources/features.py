@@ -48,13 +48,13 @@ class FeatureWindows(Source):
         return {"window": int(m.window), "stride": int(m.stride), "horizon": int(m.horizon)}
 
     @property
-    def remote(self) -> bool:
-        return self.matrix.remote
+    def access(self) -> Any:
+        return self.matrix.access
 
     def prepare(self, items: np.ndarray) -> None:
         """A dataset at a URL: the blocks of these windows fetched in the background, steps
         ahead of their read."""
-        if self.matrix.remote:
+        if self.matrix.access.fetched:
             self.matrix.prefetch(items.reshape(-1))
 
     def chunk_steps(self, items_per_step: int) -> int:

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources._base import (CHUNK_BYTES, Array, ReadTicket, Source, StackedRuns,
+from zerobatch.adapters.sources._base import (CHUNK_BYTES, Access, Array, ReadTicket, Source, StackedRuns,
                                               check_dataset, open_reader)
 from zerobatch.core.checks import check_count
 from zerobatch.samplers import BlockShuffleOrder, IndexOrder
@@ -43,6 +43,10 @@ class LLMBatchSource(Source):
         self._to_advise: list[int] = []
         self._started = False
 
+
+    @property
+    def access(self) -> Access:
+        return self.reader.access
     def geometry(self) -> dict[str, Any]:
         """The file's batch shape (a file rebuilt with another one is another file)."""
         return {"batch_size": self._shape[0], "seq_len": self._shape[1]}
@@ -58,7 +62,7 @@ class LLMBatchSource(Source):
     def zero_copy(self, dtype: np.dtype, items_per_step: int) -> bool:
         """int32 views of the mapped file (one file batch a step): no copy at all (each batch
         checked once, on the pool)."""
-        return self._views(dtype, items_per_step) and not self.reader.remote
+        return self._views(dtype, items_per_step) and self.reader.access.views
 
     def _views(self, dtype: np.dtype, items_per_step: int) -> bool:
         return dtype == np.int32 and items_per_step == 1
@@ -68,7 +72,7 @@ class LLMBatchSource(Source):
         read. A local file: ``madvise(WILLNEED)`` each block of the file the first time a read
         reaches it (issued after the read that reaches it has started, and from the second
         read on: the first batch waits for no hint, the rest of its block gets one)."""
-        if self.reader.remote:
+        if self.reader.access.fetched:
             self.reader.prefetch(items.reshape(-1))
             return
         bs = self.block_size

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources._base import (CHUNK_BYTES, Array, Source, check_dataset, check_pad_id,
+from zerobatch.adapters.sources._base import (CHUNK_BYTES, Access, Array, Source, check_dataset, check_pad_id,
                                               check_seq_len, open_reader)
 
 __all__ = ["LLMChunkSource"]
@@ -42,6 +42,10 @@ class LLMChunkSource(Source):
         self.num_items = self.reader.num_records
         self.fingerprint = self.reader.fingerprint
 
+
+    @property
+    def access(self) -> Access:
+        return self.reader.access
     def chunk_steps(self, items_per_step: int) -> int:
         return max(1, CHUNK_BYTES // (items_per_step * self.seq_len * 8))
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from zerobatch.adapters.sources._base import DEFAULT_SEED, Source
 from zerobatch.formats.errors import ConfigError
+from zerobatch.readers.base import Access
 from zerobatch.samplers import IndexOrder, MixtureSampler, MixtureSchedule, Schedule, WeightSchedule
 from zerobatch.samplers.schedule import check_batch_schedule
 
@@ -90,8 +91,8 @@ class Mixture(Source):
         self.output = first.output         # every source hands out the same kind of step
 
     @property
-    def remote(self) -> bool:
-        return any(s.remote for s in self.sources)
+    def access(self) -> Access:
+        return Access.of_all(s.access for s in self.sources)
 
     def schedule(self, batch_size: int, *, rank: int, world_size: int, shuffle: bool = True, seed: int = 0,
                  tail: str = "drop", order: IndexOrder | None = None, epoch: int = 0) -> Schedule:

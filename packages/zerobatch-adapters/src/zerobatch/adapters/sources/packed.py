@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Array, ReadTicket, Source, Value,
+from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Access, Array, ReadTicket, Source, Value,
                                               check_dataset, check_pad_id, check_position_dtype,
                                               check_seq_len)
 from zerobatch.core import PACKING_ALGORITHMS, flat_layout, pack_plan, pack_rows
@@ -64,8 +64,8 @@ class RecordDocuments:
         return f"llmchnk:{self.records.fingerprint}"
 
     @property
-    def remote(self) -> bool:
-        return self.records.remote
+    def access(self) -> Any:
+        return self.records.access
 
     @property
     def num_documents(self) -> int:
@@ -295,6 +295,10 @@ class PackedDocuments(Source):
         self.fingerprint = (f"{_build_id(self.reader)}:packed:{self.algorithm}:{self.capacity}:{self.buffer}:"
                             f"{'none' if self.seed is None else self.seed}{':turns' if self.split_at_turns else ''}")
 
+
+    @property
+    def access(self) -> Access:
+        return self.reader.access
     def geometry(self) -> dict[str, Any]:
         """What decides the packing (the fingerprint holds it too, less readably)."""
         return {"seq_len": self.seq_len, "next_token": self.next_token, "layout": self.layout,
@@ -390,7 +394,7 @@ class PackedDocuments(Source):
 
     def prepare(self, items: np.ndarray) -> None:
         """A dataset at a URL: these rows' tokens fetched in the background, steps ahead."""
-        if self.reader.remote:
+        if self.reader.access.fetched:
             starts, lens, _ = self.pieces(items)
             if lens.size:
                 self.reader.prefetch(starts, stops=starts + lens)
@@ -537,6 +541,10 @@ class FlatDocuments(Source):
         if self.num_items == 0:
             raise ConfigError("the dataset holds no documents", path=self.reader.path, field="documents")
 
+
+    @property
+    def access(self) -> Access:
+        return self.reader.access
     def geometry(self) -> dict[str, Any]:
         """The token budget and, with one, how documents are grouped under it."""
         if self.groups is None:
@@ -555,7 +563,7 @@ class FlatDocuments(Source):
 
     def prepare(self, items: np.ndarray) -> None:
         """A dataset at a URL: these documents' tokens fetched in the background, steps ahead."""
-        if self.reader.remote:
+        if self.reader.access.fetched:
             starts, lens = self._pieces(items.reshape(-1))
             if lens.size:
                 self.reader.prefetch(starts, stops=starts + lens)
@@ -569,7 +577,7 @@ class FlatDocuments(Source):
         labels written in one GIL-free pass over each document; ``None`` otherwise (the step
         is then read as a Python call)."""
         if items.shape[0] != 1 or self.mask_reader is not None or isinstance(self.reader, RecordDocuments) \
-                or self.reader.remote:
+                or not self.reader.access.tasks:
             return None
         starts, lens, step, tokens, pos, labels = self._outputs(items[0], dtype)
         ticket = self.reader.ranges_async(pool, starts, starts + lens, tokens, position_ids=pos, labels=labels,

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Array, ReadTicket, Source, Value,
+from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Access, Array, ReadTicket, Source, Value,
                                               check_pad_id,
                                               check_dataset, check_position_dtype, check_seq_len,
                                               next_token_pair, open_reader)
@@ -66,6 +66,10 @@ class TokenWindows(Source):
         self.num_items = self.reader.num_windows(self.length, self.stride)
         self.fingerprint = self.reader.manifest.build_id
 
+
+    @property
+    def access(self) -> Access:
+        return self.reader.access
     def geometry(self) -> dict[str, Any]:
         return {"seq_len": self.seq_len, "stride": self.stride, "next_token": self.next_token}
 
@@ -93,7 +97,7 @@ class TokenWindows(Source):
     def prepare(self, items: np.ndarray) -> None:
         """A dataset at a URL: the blocks of these windows fetched in the background, steps
         ahead of their read (the schedule is known)."""
-        if self.reader.remote:
+        if self.reader.access.fetched:
             self.reader.prefetch(self.reader.window_starts(items.reshape(-1), self.length, self.stride), self.length)
 
     def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any] | list[dict[str, Any]]:
@@ -194,13 +198,17 @@ class TokenDocuments(Source):
         self.num_items = self.reader.num_documents
         self.fingerprint = self.reader.manifest.build_id
 
+
+    @property
+    def access(self) -> Access:
+        return self.reader.access
     def chunk_steps(self, items_per_step: int) -> int:
         return max(1, CHUNK_BYTES // (items_per_step * self.width * 9))
 
     def prepare(self, items: np.ndarray) -> None:
         """A dataset at a URL: these documents' blocks fetched in the background, steps ahead
         of their read."""
-        if self.reader.remote:
+        if self.reader.access.fetched:
             self.reader.prefetch(documents=items.reshape(-1), length=self.width)
 
     def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
@@ -215,8 +223,9 @@ class TokenDocuments(Source):
         # the overrun, the mask and the labels. Rows of documents too near the end for a whole
         # window are copied one by one.
         fits = starts + width <= reader.num_tokens
-        if reader.remote:
-            # at a URL the overrun would be fetched too: each document's own tokens, exactly
+        if reader.access.exact:
+            # where a read costs its bytes (fetched ones), the overrun would cost too: each
+            # document's own tokens, exactly
             flat_tokens = reader.ranges(starts, starts + lengths, dtype=dtype)
             tokens[np.arange(width)[None, :] < lengths[:, None]] = flat_tokens
         elif fits.all():

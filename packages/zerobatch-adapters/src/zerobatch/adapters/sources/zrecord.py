@@ -81,14 +81,13 @@ class RecordFields(Source):
         self.num_items = len(self.store)
 
     @property
-    def remote(self) -> bool:
-        """Whether the store is read from a URL (object storage)."""
-        return self.store.remote
+    def access(self) -> Any:
+        return self.store.access
 
     def prepare(self, items: np.ndarray) -> None:
         """A store at a URL: the entries and records of these items fetched in the
         background, steps ahead of their read."""
-        if self.store.remote:
+        if self.store.access.fetched:
             self.store.prefetch(items.reshape(-1), self.fields)
 
     def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any] | list[dict[str, Any]]:
