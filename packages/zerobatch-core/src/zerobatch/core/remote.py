@@ -6,7 +6,11 @@ and HTTP behind one API, many ranged requests in flight, the GIL released while 
 installed by the ``remote`` extra. It is imported here only, and only when a URL is opened, so
 local users install and import nothing new.
 
-:class:`ObjectStore` wraps one store and adds what the readers and writers need of it:
+:func:`open_store` is the one place a URL becomes a store: an :class:`ObjectStore` (obstore's
+stores by URL), or the class registered for the URL's scheme (:func:`register_store`; a new
+storage scheme is one class, as :class:`DirectoryStore`, a local folder served as an object
+store, shows). :class:`ObjectStore` wraps one store and adds what the readers and writers need
+of it:
 
 - **Retries**: every request is retried with exponential backoff and full jitter (AWS's
   "exponential backoff and jitter") on throttling (429, 503 SlowDown), server errors,
@@ -50,7 +54,8 @@ from typing import Any, TypeVar
 
 from zerobatch.formats.errors import ConfigError, NotFoundError, ReadError, TruncatedError, WriteError, scrub
 
-__all__ = ["SCHEMES", "ObjectStore", "RetryPolicy", "check_url", "is_url", "local_path", "redact", "split_url"]
+__all__ = ["SCHEMES", "DirectoryStore", "ObjectStore", "RetryPolicy", "check_url", "is_url", "local_or_none",
+           "local_path", "open_store", "redact", "register_store", "split_url"]
 
 #: URL schemes opened through obstore (``file://`` URLs are local paths).
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "http", "https")
@@ -64,11 +69,35 @@ _FORK_LOCK = threading.Lock()
 
 
 def is_url(path: Any) -> bool:
-    """Whether ``path`` is a URL (``scheme://...``) rather than a local path."""
+    """Whether ``path`` is a URL (``scheme://...``: an object store's, a registered store's,
+    or ``file://``) rather than a local path."""
     if not isinstance(path, str):
         return False
     scheme, sep, _ = path.partition("://")
-    return bool(sep) and scheme.lower() in SCHEMES + ("file",)
+    return bool(sep) and (scheme.lower() in SCHEMES + ("file",) or scheme.lower() in _STORES)
+
+
+#: Stores of other schemes than the object stores obstore reaches from a URL: scheme ->
+#: class (:func:`register_store`). A new storage scheme is one class, registered here.
+_STORES: dict[str, type[ObjectStore]] = {}
+
+
+def register_store(scheme: str, cls: type[ObjectStore]) -> None:
+    """Serve URLs ``scheme://bucket/prefix`` with ``cls`` (an :class:`ObjectStore` whose
+    ``_make_client`` returns another obstore store): every reader, writer and command that
+    takes a URL then reads and writes there, through the one fetch and check path."""
+    _STORES[scheme.lower()] = cls
+
+
+def open_store(url: str, storage_options: dict[str, Any] | None = None) -> ObjectStore:
+    """The store of ``url``: the class registered for its scheme, else :class:`ObjectStore`
+    (S3, GCS, Azure, HTTP through obstore). The one place a URL becomes a store.
+
+    Raises:
+        ConfigError: not a URL, user information in it, bad ``storage_options``.
+    """
+    scheme = str(url).partition("://")[0].lower()
+    return _STORES.get(scheme, ObjectStore)(url, storage_options)
 
 
 def local_path(path: Any) -> Any:
@@ -496,6 +525,50 @@ class ObjectStore:
             except FileNotFoundError:
                 pass
         self._call("DELETE", key, "object", once, write=True)
+
+
+class DirectoryStore(ObjectStore):
+    """A local folder served as an object store: ``dir://bucket/prefix`` with
+    ``storage_options={"root": folder}`` holds its objects under ``folder/bucket/prefix``
+    (obstore's ``LocalStore``). Readers treat it as any object store (sparse copies in the
+    cache, ranges checked against the dataset's digests, the retry budget and counters), so
+    it is a storage backend without a server: a test double for the remote paths, and a way
+    to read a dataset on a mounted filesystem as if it were remote.
+
+    Args:
+        url: ``dir://bucket/prefix``.
+        storage_options: ``{"root": folder}`` (required).
+    """
+
+    scheme = "dir"
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
+                 retry: RetryPolicy | None = None) -> None:
+        root = (storage_options or {}).get("root") if isinstance(storage_options, dict) else None
+        if not isinstance(root, (str, os.PathLike)) or not os.path.isdir(root):
+            raise ConfigError("storage_options['root']: a dir:// store needs the folder that holds its buckets",
+                              path=redact(str(url)), field="storage_options")
+        super().__init__(url, storage_options, retry=retry)
+
+    def __repr__(self) -> str:
+        return f"DirectoryStore({self.url!r})"
+
+    def _make_client(self) -> Any:
+        from obstore.store import LocalStore
+        bucket, _, prefix = self.root.partition("://")[2].partition("/")
+        folder = os.path.join(os.fspath(self._options["root"]), bucket, *[p for p in prefix.split("/") if p])
+        return LocalStore(folder, mkdir=True)
+
+    @property
+    def client(self) -> Any:
+        # a local folder has no runtime to lose in a fork: a client per process, always
+        pid = os.getpid()
+        if self._client is None or self._pid != pid:
+            self._client, self._pid = self._make_client(), pid
+        return self._client
+
+
+register_store(DirectoryStore.scheme, DirectoryStore)
 
 
 class _TooLarge(Exception):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from zerobatch.core.io import open_regular_file, pread_exact
-from zerobatch.core.remote import ObjectStore, is_url, local_path, redact, split_url
+from zerobatch.core.remote import is_url, local_path, open_store, redact, split_url
 from zerobatch.formats.errors import CorruptError, NotFoundError
 from zerobatch.formats.registry import Format, formats, identify
 
@@ -60,7 +60,7 @@ def _detect_url(url: str) -> Format:
     """:func:`detect` for a URL: a folder format by a HEAD of each marker file, else a file
     format by the object's first bytes (credentials from the environment)."""
     root, key = split_url(url)
-    store = ObjectStore(root)
+    store = open_store(root)
     for fmt in formats():
         if fmt.layout == "folder" and fmt.markers and all(
                 store.head(f"{key}/{m}" if key else m) is not None for m in fmt.markers):

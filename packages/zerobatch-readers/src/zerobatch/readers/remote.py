@@ -402,12 +402,12 @@ class RemoteOptions:
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, cache_limit: int | None = None,
                  fetch_threads: int | None = None) -> None:
-        from zerobatch.core.remote import ObjectStore, split_url
+        from zerobatch.core.remote import open_store, split_url
         self.options = {"storage_options": storage_options, "cache_dir": cache_dir, "cache_limit": cache_limit,
                         "fetch_threads": fetch_threads}
         root, self.key = split_url(url)
         parent, _, self.name = self.key.rpartition("/")
-        self.store = ObjectStore(f"{root}/{parent}" if parent else root, storage_options)
+        self.store = open_store(f"{root}/{parent}" if parent else root, storage_options)
         self.url = self.store.name(self.name)
         self.cache = CacheDir(cache_root(cache_dir), DEFAULT_CACHE_LIMIT if cache_limit is None else cache_limit)
         self.fetcher = Fetcher(DEFAULT_FETCH_THREADS if fetch_threads is None else fetch_threads)

@@ -49,7 +49,7 @@ from zerobatch.core import BlockChecks, WindowGather, flat_layout, xxh3_64
 from zerobatch.core.checks import as_positions, check_count
 from zerobatch.core.io import read_document
 from zerobatch.core.pool import shared_pool
-from zerobatch.core.remote import ObjectStore, is_url, local_path, redact
+from zerobatch.core.remote import ObjectStore, is_url, local_path, open_store, redact
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import (ConfigError, CorruptError, LimitExceededError, NotFoundError, OutOfRangeError,
                                      ZerobatchError)
@@ -143,7 +143,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         self._remote_options = {"storage_options": storage_options, "cache_dir": cache_dir,
                                 "cache_limit": cache_limit, "fetch_threads": fetch_threads}
         if is_url(folder):
-            self._store = ObjectStore(folder, storage_options)
+            self._store = open_store(folder, storage_options)
             self.folder = self._store.url
             backend = "remote"
         else:

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from zerobatch.core.io import read_document
-from zerobatch.core.remote import ObjectStore, split_url
+from zerobatch.core.remote import ObjectStore, open_store, split_url
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import ConfigError, FormatError, NotFoundError
 
@@ -110,7 +110,7 @@ class _Publication:
             raise NotFoundError("manifest.json: not found (not a finished tokstream dataset)", path=self.path,
                                 field="manifest") from None
         self.manifest = T.parse_manifest(self.raw, path=self.path)
-        self.store = store = ObjectStore(url, storage_options)
+        self.store = store = open_store(url, storage_options)
         self.old: dict[str, str] | None = None          # the shards of the dataset replaced, if any
         if store.head(T.MANIFEST_NAME) is not None:
             if not overwrite:
@@ -184,7 +184,7 @@ def check_remote_destination(url: str, overwrite: bool, storage_options: dict[st
     Raises:
         ConfigError: there is one and not ``overwrite``.
     """
-    store = ObjectStore(url, storage_options)
+    store = open_store(url, storage_options)
     if store.head(T.MANIFEST_NAME) is None:
         return False
     if not overwrite:
@@ -201,7 +201,7 @@ def check_remote_file(url: str, overwrite: bool, storage_options: dict[str, Any]
         ConfigError: there is one and not ``overwrite``.
     """
     root, key = split_url(url)
-    store = ObjectStore(root, storage_options)
+    store = open_store(root, storage_options)
     if store.head(key) is None:
         return False
     if not overwrite:
@@ -222,7 +222,7 @@ def publish_file(path: str, url: str, *, storage_options: dict[str, Any] | None 
     """
     check_remote_file(url, overwrite, storage_options)
     root, key = split_url(url)
-    ObjectStore(root, storage_options).put(key, path)
+    open_store(root, storage_options).put(key, path)
 
 
 def check_remote_zrecord(url: str, overwrite: bool = False, storage_options: dict[str, Any] | None = None) -> bool:
@@ -236,7 +236,7 @@ def check_remote_zrecord(url: str, overwrite: bool = False, storage_options: dic
         ConfigError: ``meta.json`` or ``commit.zr`` is there (``overwrite`` too).
     """
     from zerobatch.formats import zrecord as Z
-    store = ObjectStore(url, storage_options)
+    store = open_store(url, storage_options)
     if store.head(Z.COMMIT_NAME) is None:
         return False
     how = " (--overwrite does not apply: readers fetch a store's records as they go)" if overwrite else ""
@@ -279,7 +279,7 @@ def publish_zrecord(folder: str | os.PathLike[str], url: str, *, storage_options
                                                                             commit.num_chunks):
         raise CorruptError("commit.zr and meta.json disagree (a commit in progress?)", path=folder, field="generation")
     check_remote_zrecord(url, overwrite, storage_options)
-    store = ObjectStore(url, storage_options)
+    store = open_store(url, storage_options)
     n = commit.length
     uploads: list[tuple[str, int]] = []
     extent: dict[int, int] = {}
