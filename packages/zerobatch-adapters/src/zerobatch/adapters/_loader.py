@@ -92,7 +92,7 @@ class BaseLoader:
                 raise ConfigError(f"global_batch_size {g} cannot be split over {world_size} ranks",
                                   field="global_batch_size")
             batch_size = g // world_size
-        if batch_size is None and getattr(self.source, "batch_schedule", None) is not None:
+        if batch_size is None and self.source.batch_schedule is not None:
             batch_size = rows       # the source's batch schedule sets every step's batch
         if batch_size is None:
             if rows == 1:
@@ -162,12 +162,12 @@ class BaseLoader:
     @property
     def order(self) -> IndexOrder | None:
         """The index order (``None`` for a mixture: each of its sources has its own)."""
-        return getattr(self.schedule, "order", None)
+        return self.schedule.order
 
     @property
     def tail(self) -> str:
         """How an epoch's short last step is handled (``"keep"`` for endless schedules)."""
-        return getattr(self.schedule, "tail", "keep")
+        return self.schedule.tail
 
     @property
     def drop_last(self) -> bool:

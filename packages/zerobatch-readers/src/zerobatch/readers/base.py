@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["FETCHED", "MAPPED", "Access", "BatchReader", "OpensOnFirstUse", "Ticket"]
+__all__ = ["FETCHED", "MAPPED", "Access", "BatchReader", "Documents", "OpensOnFirstUse", "Ticket"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,45 @@ class Ticket(Protocol):
     def wait(self) -> Any: ...
 
     def cancel(self, wait: bool = True) -> bool: ...
+
+
+class Documents(Protocol):
+    """A numbered list of documents and flat reads of token ranges: what packing
+    (``PackedDocuments``, ``FlatDocuments``) reads through. A TOKSTREAM reader is one; an
+    LLMCHNK file's records are one through
+    :meth:`~zerobatch.readers.llmchnk.LLMChunkReader.documents`. Token positions count across
+    the documents in order; a range lies within one document.
+    """
+
+    path: str
+
+    @property
+    def build_id(self) -> str:
+        """The data's identity (recorded in a loader's state)."""
+
+    @property
+    def access(self) -> Access:
+        """What reaching the bytes costs (:class:`Access`)."""
+
+    @property
+    def num_documents(self) -> int:
+        """Documents in the list."""
+
+    def document_spans(self, indices: Any) -> tuple[Any, Any]:
+        """``(starts, stops)``: the token positions of documents ``indices``."""
+
+    def ranges(self, starts: Any, stops: Any, *, dtype: Any = ..., out: Any = None, position_ids: Any = None,
+               labels: Any = None, ignore_id: int = -100) -> Any:
+        """Tokens ``[starts[k], stops[k])`` back to back (into ``out`` when given), and, when
+        given, each range's positions from 0 and its next-token labels (``ignore_id`` at each
+        range's last token)."""
+
+    def prefetch(self, starts: Any = None, length: int | None = None, stops: Any = None, *,
+                 documents: Any = None) -> None:
+        """Read-ahead hint for ranges ``[starts, stops)`` (storage that fetches: see :class:`Access`)."""
+
+    def close(self) -> None:
+        """Let the files go."""
 
 
 class BatchReader(ABC):

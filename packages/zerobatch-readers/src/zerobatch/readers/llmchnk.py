@@ -4,6 +4,7 @@ gathers of any size chosen at read time (``docs/formats/llmchnk.md``)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import mmap
 import os
 from collections.abc import Callable, Iterator
@@ -12,17 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.core import ChunkRecords, xxh3_64
+from zerobatch.core import ChunkRecords, flat_layout, xxh3_64
 from zerobatch.core.checks import check_count
 from zerobatch.core.digest import block_digest
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.formats import llmchnk as C
 from zerobatch.formats.errors import ConfigError, CorruptError, IntegrityError, ReadError, StateError
-from zerobatch.readers.base import BatchReader, OpensOnFirstUse
+from zerobatch.readers.base import Access, BatchReader, OpensOnFirstUse
 from zerobatch.readers.remote import RemoteItems
 from zerobatch.readers.remote import runs as _runs
 
-__all__ = ["LLMChunkReader", "VerifyReport"]
+__all__ = ["LLMChunkReader", "RecordDocuments", "VerifyReport"]
 
 
 @dataclass
@@ -214,6 +215,10 @@ class LLMChunkReader(RemoteItems, OpensOnFirstUse, BatchReader):
         if self.closed:
             raise StateError("the reader is closed", path=self.path, field="reader")
 
+    def documents(self) -> RecordDocuments:
+        """The file's records as :class:`~zerobatch.readers.base.Documents` (what packing reads)."""
+        return RecordDocuments(self)
+
     def lengths(self, indices: Any = None) -> np.ndarray:
         """Tokens per record at ``indices`` (default: all records), ``int64``."""
         self._ready()
@@ -376,3 +381,87 @@ class LLMChunkReader(RemoteItems, OpensOnFirstUse, BatchReader):
     def __repr__(self) -> str:
         return f"LLMChunkReader({self.path!r}, num_records={self.num_records}, seq_len={self.seq_len})"
 
+
+class RecordDocuments:
+    """The records of an LLMCHNK file as :class:`~zerobatch.readers.base.Documents` (what
+    packing reads): document spans and flat reads of ``[start, stop)`` token ranges, over
+    token positions counted across the records in order. Each read goes through
+    :meth:`LLMChunkReader.read_record`, so every record is checked against its checksum the
+    first time it is read (and fetched by byte range from a URL).
+
+    Args:
+        reader: an open :class:`LLMChunkReader` (:meth:`LLMChunkReader.documents`).
+    """
+
+    def __init__(self, reader: LLMChunkReader) -> None:
+        self.records = reader
+        self._index()
+
+    def _index(self) -> None:
+        lengths = self.records.lengths()
+        self.record_start = np.zeros(lengths.size + 1, np.int64)
+        np.cumsum(lengths, out=self.record_start[1:])
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"records": self.records}          # the index is recomputed: 8 bytes a record
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.records = d["records"]
+        self._index()
+
+    @property
+    def path(self) -> str:
+        return self.records.path
+
+    @property
+    def build_id(self) -> str:
+        return f"llmchnk:{self.records.fingerprint}"
+
+    @property
+    def access(self) -> Access:
+        """The file's access, without queued compiled reads (records are read one by one)."""
+        return dataclasses.replace(self.records.access, tasks=False)
+
+    @property
+    def num_documents(self) -> int:
+        return self.records.num_records
+
+    def document_spans(self, indices: Any) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.asarray(indices, dtype=np.int64)
+        return self.record_start[idx], self.record_start[idx + 1]
+
+    def _records_of(self, starts: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.record_start, starts, side="right") - 1
+
+    def ranges(self, starts: Any, stops: Any, *, dtype: Any = np.int64, out: np.ndarray | None = None,
+               position_ids: np.ndarray | None = None, labels: np.ndarray | None = None,
+               ignore_id: int = -100) -> np.ndarray:
+        """Tokens ``[starts[k], stops[k])`` back to back (into ``out`` when given; each range
+        lies in one record), and their positions and next-token labels when given (one
+        compiled pass, as a TOKSTREAM reader's ``ranges``)."""
+        starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        dt = np.dtype(dtype) if out is None else out.dtype
+        recs = self._records_of(starts)
+        if out is None:
+            out = np.empty(int((stops - starts).sum()), dt)
+        at = 0
+        for r, a, b in zip(recs.tolist(), starts.tolist(), stops.tolist(), strict=True):
+            base = int(self.record_start[r])
+            part = self.records.read_record(r)[a - base:b - base]
+            if dt == np.int32 and part.dtype == np.uint32 and part.size and int(part.max()) >= 1 << 31:
+                raise ConfigError("a token id does not fit int32 (read int64)", path=self.path, field="dtype")
+            out[at:at + part.size] = part
+            at += part.size
+        if position_ids is not None or labels is not None:
+            flat_layout(out, stops - starts, position_ids, labels, ignore_id)     # GIL released
+        return out
+
+    def prefetch(self, starts: Any = None, length: int | None = None, stops: Any = None, *,
+                 documents: Any = None) -> None:
+        """Read-ahead hint: the records under the ranges starting at ``starts`` (or the
+        records ``documents``) fetched in the background from a URL."""
+        recs = documents if documents is not None else self._records_of(np.asarray(starts, np.int64))
+        self.records.prefetch(np.unique(np.asarray(recs, np.int64)))
+
+    def close(self) -> None:
+        self.records.close()

@@ -251,6 +251,11 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         return shards
 
     @property
+    def build_id(self) -> str:
+        """The dataset's build id (its manifest's): its identity in a loader's state."""
+        return self.manifest.build_id
+
+    @property
     def access(self) -> Access:
         """What reaching the dataset's bytes costs (:class:`~zerobatch.readers.base.Access`)."""
         return MAPPED if self._store is None else FETCHED

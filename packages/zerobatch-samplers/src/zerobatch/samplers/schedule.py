@@ -32,7 +32,7 @@ import copy
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,6 +41,9 @@ from zerobatch.formats.errors import ConfigError, StateError
 from zerobatch.samplers._dist import resolve_rank
 from zerobatch.samplers.mixture import MixtureSchedule
 from zerobatch.samplers.state import STATE_VERSION
+
+if TYPE_CHECKING:
+    from zerobatch.samplers.orders import IndexOrder
 
 __all__ = ["MixtureSampler", "Planned", "Schedule", "batch_sizes"]
 
@@ -119,6 +122,8 @@ class Schedule(ABC):
         batch_size: items per full step on this rank.
         global_batch_size: items per step over all ranks.
         epoch: the current epoch (0 for an endless schedule).
+        order: the index order (``None`` where each source has its own: a mixture).
+        tail: how an epoch's short last step is handled (``"keep"`` for endless schedules).
     """
 
     kind: str
@@ -127,6 +132,8 @@ class Schedule(ABC):
     batch_size: int
     global_batch_size: int
     epoch: int
+    order: IndexOrder | None = None
+    tail: str = "keep"
 
     @property
     @abstractmethod

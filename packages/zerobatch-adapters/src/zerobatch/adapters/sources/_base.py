@@ -289,6 +289,9 @@ class Source(ABC):
         output: what a step is handed out as (:class:`Array` / :class:`Value` leaves in
             tuples and dicts); the loaders build it from a read with one generic function.
         item_name: what an item is called in messages (``"windows"``, ``"documents"``).
+        batch_schedule: ``[(step, global batch), ...]`` when the source sets each step's batch
+            itself (a mixture's or curriculum's ramp; the loader is then given no batch
+            size), else ``None``.
     """
 
     kind: str = ""
@@ -298,6 +301,7 @@ class Source(ABC):
     stacked: bool = True
     output: Any = Array("tokens")
     item_name: str = "items"
+    batch_schedule: list[tuple[int, int]] | None = None
 
     def geometry(self) -> dict[str, Any]:
         """The arguments that decide how this source cuts its data into items, beyond the

@@ -2,11 +2,12 @@
 (``+ 1`` for next-token pairs), with the outputs of variable-length attention.
 
 The plan (which pieces of which documents fill which row) is made once when the source opens,
-by the compiled planner :func:`zerobatch.core.pack_plan` (GIL-free; about 0.1 s per million
-documents here), from the documents in a Feistel order of ``seed`` (or in dataset order), so it
-is the same in every process and every run: a loader's state holds its position among the rows
-only, never a buffer. The loader then shuffles, shards across ranks and resumes rows as it
-does windows (exact and elastic resume included).
+by the compiled planner :func:`zerobatch.core.pack_plan` (GIL-free; asv's
+``bench_packing.Plan.time_plan_1m_documents`` times it), from the documents in a Feistel
+order of ``seed`` (or in dataset order), so it is the same in every process and every run: a
+loader's state holds its position among the rows only, never a buffer. The loader then
+shuffles, shards across ranks and resumes rows as it does windows (exact and elastic resume
+included).
 """
 
 from __future__ import annotations
@@ -19,106 +20,32 @@ import numpy as np
 from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Access, Array, ReadTicket, Source, Value,
                                               check_dataset, check_pad_id, check_position_dtype,
                                               check_seq_len)
-from zerobatch.core import PACKING_ALGORITHMS, flat_layout, pack_plan, pack_rows
+from zerobatch.core import PACKING_ALGORITHMS, pack_plan, pack_rows
 from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError
+from zerobatch.readers.base import Documents
+from zerobatch.readers.llmchnk import RecordDocuments
 from zerobatch.samplers import GlobalRandomOrder
 
 __all__ = ["FlatDocuments", "PackedDocuments", "RecordDocuments"]
 
 
-class RecordDocuments:
-    """The records of an LLMCHNK file as documents for :class:`PackedDocuments` and
-    :class:`FlatDocuments`: the reader interface they use (document spans, flat reads of
-    ``[start, stop)`` token ranges), over token positions counted across the records in order.
-    Each read goes through :meth:`~zerobatch.readers.llmchnk.LLMChunkReader.read_record`, so
-    every record is checked against its checksum the first time it is read (and fetched by
-    byte range from a URL).
-
-    Args:
-        reader: an open :class:`~zerobatch.readers.llmchnk.LLMChunkReader`.
-    """
-
-    def __init__(self, reader: Any) -> None:
-        self.records = reader
-        self._index()
-
-    def _index(self) -> None:
-        lengths = self.records.lengths()
-        self.record_start = np.zeros(lengths.size + 1, np.int64)
-        np.cumsum(lengths, out=self.record_start[1:])
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"records": self.records}          # the index is recomputed: 8 bytes a record
-
-    def __setstate__(self, d: dict[str, Any]) -> None:
-        self.records = d["records"]
-        self._index()
-
-    @property
-    def path(self) -> str:
-        return self.records.path
-
-    @property
-    def build_id(self) -> str:
-        return f"llmchnk:{self.records.fingerprint}"
-
-    @property
-    def access(self) -> Any:
-        return self.records.access
-
-    @property
-    def num_documents(self) -> int:
-        return self.records.num_records
-
-    def document_spans(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        idx = np.asarray(indices, dtype=np.int64)
-        return self.record_start[idx], self.record_start[idx + 1]
-
-    def _records_of(self, starts: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.record_start, starts, side="right") - 1
-
-    def ranges(self, starts: np.ndarray, stops: np.ndarray, *, dtype: Any = np.int64,
-               out: np.ndarray | None = None) -> np.ndarray:
-        """Tokens ``[starts[k], stops[k])`` back to back (into ``out`` when given); each range
-        lies in one record."""
-        dt = np.dtype(dtype) if out is None else out.dtype
-        recs = self._records_of(starts)
-        if out is None:
-            out = np.empty(int((stops - starts).sum()), dt)
-        at = 0
-        for r, a, b in zip(recs.tolist(), starts.tolist(), stops.tolist(), strict=True):
-            base = int(self.record_start[r])
-            part = self.records.read_record(r)[a - base:b - base]
-            if dt == np.int32 and part.dtype == np.uint32 and part.size and int(part.max()) >= 1 << 31:
-                raise ConfigError("a token id does not fit int32 (read int64)", path=self.path, field="dtype")
-            out[at:at + part.size] = part
-            at += part.size
-        return out
-
-    def prefetch(self, starts: np.ndarray, *, stops: np.ndarray) -> None:
-        self.records.prefetch(np.unique(self._records_of(starts)))
-
-    def close(self) -> None:
-        self.records.close()
-
-
-def open_documents(value: Any, verify: bool, source: str) -> Any:
-    """A TOKSTREAM reader or, for an LLMCHNK file (a path, URL or open reader), its records as
-    :class:`RecordDocuments` (``source``: the source opening it, named by the message of a
-    path of another format)."""
+def open_documents(value: Any, verify: bool, source: str) -> Documents:
+    """The :class:`~zerobatch.readers.base.Documents` of ``value``: a TOKSTREAM dataset's
+    reader, or an LLMCHNK file's records (a path, URL or open reader); ``source``: the source
+    opening it, named by the message of a path of another format."""
     from zerobatch.readers.llmchnk import LLMChunkReader
     from zerobatch.readers.tokstream import TokenStreamReader
     if isinstance(value, (TokenStreamReader, RecordDocuments)):
         return value
     if isinstance(value, LLMChunkReader):
-        return RecordDocuments(value)
+        return value.documents()
     check_dataset(value, source, ("tokstream", "llmchnk"))
     if isinstance(value, (str, os.PathLike)):
         from zerobatch.readers.detect import find
         fmt = find(value)
         if fmt is not None and fmt.name == "llmchnk":
-            return RecordDocuments(LLMChunkReader(value, verify=verify))
+            return LLMChunkReader(value, verify=verify).documents()
     return TokenStreamReader(value, verify=verify)
 
 
@@ -127,10 +54,6 @@ def _no_mask_in_records(reader: Any, loss_mask: bool, split_at_turns: bool | Non
         field = "loss_mask" if loss_mask else "split_at_turns"
         raise ConfigError(f"{field}: an LLMCHNK file has no loss mask (convert chat data to TOKSTREAM with --chat)",
                           path=reader.path, field=field)
-
-
-def _build_id(reader: Any) -> str:
-    return reader.build_id if isinstance(reader, RecordDocuments) else reader.manifest.build_id
 
 
 #: The label conventions a packed or flat source hands out (``layout=``).
@@ -258,7 +181,7 @@ class PackedDocuments(Source):
         super().__init__()
         from zerobatch.adapters.sources.tokstream import _loss_mask
         self.layout = resolve_layout(layout, bool(next_token), "PackedDocuments")
-        self.reader = open_documents(reader, verify, "PackedDocuments")
+        self.reader: Documents = open_documents(reader, verify, "PackedDocuments")
         _no_mask_in_records(self.reader, loss_mask, split_at_turns)
         self.mask_reader = _loss_mask(self.reader, loss_mask, next_token)
         self.seq_len = check_seq_len(seq_len)
@@ -292,7 +215,7 @@ class PackedDocuments(Source):
             if self.next_token:
                 self.output["labels"] = Array("labels")
         self._plan()
-        self.fingerprint = (f"{_build_id(self.reader)}:packed:{self.algorithm}:{self.capacity}:{self.buffer}:"
+        self.fingerprint = (f"{self.reader.build_id}:packed:{self.algorithm}:{self.capacity}:{self.buffer}:"
                             f"{'none' if self.seed is None else self.seed}{':turns' if self.split_at_turns else ''}")
 
 
@@ -509,7 +432,7 @@ class FlatDocuments(Source):
         super().__init__()
         from zerobatch.adapters.sources.tokstream import _loss_mask
         self.layout = resolve_layout(layout, bool(next_token), "FlatDocuments")
-        self.reader = open_documents(reader, verify, "FlatDocuments")
+        self.reader: Documents = open_documents(reader, verify, "FlatDocuments")
         _no_mask_in_records(self.reader, loss_mask, split_at_turns)
         self.next_token = bool(next_token)
         self.mask_reader = _loss_mask(self.reader, loss_mask, self.next_token)
@@ -526,7 +449,7 @@ class FlatDocuments(Source):
             if self.next_token:
                 self.output["labels"] = Array("labels")
         self.token_budget = None if token_budget is None else check_count(token_budget, "token_budget", minimum=1)
-        build_id = _build_id(self.reader)
+        build_id = self.reader.build_id
         if self.token_budget is None:
             self.groups = None
             self.num_items = self.reader.num_documents
@@ -576,8 +499,7 @@ class FlatDocuments(Source):
         loss mask): the tokens gathered, their unchecked blocks checked, and the positions and
         labels written in one GIL-free pass over each document; ``None`` otherwise (the step
         is then read as a Python call)."""
-        if items.shape[0] != 1 or self.mask_reader is not None or isinstance(self.reader, RecordDocuments) \
-                or not self.reader.access.tasks:
+        if items.shape[0] != 1 or self.mask_reader is not None or not self.reader.access.tasks:
             return None
         starts, lens, step, tokens, pos, labels = self._outputs(items[0], dtype)
         ticket = self.reader.ranges_async(pool, starts, starts + lens, tokens, position_ids=pos, labels=labels,
@@ -613,12 +535,7 @@ class FlatDocuments(Source):
 
     def _step(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
         starts, lens, step, tokens, pos, labels = self._outputs(items, dtype)
-        if isinstance(self.reader, RecordDocuments):
-            if tokens.size:
-                self.reader.ranges(starts, starts + lens, out=tokens)
-            if pos is not None or labels is not None:
-                flat_layout(tokens, lens, pos, labels, IGNORE_INDEX)     # one compiled pass, GIL released
-        elif tokens.size:
+        if tokens.size:
             # one compiled pass: tokens, checks, positions and labels
             self.reader.ranges(starts, starts + lens, out=tokens, position_ids=pos, labels=labels,
                                ignore_id=IGNORE_INDEX)
