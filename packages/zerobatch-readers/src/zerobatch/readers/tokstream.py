@@ -61,10 +61,12 @@ from zerobatch.readers.remote import DEFAULT_CACHE_LIMIT, DEFAULT_FETCH_THREADS,
     cache_root
 from zerobatch.readers.base import FETCHED, MAPPED, Access, BatchReader, OpensOnFirstUse
 
-__all__ = ["LOSS_MASK_DIR", "TokenStreamReader", "VerifyReport", "WindowMetadata", "open_loss_mask"]
+__all__ = ["LOSS_MASK_DIR", "STREAMS", "TokenStreamReader", "VerifyReport", "WindowMetadata", "open_loss_mask"]
 
 #: The folder of a chat dataset's loss mask (a TOKSTREAM dataset of 0/1 per token, ``convert --chat``).
 LOSS_MASK_DIR = T.LOSS_MASK_DIR
+#: The streams a dataset may carry beside its tokens (:meth:`TokenStreamReader.stream`).
+STREAMS = ("loss_mask",)
 
 #: The files read through the storage backend (the index files and digests are small and
 #: mapped at open); with metadata, ``metadata.bin`` gets a quarter of ``max_open_files``.
@@ -307,6 +309,10 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         """
         if self._store is None or self._gather is None or self.closed:
             return
+        for stream in list(self.__dict__.get("_streams", {}).values()):
+            # the streams read with the tokens (a loss mask): their blocks hinted with these,
+            # fetched at the same time on their own read-ahead pool (no second round trip)
+            stream.prefetch(starts, length, stops, documents=documents)
         shards = self._remote_shards()
         if documents is not None:
             docs = as_positions(documents, "documents")
@@ -325,6 +331,24 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                 with shards.lock.shared():
                     self._fetch_tokens(*span)
         shards.fetcher.ahead(run)
+
+    def stream(self, name: str) -> TokenStreamReader:
+        """The dataset's named stream read alongside its tokens, one value per token: today
+        ``"loss_mask"`` (``convert --chat``; :func:`open_loss_mask` checks it is the one the
+        manifest names). Opened once per process and kept: read-ahead hints for the tokens
+        cover it too, and :meth:`close` closes it.
+
+        Raises:
+            ConfigError: another name.
+            NotFoundError / CorruptError: as :func:`open_loss_mask`.
+        """
+        if name not in STREAMS:
+            raise ConfigError(f"stream: one of {STREAMS}, got {name!r}", path=self.folder, field="stream")
+        streams = self.__dict__.setdefault("_streams", {})
+        with OpensOnFirstUse._reopen_lock:
+            if name not in streams:
+                streams[name] = open_loss_mask(self)
+        return streams[name]
 
     def _fetch_tokens(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """A remote dataset: every ``tokens.bin`` block the ranges touch held in the local
@@ -946,6 +970,8 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         if self.__dict__.pop("_unpickled", None) is not None:
             return      # unpickled, never opened: nothing to release
         self._gather = None
+        for stream in self.__dict__.pop("_streams", {}).values():
+            stream.close()
         shards = getattr(self, "_shards", [])
         if isinstance(shards, RemoteShards):
             shards.close()

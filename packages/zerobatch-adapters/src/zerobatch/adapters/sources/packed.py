@@ -370,9 +370,7 @@ class PackedDocuments(Source):
         return out
 
     def close(self) -> None:
-        self.reader.close()
-        if self.mask_reader is not None:
-            self.mask_reader.close()
+        self.reader.close()                  # and its loss-mask stream
 
 
 class FlatDocuments(Source):
@@ -545,6 +543,4 @@ class FlatDocuments(Source):
         return step
 
     def close(self) -> None:
-        self.reader.close()
-        if self.mask_reader is not None:
-            self.mask_reader.close()
+        self.reader.close()                  # and its loss-mask stream

@@ -147,20 +147,18 @@ class TokenWindows(Source):
         return ReadTicket(ticket, {"tokens": out.reshape(steps, per, self.length)})
 
     def close(self) -> None:
-        self.reader.close()
-        if self.mask_reader is not None:
-            self.mask_reader.close()
+        self.reader.close()                  # and its loss-mask stream
 
 
 
 def _loss_mask(reader: Any, loss_mask: bool, next_token: bool) -> Any:
-    """The loss-mask reader of ``reader``'s chat dataset when ``loss_mask``, else None."""
+    """The loss-mask stream of ``reader``'s chat dataset when ``loss_mask``, else None (the
+    reader keeps it: hinted with the tokens, closed with the reader)."""
     if not loss_mask:
         return None
     if not next_token:
         raise ConfigError("loss_mask: the mask turns off labels; it needs next_token=True", field="loss_mask")
-    from zerobatch.readers.tokstream import open_loss_mask
-    return open_loss_mask(reader)
+    return reader.stream("loss_mask")
 
 
 class TokenDocuments(Source):
@@ -251,6 +249,4 @@ class TokenDocuments(Source):
         return out
 
     def close(self) -> None:
-        self.reader.close()
-        if self.mask_reader is not None:
-            self.mask_reader.close()
+        self.reader.close()                  # and its loss-mask stream
