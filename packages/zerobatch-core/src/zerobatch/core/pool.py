@@ -16,6 +16,19 @@ that does not exist there (the reason OpenMP pools hang in forked DataLoader wor
 parent's pools resume right after the fork; in the child the queued tasks stay queued (their
 memory was copied with everything else, so an iterator copied into the child goes on) and
 threads start on first use. At interpreter exit every pool is stopped.
+
+The other pools of zerobatch, and why each is not this one (the only places threads or
+processes are made):
+
+- **I/O threads** (:func:`io_executor`, :func:`run_io`): requests to object storage and
+  uploads block on the network, not the CPU; on a :class:`TaskPool` they would hold the
+  threads compiled reads need. A remote reader keeps two (``readers.remote.Fetcher``): the
+  request pool, and the read-ahead pool whose tasks wait on it (never the other way round,
+  so a full pool cannot wait on itself); writers and commits upload on a short-lived one.
+- **Compression threads** of the ZRECORD writer (an :func:`io_executor`): long tasks fed
+  through a bounded queue while the caller appends; zlib releases the GIL.
+- **Processes** for tokenization (``zerobatch.prepare.workers``): Python tokenizers and
+  chat templates hold the GIL, so only processes run them in parallel.
 """
 
 from __future__ import annotations
@@ -24,10 +37,13 @@ import atexit
 import os
 import threading
 import weakref
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from zerobatch.core._kernels import load
 
-__all__ = ["Call", "TaskPool", "shared_pool", "track"]
+__all__ = ["Call", "TaskPool", "io_executor", "run_io", "shared_pool", "track"]
 
 _pool_module = load("pool")
 TaskPool = _pool_module.TaskPool
@@ -46,6 +62,31 @@ def shared_pool(num_threads: int, name: str = "zerobatch-pool") -> TaskPool:
         if pool is None:
             pool = _shared[(num_threads, name)] = track(TaskPool(num_threads, name=name))
         return pool
+
+
+def io_executor(threads: int, name: str) -> ThreadPoolExecutor:
+    """A pool of ``threads`` threads named ``name-*`` for blocking I/O (requests, uploads,
+    compression): see the module documentation for why it is not a :class:`TaskPool`."""
+    return ThreadPoolExecutor(max(1, threads), thread_name_prefix=name)
+
+
+def run_io(fn: Callable[[Any], Any], items: Iterable[Any], threads: int, name: str) -> list[Any]:
+    """``[fn(item) for item in items]`` on a short-lived I/O pool of at most ``threads``
+    threads (inline for one item); every call finishes before the first error is raised."""
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(it) for it in items]
+    out: list[Any] = []
+    first: BaseException | None = None
+    with io_executor(min(threads, len(items)), name) as pool:
+        for f in [pool.submit(fn, it) for it in items]:
+            try:
+                out.append(f.result())
+            except BaseException as exc:     # noqa: BLE001 - raised below, once all finished
+                first = first or exc
+    if first is not None:
+        raise first
+    return out
 
 
 def track(pool: TaskPool) -> TaskPool:

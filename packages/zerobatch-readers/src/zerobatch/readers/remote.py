@@ -38,6 +38,7 @@ import numpy as np
 
 from zerobatch.core.checks import check_count
 from zerobatch.core.io import pwrite_all
+from zerobatch.core.pool import io_executor
 from zerobatch.formats.errors import ConfigError, IntegrityError, NotFoundError
 from zerobatch.readers.backends import DataFile, PreadBackend
 from zerobatch.readers.base import FETCHED, MAPPED, Access
@@ -314,8 +315,8 @@ class Fetcher:
         if self._pid != pid or self._io is None or self._ahead is None:
             with self._lock:
                 if self._pid != pid or self._io is None or self._ahead is None:
-                    self._io = ThreadPoolExecutor(self.threads, thread_name_prefix=_IO_PREFIX)
-                    self._ahead = ThreadPoolExecutor(self.read_ahead, thread_name_prefix="zerobatch-read-ahead")
+                    self._io = io_executor(self.threads, _IO_PREFIX)
+                    self._ahead = io_executor(self.read_ahead, "zerobatch-read-ahead")
                     self._pid = pid
         return self._io, self._ahead
 

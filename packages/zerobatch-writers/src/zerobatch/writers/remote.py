@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from zerobatch.core.io import read_document
+from zerobatch.core.pool import run_io
 from zerobatch.core.remote import ObjectStore, open_store, split_url
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import ConfigError, FormatError, NotFoundError
@@ -140,10 +140,7 @@ class _Publication:
             for fname in sorted(entry.files):
                 store.put(f"{entry.name}/{fname}", os.path.join(base, fname))
             store.put(f"{entry.name}/{T.SHARD_MANIFEST_NAME}", os.path.join(base, T.SHARD_MANIFEST_NAME))
-        if todo:
-            with ThreadPoolExecutor(min(UPLOAD_THREADS, len(todo)), thread_name_prefix="zerobatch-upload") as pool:
-                for f in [pool.submit(one, s) for s in todo]:
-                    f.result()
+        run_io(one, todo, UPLOAD_THREADS, "zerobatch-upload")
         if log:
             log(f"uploaded {len(todo)} of {len(self.manifest.shards)} shards to {store.url}")
 
@@ -306,8 +303,7 @@ def publish_zrecord(folder: str | os.PathLike[str], url: str, *, storage_options
         store.put(name, os.path.join(folder, name), size=size)
         if log is not None:
             log(f"uploaded {name} ({size} bytes)")
-    with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
-        list(pool.map(upload, uploads))
+    run_io(upload, uploads, UPLOAD_THREADS, "zerobatch-upload")
     with open(os.path.join(folder, Z.META_NAME), "rb") as f:
         store.put(Z.META_NAME, f.read())
     store.put(Z.COMMIT_NAME, commit_raw)     # last: the store exists for readers from here on

@@ -37,6 +37,7 @@ from zerobatch.core import xxh3_64
 from zerobatch.core import zrstore
 from zerobatch.core.io import (AtomicFile, cleanup_orphans, fsync_dir, grow_file, io_call, local_destination,
                                open_regular_file, pread_exact, pwrite_all, pwritev_all, sweep_orphans)
+from zerobatch.core.pool import io_executor
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import (ConfigError, CorruptError, IntegrityError, NotFoundError, OutOfRangeError,
                                       ReadError, StateError, UnsupportedVersionError, WriteError, ZerobatchError)
@@ -440,7 +441,7 @@ class ZRecordWriter:
         ``progress(n)`` is called after every ``n`` records written."""
         self._check_open()
         if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(self.num_writers, thread_name_prefix="zrecord-writer")
+            self._pool = io_executor(self.num_writers, "zrecord-writer")
         start = self._length
         pending: list[concurrent.futures.Future[Any]] = []
         it = iter(records)
