@@ -354,8 +354,8 @@ class BaseLoader:
                                      "the DataLoader's whole state (StatefulDataLoader.state_dict()) instead")
                 share = _check_share(state)
                 state = share["start"]
-            elif "_snapshot" in state or "_num_yielded" in state:
-                state = self._from_torchdata(state)
+            else:
+                state = self._unwrap_state(state)
             self._close_active()
             self.schedule.load_state_dict(state)
         except StateError as exc:
@@ -373,7 +373,7 @@ class BaseLoader:
         if exc.field not in ("num_items", "fingerprint"):
             return None
         geometry = self.source.geometry()
-        saved = _saved_schedule_state(state)
+        saved = self._saved_schedule_state(state)
         if not geometry or saved is None:
             return None
         n, item = self.source.num_items, self.source.item_name
@@ -399,36 +399,26 @@ class BaseLoader:
                               f"this loader's {now}", field="num_items")
         return None
 
-    def _from_torchdata(self, state: dict[str, Any]) -> dict[str, Any]:
-        """The position a torchdata ``StatefulDataLoader`` state stands at."""
-        if "_num_yielded" in state:                 # no worker processes: the loader's own state
-            inner = state.get("dataset_state")
-            if not isinstance(inner, dict) or inner.get("kind") == WORKER_STATE:
-                raise StateError("a StatefulDataLoader state without this loader's state (dataset_state)",
-                                 field="dataset_state")
-            return inner
+    def _saved_schedule_state(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        """The schedule's state inside a loader state, a worker's share or a wrapper's state
+        (``None`` when it has none)."""
         try:
-            snap = state["_snapshot"]
-            k = snap["_main_snapshot"]["_num_workers"]
-            shares = [_check_share(snap["_worker_snapshots"][f"worker_{w}"]["dataset_state"]) for w in range(k)]
-            extra = state.get("_steps_since_snapshot", 0)
-        except (KeyError, TypeError) as exc:
-            raise StateError(f"not a StatefulDataLoader state of this loader: {exc!r} is missing",
-                             field="_snapshot") from None
-        if not shares or not isinstance(extra, int) or extra < 0:
-            raise StateError("a StatefulDataLoader state without workers or with a negative step count",
-                             field="_snapshot")
-        for w, share in enumerate(shares):
-            if (share["worker"], share["num_workers"]) != (w, k) or share["start"] != shares[0]["start"]:
-                raise StateError(f"the StatefulDataLoader state's worker {w} holds the share of worker "
-                                 f"{share['worker']} of {share['num_workers']} or another pass",
-                                 field="_worker_snapshots")
-        done = sum(s["delivered"] for s in shares)
-        if any(s["delivered"] != len(range(w, done, k)) for w, s in enumerate(shares)):
-            raise StateError(f"the workers delivered {[s['delivered'] for s in shares]} steps, not the first {done} "
-                             f"of the pass (in_order=False): restore this state into a StatefulDataLoader with "
-                             f"the same {k} workers", field="_worker_snapshots")
-        return self.schedule.advanced(done + extra, shares[0]["start"])
+            inner = self._wrapped_schedule_state(state)
+            if inner is None:
+                inner = state["start"] if state.get("kind") == WORKER_STATE else state
+        except (KeyError, TypeError):
+            return None
+        return inner if isinstance(inner, dict) else None
+
+    def _unwrap_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The schedule state ``state`` stands at: ``state`` itself here; a framework's loader
+        reads the states of what wraps it there (torch's: torchdata's ``StatefulDataLoader``)."""
+        return state
+
+    def _wrapped_schedule_state(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        """The schedule state inside a wrapper's ``state`` without checking it (for messages),
+        or ``None`` when ``state`` is no wrapper's (see :meth:`_unwrap_state`)."""
+        return None
 
     # ---------------------------------------------------------------------------------------
     # pickling: a loader pickles without its read-ahead (spawned workers rebuild it)
@@ -595,23 +585,6 @@ class _Pass:
         if self.pool is not None:
             pool, self.pool = self.pool, None
             pool.detach()
-
-
-def _saved_schedule_state(state: dict[str, Any]) -> dict[str, Any] | None:
-    """The schedule's state inside a loader state, a worker's share or a torchdata state
-    (``None`` when it has none)."""
-    try:
-        if state.get("kind") == WORKER_STATE:
-            inner = state["start"]
-        elif "_num_yielded" in state:
-            inner = state["dataset_state"]
-        elif "_snapshot" in state:
-            inner = state["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]["start"]
-        else:
-            inner = state
-    except (KeyError, TypeError):
-        return None
-    return inner if isinstance(inner, dict) else None
 
 
 def _check_share(state: Any) -> dict[str, Any]:

@@ -29,11 +29,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("zerobatch.adapters.torch needs PyTorch: pip install 'zerobatch-adapters[torch]'") from exc
 
 from zerobatch.adapters import sources as _sources
-from zerobatch.adapters._loader import DEFAULT_PREFETCH, DEFAULT_SEED, BaseLoader
+from zerobatch.adapters._loader import DEFAULT_PREFETCH, DEFAULT_SEED, WORKER_STATE, BaseLoader, _check_share
 from zerobatch.adapters.sources import *  # noqa: F403 - every source, re-exported with the loader
 from zerobatch.adapters.sources import LLMBatchSource
 from zerobatch.adapters.sources._base import check_dataset
-from zerobatch.formats.errors import ConfigError
+from zerobatch.formats.errors import ConfigError, StateError
 from zerobatch.readers import llmbatch as _llmbatch
 
 # a list plus the sources' names, in forms type checkers follow (every source is re-exported)
@@ -230,6 +230,47 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
 
     def _unstack(self, value: torch.Tensor) -> list[torch.Tensor]:
         return list(value.unbind(0))
+
+    def _unwrap_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The position a torchdata ``StatefulDataLoader`` state stands at (any other state as
+        it is): torchdata's state handling lives here, with torch."""
+        if "_snapshot" not in state and "_num_yielded" not in state:
+            return state
+        if "_num_yielded" in state:                 # no worker processes: the loader's own state
+            inner = state.get("dataset_state")
+            if not isinstance(inner, dict) or inner.get("kind") == WORKER_STATE:
+                raise StateError("a StatefulDataLoader state without this loader's state (dataset_state)",
+                                 field="dataset_state")
+            return inner
+        try:
+            snap = state["_snapshot"]
+            k = snap["_main_snapshot"]["_num_workers"]
+            shares = [_check_share(snap["_worker_snapshots"][f"worker_{w}"]["dataset_state"]) for w in range(k)]
+            extra = state.get("_steps_since_snapshot", 0)
+        except (KeyError, TypeError) as exc:
+            raise StateError(f"not a StatefulDataLoader state of this loader: {exc!r} is missing",
+                             field="_snapshot") from None
+        if not shares or not isinstance(extra, int) or extra < 0:
+            raise StateError("a StatefulDataLoader state without workers or with a negative step count",
+                             field="_snapshot")
+        for w, share in enumerate(shares):
+            if (share["worker"], share["num_workers"]) != (w, k) or share["start"] != shares[0]["start"]:
+                raise StateError(f"the StatefulDataLoader state's worker {w} holds the share of worker "
+                                 f"{share['worker']} of {share['num_workers']} or another pass",
+                                 field="_worker_snapshots")
+        done = sum(s["delivered"] for s in shares)
+        if any(s["delivered"] != len(range(w, done, k)) for w, s in enumerate(shares)):
+            raise StateError(f"the workers delivered {[s['delivered'] for s in shares]} steps, not the first {done} "
+                             f"of the pass (in_order=False): restore this state into a StatefulDataLoader with "
+                             f"the same {k} workers", field="_worker_snapshots")
+        return self.schedule.advanced(done + extra, shares[0]["start"])
+
+    def _wrapped_schedule_state(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        if "_num_yielded" in state:
+            return state["dataset_state"]
+        if "_snapshot" in state:
+            return state["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]["start"]
+        return None
 
     def dataloader(self, num_workers: int = 2, **kwargs: Any) -> WorkerDataLoader:
         """A ``torch.utils.data.DataLoader`` over this loader with ``num_workers`` worker
