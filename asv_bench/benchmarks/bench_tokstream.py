@@ -1,7 +1,8 @@
-"""TOKSTREAM: random windows (int64 / int32, with and without next-token pairs), windows with
-metadata, document-boundary outputs, documents, both backends, and beside them the same
-workload through a plain ``np.memmap`` with per-sample slicing and ``torch.stack`` and a bare
-NumPy ``uint32 -> int64`` conversion of as many tokens. Public API only.
+"""TOKSTREAM: random windows (int64 / int32, with and without next-token pairs; on one thread
+and split over two), windows with metadata, document-boundary outputs, documents, both
+backends, and beside them the same workload through a plain ``np.memmap`` with per-sample
+slicing and ``torch.stack`` and a bare NumPy ``uint32 -> int64`` conversion of as many
+tokens. Public API only.
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ def _reader(folder: str, backend: str = "mmap") -> TokenStreamReader:
     return _READERS[key]
 
 
+def _threaded_reader(folder: str, threads: int) -> TokenStreamReader:
+    """One open reader per dataset and thread count per benchmark process."""
+    key = (folder, f"threads={threads}")
+    if key not in _READERS:
+        _READERS[key] = TokenStreamReader(folder, num_threads=threads)
+    return _READERS[key]
+
+
 def _warm(read, starts_list) -> None:
     """Touch every window a benchmark will read once in setup, so the timings measure the
     steady state rather than first-touch page faults of a freshly mapped file."""
@@ -78,6 +87,31 @@ class Windows:
         _warm(lambda st: self.reader.windows(st, self.length, out=self.out), self.starts)
 
     def time_windows(self, folder, shape, dtype, pairs):
+        self.k = (self.k + 1) & 63
+        self.reader.windows(self.starts[self.k], self.length, out=self.out)
+
+
+class WindowsThreads:
+    """One batch of random next-token windows (int64) on one thread and split over two (the
+    calling thread and a pool worker): a batch below the size worth splitting (32 x 513, which
+    stays on the calling thread) and one above it (256 x 513)."""
+
+    params = (["32x513", "256x513"], [1, 2])
+    param_names = ["shape", "threads"]
+
+    def setup_cache(self):
+        return _build(metadata=False)
+
+    def setup(self, folder, shape, threads):
+        self.reader = _threaded_reader(folder, threads)
+        b, L = (int(x) for x in shape.split("x"))
+        self.length = L
+        self.out = np.empty((b, L), dtype=np.int64)
+        self.starts = [_starts(self.reader, b, L, k) for k in range(64)]
+        self.k = 0
+        _warm(lambda st: self.reader.windows(st, L, out=self.out), self.starts)
+
+    def time_windows(self, folder, shape, threads):
         self.k = (self.k + 1) & 63
         self.reader.windows(self.starts[self.k], self.length, out=self.out)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-from zerobatch.core._status import STATUS_CODES, STATUS_EXCEPTIONS
+from zerobatch.core.status import STATUS_CODES, STATUS_EXCEPTIONS
 from zerobatch.formats import llmbatch as L
 
 

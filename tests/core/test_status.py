@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import zerobatch.core
-from zerobatch.core._status import STATUS_CODES, STATUS_EXCEPTIONS, raise_for_status
+from zerobatch.core.status import STATUS_CODES, STATUS_EXCEPTIONS, raise_for_status
 from zerobatch.formats.errors import ReadError, ZerobatchError
 
 CORE = Path(zerobatch.core.__file__).parent
@@ -28,7 +28,7 @@ def test_the_header_the_declaration_and_the_map_agree():
 def test_only_the_status_header_defines_status_codes():
     """No kernel keeps a copy of the table (a C header of its own, a Python constant)."""
     for f in SRC.iterdir():
-        if f.name.startswith("_status") or f.suffix not in (".h", ".pyx", ".pxd", ".py"):
+        if f.name.startswith("_status") or f.name == "status.py" or f.suffix not in (".h", ".pyx", ".pxd", ".py"):
             continue
         text = f.read_text()
         assert not re.search(r"#define\s+Z[BR]_(\w+_)?(E_[A-Z]+|OK|RETRY|STALE|NEED_\w+)\s+\d", text), f.name

@@ -9,9 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from zerobatch.core._status import STATUS
-
 from zerobatch.core import _reference
+from zerobatch.core.status import STATUS
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import ConfigError, StateError
 from zerobatch.readers.zrecord import ZRecordStore

@@ -19,7 +19,9 @@ Everything here is imported from this module, never from ``zerobatch.core._<kern
   mappings that hold no file descriptor;
 - :mod:`zerobatch.core.pool`: :class:`TaskPool`, worker threads that run gathers with the
   GIL released from start to finish, stopped around ``fork`` and at exit;
-- :mod:`zerobatch.core.checks`: the argument checks every package shares.
+- :mod:`zerobatch.core.checks`: the argument checks every package shares;
+- :mod:`zerobatch.core.status`: the kernels' status codes and :func:`~zerobatch.core.status.raise_for_status`,
+  the one map from a code to its exception.
 
 The names come from the kernel table (:mod:`zerobatch.core._kernels`): every compiled module
 ``_<name>`` with its pure-Python twin ``_twins/<name>.py``. The kernels release the GIL in
@@ -33,7 +35,7 @@ from zerobatch.core._version import __version__
 _KERNEL_EXPORTS = exports()
 globals().update(_KERNEL_EXPORTS)
 
-from zerobatch.core import checks, io, pool  # noqa: E402 - after the kernels they wrap
+from zerobatch.core import checks, io, pool, status  # noqa: E402 - after the kernels they wrap
 from zerobatch.core.pool import shared_pool  # noqa: E402
 
-__all__ = sorted([*_KERNEL_EXPORTS, "PURE_PYTHON", "__version__", "checks", "io", "pool", "shared_pool"])
+__all__ = sorted([*_KERNEL_EXPORTS, "PURE_PYTHON", "__version__", "checks", "io", "pool", "shared_pool", "status"])

@@ -18,9 +18,8 @@ from zerobatch.core._status cimport ZB_OK
 
 import numpy as np
 
-from zerobatch.core._status import raise_for_status
-
 from zerobatch.core.checks import check_count, check_out, check_position, check_seed, positions_and_out
+from zerobatch.core.status import raise_for_status
 from zerobatch.formats.errors import ConfigError, OutOfRangeError
 
 __all__ = ["FeistelPermutation", "epoch_seed", "random_draws"]

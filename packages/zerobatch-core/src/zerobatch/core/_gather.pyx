@@ -37,8 +37,8 @@ from zerobatch.core._status cimport ZB_E_CHECKSUM, ZB_E_RANGE, ZB_OK
 
 import numpy as np
 
-from zerobatch.core._status import raise_for_status
 from zerobatch.core.checks import check_bitmap
+from zerobatch.core.status import raise_for_status
 
 from zerobatch.formats.errors import ConfigError, IntegrityError, OutOfRangeError
 

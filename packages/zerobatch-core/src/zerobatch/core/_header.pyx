@@ -31,7 +31,7 @@ from zerobatch.core._types cimport zb_add_u64, zb_mul_u64
 
 from zerobatch.core._header_common import (FIELD_NAMES, check_uint, geometry_message,
                                            header_from_fields, pack_fields, parse_message)
-from zerobatch.core._status import raise_for_status
+from zerobatch.core.status import raise_for_status
 from zerobatch.formats.errors import ConfigError
 
 __all__ = ["llmbatch_geometry", "pack_llmbatch_header", "parse_llmbatch_header"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zerobatch.core._status import STATUS as S
+from zerobatch.core.status import STATUS as S
 from zerobatch.formats import llmbatch as L
 from zerobatch.formats.errors import ConfigError
 from zerobatch.formats.llmbatch import LLMBatchHeader

@@ -26,7 +26,7 @@ from zerobatch.core._status cimport ZB_E_CHECKSUM, ZB_E_INDEX, ZB_E_RANGE, ZB_OK
 
 import numpy as np
 
-from zerobatch.core._status import raise_for_status
+from zerobatch.core.status import raise_for_status
 from zerobatch.formats.errors import ConfigError
 
 __all__ = ["ChunkRecords"]

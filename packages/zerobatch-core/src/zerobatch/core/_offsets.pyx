@@ -21,7 +21,7 @@ from zerobatch.core._status cimport ZB_E_ARGUMENT, ZB_E_INDEX, ZB_OK
 
 import numpy as np
 
-from zerobatch.core._status import raise_for_status
+from zerobatch.core.status import raise_for_status
 from zerobatch.formats.errors import ConfigError, OutOfRangeError
 
 __all__ = ["block_shuffle_items", "llmbatch_batch_offsets"]

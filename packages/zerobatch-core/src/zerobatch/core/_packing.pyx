@@ -1,6 +1,6 @@
 # Document packing: which pieces of which documents fill which row of `capacity` tokens.
 #
-# Contract
+# Contract (the C kernels are declared in _packing.pxd)
 #   zb_pack(lengths, n, capacity, buffer, algorithm, scratch..., row_ptr, piece_doc,
 #           piece_offset, piece_len) -> number of rows
 #     Documents are taken in the given order (the caller shuffled them), `buffer` at a time

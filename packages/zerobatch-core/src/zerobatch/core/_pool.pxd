@@ -73,3 +73,19 @@ cdef class Call:
     cdef TaskPool pool
     cdef bint finished
     cdef bint caller_runs
+
+# A batch split over a pool: part p of n items cut into `parts` runs as even as can be (the
+# first n % parts runs hold one item more), parts in order.
+cdef inline int64_t zb_part_len(int64_t n, int64_t parts, int64_t p) noexcept nogil:
+    return n // parts + (1 if p < n % parts else 0)
+
+# Room for the parts of one batch: `parts` tasks, then (at *jobs) `parts` jobs of `job_size`
+# bytes each, the caller's job type, 16-byte aligned; one block, freed with PyMem_Free(tasks).
+cdef zb_task *zb_parts_new(int64_t parts, size_t job_size, void **jobs) except NULL
+
+# Run tasks[0], ..., tasks[n - 1] (n >= 1) as the parts of one batch: all but the last queued
+# on `pool` (may be None when n == 1), the last run here with the GIL released, then each
+# queued one waited for (run here if no worker has started it).
+# post: every task ran, its code in tasks[k].status (the caller maps them). If queueing
+#       raises, the tasks already queued have finished before the exception propagates.
+cdef int zb_run_parts(TaskPool pool, zb_task *tasks, int64_t n) except -1

@@ -18,6 +18,9 @@
 #           is waited for when `block` (False either way).
 #   call(fn) -> Call: a Python callable queued as a task; Call.wait() returns its result (or
 #     raises its exception) with the same caller-runs rule.
+#   zb_parts_new(parts, job_size, &jobs) / zb_run_parts(pool, tasks, n)  (GIL held by the
+#     caller): one batch split in parts: its tasks and jobs in one block; all but the last
+#     part queued, the last run here, then the others waited for (see _pool.pxd).
 #   Workers take tasks in submission order, skipping tasks a waiter already claimed; with
 #   several workers tasks finish in any order.
 #
@@ -29,6 +32,7 @@
 # memory was copied) and workers start with the next submit or wait. attach() / detach()
 # count the passes using a pool, and the last one out stops its threads.
 
+from cpython.mem cimport PyMem_Malloc
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
@@ -297,6 +301,29 @@ cdef class TaskPool:
             pthread_cond_destroy(&self._done_cond)
             pthread_mutex_destroy(&self._mutex)
         free(self._ring)
+
+
+cdef zb_task *zb_parts_new(int64_t parts, size_t job_size, void **jobs) except NULL:
+    cdef size_t head = (<size_t>parts * sizeof(zb_task) + 15) & ~(<size_t>15)
+    cdef char *block = <char *>PyMem_Malloc(head + <size_t>parts * job_size)
+    if block == NULL:
+        raise MemoryError()
+    jobs[0] = block + head
+    return <zb_task *>block
+
+
+cdef int zb_run_parts(TaskPool pool, zb_task *tasks, int64_t n) except -1:
+    cdef int64_t k, submitted = 0
+    try:
+        for k in range(n - 1):
+            pool.submit(&tasks[k])
+            submitted += 1
+        with nogil:
+            tasks[n - 1].status = tasks[n - 1].fn(tasks[n - 1].arg)
+    finally:
+        for k in range(submitted):
+            pool.wait(&tasks[k])
+    return 0
 
 
 cdef class Call:

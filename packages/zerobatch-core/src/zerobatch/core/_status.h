@@ -2,8 +2,8 @@
  *
  * Kernels never raise. A C function returns one of these codes; its Python wrapper (in the
  * same .pyx) passes the code, a message naming the field and the values, and the file to
- * zerobatch.core._status.raise_for_status, whose map turns it into an exception from
- * zerobatch.formats.errors. _status.pxd declares these names for Cython; _status.py holds the
+ * zerobatch.core.status.raise_for_status, whose map turns it into an exception from
+ * zerobatch.formats.errors. _status.pxd declares these names for Cython; status.py holds the
  * same numbers for Python (tests/core/test_status.py checks that the three agree).
  *
  * Codes from 100 up are not errors: they tell a reader to act and call again (a seqlock that

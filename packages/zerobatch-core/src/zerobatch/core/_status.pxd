@@ -1,7 +1,7 @@
 # Declaration-only: the status codes every C-level kernel returns (the table is _status.h).
 #
 # Kernels never raise; they return one of these codes and the Python wrapper in the same .pyx
-# maps it to an exception from zerobatch.formats.errors through _status.py's one map.
+# maps it to an exception from zerobatch.formats.errors through zerobatch.core.status's one map.
 
 cdef extern from "_status.h" nogil:
     enum:

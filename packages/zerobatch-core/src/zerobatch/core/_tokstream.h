@@ -17,10 +17,11 @@
 #endif
 
 /* Ask for the first cache lines of [p, p + nbytes) (at most 512 bytes) without waiting, into
- * every cache level: the copy reads them a few windows later. Measured on random 32 x 513
- * windows: a non-temporal hint (nearest level only) was 1.4x slower; asking for whole 4 KiB
- * windows stalled on the line fill buffers (1.3x slower than 512 bytes, after which the
- * hardware streamer follows the window by itself); 256 to 1024 bytes were alike. */
+ * every cache level: the copy reads them a few windows later. Every level, because a
+ * non-temporal hint (nearest level only) was slower; the first lines only, because asking for
+ * a whole window stalls on the line fill buffers, and past them the hardware streamer follows
+ * the window by itself (256 to 1024 bytes were alike). asv: bench_tokstream.Windows (random
+ * 32 x 513 windows). */
 static inline void zb_ts_prefetch(const uint8_t *p, int64_t nbytes) {
     if (nbytes > 512) nbytes = 512;
     for (int64_t off = 0; off < nbytes; off += 64) __builtin_prefetch(p + off, 0, 3);
@@ -28,9 +29,9 @@ static inline void zb_ts_prefetch(const uint8_t *p, int64_t nbytes) {
 
 /* Ask for write ownership of the cache lines of [p, p + nbytes) ahead of the stores: a batch's
  * outputs outgrow L1, and with two or three output streams the hardware did not fetch their
- * lines early enough (measured on 32 windows of 513 int64 tokens and int32 ids: 8.9 us
- * without, 5.0 us with; tokens alone 3.9 us and 3.4 us). Prefetches never fault, so the
- * range may run past the buffer. */
+ * lines early enough (asv: bench_tokstream.Extras, time_windows_with_metadata (int64 tokens
+ * and int32 ids) and time_windows_with_boundaries against time_windows_plain_same_dataset).
+ * Prefetches never fault, so the range may run past the buffer. */
 static inline void zb_ts_prefetchw(const void *p, int64_t nbytes) {
     for (int64_t off = 0; off < nbytes; off += 64) __builtin_prefetch((const char *)p + off, 1, 3);
 }
@@ -52,7 +53,8 @@ ZB_TS_CLONES static void zb_ts_fill_segment(int64_t *restrict p64, int32_t *rest
         return;
     }
     /* positions and segment ids: two more streams beside the tokens; their lines are asked
-     * for ahead, block by block (full outputs 2.45x -> 2.2x plain windows on 32 x 513) */
+     * for ahead, block by block (asv: bench_tokstream.Extras.time_windows_with_boundaries
+     * against time_windows_plain_same_dataset) */
     for (int64_t b = 0; b < n; b += ZB_TS_BLOCK) {
         int64_t e = b + ZB_TS_BLOCK < n ? b + ZB_TS_BLOCK : n;
         if (p64 != NULL) {

@@ -19,9 +19,9 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.mem cimport PyMem_Free
 
-from zerobatch.core._pool cimport TaskPool, zb_task
+from zerobatch.core._pool cimport TaskPool, zb_part_len, zb_parts_new, zb_run_parts, zb_task
 from libc.errno cimport EINTR, errno
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
@@ -58,8 +58,8 @@ import os
 
 import numpy as np
 
-from zerobatch.core._status import raise_for_status
 from zerobatch.core.checks import as_positions, check_count
+from zerobatch.core.status import raise_for_status
 from zerobatch.formats.errors import ConfigError, CorruptError, OutOfRangeError
 
 __all__ = ["BlockChecks", "WindowGather", "WindowTicket", "gather_windows"]
@@ -467,8 +467,9 @@ cdef int _ts_ranges_task(void *arg) noexcept nogil:
 
 
 #: Fewest windows, and fewest tokens, worth handing to another thread: waking a pool worker
-#: costs about as much as copying 64 Ki random-window tokens here (tools/compare_tokstream.py:
-#: 32 x 513 took 2.7x longer split over two threads than on one; 256 x 513, 1.45x shorter).
+#: costs about as much as copying 64 Ki random-window tokens here, so a smaller batch runs on
+#: the calling thread alone. asv: bench_tokstream.WindowsThreads (one thread against two, on a
+#: batch below the threshold and one above it).
 MIN_WINDOWS_PER_PART = 4
 MIN_TOKENS_PER_PART = 1 << 16
 
@@ -485,20 +486,16 @@ cdef inline void _copy_errors(zb_ts_geometry *to, const zb_ts_geometry *frm) noe
 
 cdef int _run_split(TaskPool pool, zb_ts_geometry *g, const int64_t *starts, int64_t count,
                     int64_t length, int64_t *out64, int32_t *out32, int64_t parts) except -2:
-    """Split the windows in `parts` runs: all but the last queued on `pool`, the last run here,
-    then wait for the others (running them here if no worker has started them). Returns the
-    first non-OK status, with its error fields copied into g."""
-    cdef zb_ts_job *jobs = <zb_ts_job *>PyMem_Malloc(parts * sizeof(zb_ts_job))
-    cdef zb_task *tasks = <zb_task *>PyMem_Malloc(parts * sizeof(zb_task))
-    if jobs == NULL or tasks == NULL:
-        PyMem_Free(jobs)
-        PyMem_Free(tasks)
-        raise MemoryError()
-    cdef int64_t p, first = 0, n, submitted = 0
-    cdef int status = ZB_OK, st
+    """Split the windows in `parts` runs and run them as one batch on `pool` (zb_run_parts).
+    Returns the first non-OK status (the last run's, then the others' in order, an index
+    error first), with its error fields copied into g."""
+    cdef zb_ts_job *jobs
+    cdef zb_task *tasks = zb_parts_new(parts, sizeof(zb_ts_job), <void **>&jobs)
+    cdef int64_t p, first = 0, n
+    cdef int status = ZB_OK
     try:
         for p in range(parts):
-            n = count // parts + (1 if p < count % parts else 0)
+            n = zb_part_len(count, parts, p)
             jobs[p].g = g[0]
             jobs[p].starts = starts + first
             jobs[p].count = n
@@ -508,23 +505,15 @@ cdef int _run_split(TaskPool pool, zb_ts_geometry *g, const int64_t *starts, int
             tasks[p].fn = _ts_job_run
             tasks[p].arg = &jobs[p]
             first += n
-        for p in range(parts - 1):
-            pool.submit(&tasks[p])
-            submitted += 1
-        with nogil:
-            st = _ts_job_run(&jobs[parts - 1])
-        if st != ZB_OK:
-            status = st
+        zb_run_parts(pool, tasks, parts)
+        if tasks[parts - 1].status != ZB_OK:
+            status = tasks[parts - 1].status
             _copy_errors(g, &jobs[parts - 1].g)
-        for p in range(submitted):
-            pool.wait(&tasks[p])
+        for p in range(parts - 1):
             if tasks[p].status != ZB_OK and (status == ZB_OK or tasks[p].status == ZB_E_INDEX):
                 status = tasks[p].status
                 _copy_errors(g, &jobs[p].g)
     finally:
-        for p in range(submitted):
-            pool.wait(&tasks[p])
-        PyMem_Free(jobs)
         PyMem_Free(tasks)
     return status
 

@@ -37,12 +37,12 @@ from cpython.ref cimport Py_INCREF, PyObject
 cimport numpy as cnp
 
 from zerobatch.core._hash cimport zb_xxh3_64
-from zerobatch.core._pool cimport TaskPool, zb_task
+from zerobatch.core._pool cimport TaskPool, zb_part_len, zb_parts_new, zb_run_parts, zb_task
 from zerobatch.core._status cimport ZB_E_ARGUMENT, ZB_OK
 
 import numpy as np
 
-from zerobatch.core._status import raise_for_status
+from zerobatch.core.status import raise_for_status
 from zerobatch.formats.errors import ConfigError
 from zerobatch.formats.zrecord import ENTRY_DTYPE
 
@@ -145,7 +145,7 @@ cdef tuple _run(entries, chunk_base, chunk_size, uint64_t committed, uint32_t fi
     cdef uint8_t *outp = NULL
     cdef const uint64_t *offp = NULL
     cdef zr_chunkmap cm
-    cdef int64_t i, parts, first, cnt, p, submitted = 0
+    cdef int64_t i, parts, first, cnt, p
     cdef uint64_t total = 0
     if bases.shape[0] != sizes.shape[0]:
         raise ConfigError("chunk_base and chunk_size must have one entry per chunk", field="chunk_size")
@@ -176,16 +176,12 @@ cdef tuple _run(entries, chunk_base, chunk_size, uint64_t committed, uint32_t fi
     parts = 1
     if pool is not None and threads > 1:
         parts = min(threads, max(1, <int64_t>(total // MIN_BYTES_PER_PART)), n)
-    cdef zr_job *jobs = <zr_job *>PyMem_Malloc(parts * sizeof(zr_job))
-    cdef zb_task *tasks = <zb_task *>PyMem_Malloc(parts * sizeof(zb_task))
-    if jobs == NULL or tasks == NULL:
-        PyMem_Free(jobs)
-        PyMem_Free(tasks)
-        raise MemoryError()
+    cdef zr_job *jobs
+    cdef zb_task *tasks = zb_parts_new(parts, sizeof(zr_job), <void **>&jobs)
     try:
         first = 0
         for p in range(parts):
-            cnt = n // parts + (1 if p < n % parts else 0)
+            cnt = zb_part_len(n, parts, p)
             memset(&jobs[p], 0, sizeof(zr_job))
             jobs[p].cm = &cm
             jobs[p].entries = ents + first
@@ -208,23 +204,13 @@ cdef tuple _run(entries, chunk_base, chunk_size, uint64_t committed, uint32_t fi
             tasks[p].fn = _task_fn
             tasks[p].arg = &jobs[p]
             first += cnt
-        for p in range(parts - 1):
-            pool.submit(&tasks[p])
-            submitted += 1
-        with nogil:
-            zr_job_run(&jobs[parts - 1])
-        for p in range(submitted):
-            pool.wait(&tasks[p])
-        submitted = 0
+        zb_run_parts(pool, tasks, parts)
         first = 0
         for p in range(parts):
             if jobs[p].status != ZB_OK:
                 return jobs[p].status, first + jobs[p].bad, jobs[p].need_chunk
             first += jobs[p].count
     finally:
-        for p in range(submitted):
-            pool.wait(&tasks[p])
-        PyMem_Free(jobs)
         PyMem_Free(tasks)
     return ZB_OK, 0, 0
 
@@ -262,7 +248,7 @@ def record_views(chunk_base, chunk_size, owners, chunks, payload, lens, dtype, s
 
 
 def zrecord_status_error(int status, str message, path=None, field=None):
-    """Raise the exception of ``status`` (:func:`zerobatch.core._status.raise_for_status`)."""
+    """Raise the exception of ``status`` (:func:`zerobatch.core.status.raise_for_status`)."""
     raise_for_status(status, message, path=path, field=field)
 
 

@@ -1,5 +1,6 @@
 """Status codes returned by the C-level kernels, and the exception each one becomes: the one
-map from a kernel's result to an error.
+map from a kernel's result to an error (public: a reader that drives a kernel directly maps
+its codes here, ``STATUS.ZB_RETRY`` and the other signals included).
 
 The numbers are defined for C in ``_status.h`` (declared for Cython in ``_status.pxd``);
 ``tests/core/test_status.py`` checks that this table holds the same. Kernels never raise: the

@@ -211,7 +211,7 @@ def parse_journal(raw: bytes, *, path: Any = None) -> Journal:
     body = raw[hs:]
     if xxh3_64(body) != digest:
         raise CorruptError("journal.zr: checksum mismatch", path=path, field="checksum")
-    from zerobatch.formats._json import loads_strict
+    from zerobatch.formats.strict_json import loads_strict
 
     extra = loads_strict(body[:nextra], error=CorruptError, field="journal.zr", path=path)
     meta = Z.parse_meta(json.dumps(extra["meta"]), path=path)

@@ -1,7 +1,8 @@
 """zerobatch.formats: the specification of every zerobatch file format, in pure Python.
 
-One module per format (constants, header and manifest types, layout limits) and the
-exception hierarchy in :mod:`zerobatch.formats.errors`. Nothing here reads or writes files.
+One module per format (constants, header and manifest types, layout limits), the exception
+hierarchy in :mod:`zerobatch.formats.errors` and the strict JSON parser every small document
+goes through (:mod:`zerobatch.formats.strict_json`). Nothing here reads or writes files.
 """
 
 from zerobatch.formats import errors, llmbatch

@@ -21,9 +21,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from zerobatch.formats._json import loads_strict
 from zerobatch.formats.errors import CorruptError, IntegrityError, LimitExceededError, UnsupportedVersionError
 from zerobatch.formats.registry import Format
+from zerobatch.formats.strict_json import loads_strict
 
 __all__ = ["FORMAT", "BLOCK_BYTES", "DTYPES", "FeatureMeta", "KeyRange", "MAX_METADATA_BYTES", "METADATA", "VERSION",
            "data_file_names", "parse_metadata"]

@@ -106,7 +106,7 @@ def _discover() -> None:
     package = sys.modules[__name__.rpartition(".")[0]]   # zerobatch.formats, imported before us
     found = {}
     for info in pkgutil.iter_modules(package.__path__):
-        if info.name.startswith("_") or info.name in ("errors", "registry"):
+        if info.name.startswith("_") or info.name in ("errors", "registry", "strict_json"):
             continue
         fmt = getattr(importlib.import_module(f"zerobatch.formats.{info.name}"), "FORMAT", None)
         if isinstance(fmt, Format):

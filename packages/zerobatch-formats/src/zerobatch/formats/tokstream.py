@@ -28,9 +28,9 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from zerobatch.formats._json import loads_strict
 from zerobatch.formats.errors import CorruptError, FormatError, LimitExceededError, UnsupportedVersionError
 from zerobatch.formats.registry import Format
+from zerobatch.formats.strict_json import loads_strict
 
 __all__ = [
     "FORMAT",

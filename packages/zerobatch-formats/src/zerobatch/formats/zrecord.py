@@ -38,9 +38,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from zerobatch.formats._json import loads_strict
 from zerobatch.formats.errors import ConfigError, CorruptError, LimitExceededError, UnsupportedVersionError
 from zerobatch.formats.registry import Format
+from zerobatch.formats.strict_json import loads_strict
 
 __all__ = [
     "FORMAT",

@@ -12,8 +12,8 @@ from typing import Any, NamedTuple, overload
 
 import numpy as np
 
-from zerobatch.formats._json import loads_strict
 from zerobatch.formats.errors import CorruptError, OutOfRangeError
+from zerobatch.formats.strict_json import loads_strict
 from zerobatch.readers._tokstream_shard import Shard
 
 __all__ = ["MetadataObjects", "WindowMetadata", "decoder"]

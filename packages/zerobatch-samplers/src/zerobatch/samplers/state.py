@@ -14,8 +14,8 @@ import dataclasses
 import json
 from typing import Any
 
-from zerobatch.formats._json import loads_strict
 from zerobatch.formats.errors import StateError
+from zerobatch.formats.strict_json import loads_strict
 
 __all__ = ["STATE_VERSION", "OrderState", "state_from_json", "state_to_json"]
 

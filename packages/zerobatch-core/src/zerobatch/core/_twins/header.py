@@ -13,8 +13,8 @@ from zerobatch.core._header_common import (
     pack_fields,
     parse_message,
 )
-from zerobatch.core._status import raise_for_status
 from zerobatch.core._twins.hash import _bytes_of, _r64, xxh3_64
+from zerobatch.core.status import raise_for_status
 from zerobatch.formats import llmbatch as L
 from zerobatch.formats.errors import ConfigError
 

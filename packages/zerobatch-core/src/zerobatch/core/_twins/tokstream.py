@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.core._status import STATUS, raise_for_status
 from zerobatch.core._twins.hash import xxh3_64
 from zerobatch.core.checks import as_positions, check_count
+from zerobatch.core.status import STATUS, raise_for_status
 from zerobatch.formats.errors import ConfigError, CorruptError, OutOfRangeError
 
 __all__ = ["BlockChecks", "WindowGather", "WindowTicket", "gather_windows"]

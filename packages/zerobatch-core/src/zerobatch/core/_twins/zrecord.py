@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.core._status import STATUS, raise_for_status
 from zerobatch.core._twins.hash import xxh3_64
+from zerobatch.core.status import STATUS, raise_for_status
 from zerobatch.formats.errors import ConfigError
 from zerobatch.formats.zrecord import ENTRY_DTYPE
 
