@@ -74,6 +74,13 @@ class BaseLoader:
     """Batches of a :class:`~zerobatch.adapters.sources.Source` for one rank (see the module
     documentation); subclasses convert the NumPy arrays (:meth:`_convert`)."""
 
+    #: The shared pool read-ahead runs on (its threads' name prefix).
+    pool_name = READ_AHEAD_POOL
+    #: The iterating thread runs reads itself: the first read of a pass (the first batch
+    #: waits for no hand-off) and a queued read no worker has started when it is waited for.
+    #: A face whose reads must all run on the pool's threads turns it off.
+    reads_here = True
+
     def __init__(self, source: Any, batch_size: int | None = None, *, global_batch_size: int | None = None,
                  shuffle: bool = True, seed: int = DEFAULT_SEED, drop_last: bool = True, tail: str | None = None,
                  order: Any = None, rank: int | None = None, world_size: int | None = None,
@@ -237,11 +244,11 @@ class BaseLoader:
         self._active = weakref.ref(p)
         return p.batches()
 
-    def _close_active(self) -> None:
+    def _close_active(self, wait: bool = True) -> None:
         p = None if self._active is None else self._active()
         self._active = None
         if p is not None:
-            p.close()
+            p.close(wait)
 
     def close(self) -> None:
         """Stop read-ahead (queued reads are dropped) and release the source's files."""
@@ -458,7 +465,7 @@ class _Pass:
         self.inline = loader.num_threads == 0 or self.source.inline(self.dtype, b)
         self.pool = None
         if not self.inline:
-            self.pool = shared_pool(loader.num_threads, READ_AHEAD_POOL)
+            self.pool = shared_pool(loader.num_threads, loader.pool_name)
             self.pool.attach()
         self._tickets: collections.deque[tuple[Any, list[Any]]] = collections.deque()
         # as the source's storage declares (Access): the first read alone until it is in, its
@@ -513,7 +520,7 @@ class _Pass:
             ticket = self.source.read_async(self.pool, items, self.dtype)
             if ticket is not None:
                 return ticket, after
-        return self.pool.call(functools.partial(self.source.read, *args)), after
+        return self.pool.call(functools.partial(self.source.read, *args), caller_runs=self.loader.reads_here), after
 
     def _fill(self) -> None:
         while len(self._tickets) < (1 if self._first_alone else self.depth):
@@ -533,7 +540,10 @@ class _Pass:
         plan = next(self._plan, None)
         if plan is None:
             return
-        yield self._submit(*plan, here=True)
+        if self.loader.reads_here:
+            yield self._submit(*plan, here=True)
+        else:
+            self._tickets.append(self._submit(*plan))
         self._first_alone = False
         self._fill()
         tickets = self._tickets
@@ -575,14 +585,14 @@ class _Pass:
         if not getattr(self, "closed", True):
             self.close()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """Stop: drop queued reads, wait for those a thread has started (the source may be
-        closed right after). Idempotent."""
+        closed right after; ``wait=False``: let them finish on their own). Idempotent."""
         self.closed = True
         while self._tickets:
             ticket, _ = self._tickets.popleft()
-            ticket.cancel()
-        if self.pool is not None:
+            ticket.cancel() if wait else ticket.cancel(False)
+        if self.pool is not None and wait:     # (the last one out stops the pool's threads)
             pool, self.pool = self.pool, None
             pool.detach()
 
@@ -609,5 +619,5 @@ class _Ready:
     def wait(self) -> Any:
         return self.result
 
-    def cancel(self) -> None:
+    def cancel(self, wait: bool = True) -> None:
         self.result = None

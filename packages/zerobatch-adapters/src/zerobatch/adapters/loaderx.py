@@ -10,7 +10,8 @@ NumPy only (importing this module never imports torch)::
     for i, batch in enumerate(loader):
         batch["data"], batch["label"]
 
-The loader's reads run on ``num_workers`` threads of a shared pool
+``DataLoader`` is a face over zerobatch's one loader (``zerobatch.adapters._loader``: its
+schedule, read-ahead and state). Its reads run on ``num_workers`` threads of a shared pool
 (:func:`zerobatch.core.pool.shared_pool`, threads ``loaderx-reader-*``), ``prefetch_size``
 batches ahead; the record gathers
 release the GIL, so they overlap the training step. Batches come in order,
@@ -30,15 +31,14 @@ moves to the next, so iterating again gives the next epoch's order; ``set_epoch`
 
 from __future__ import annotations
 
-import collections
-import functools
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from zerobatch.core.pool import shared_pool
+from zerobatch.adapters._loader import BaseLoader
+from zerobatch.adapters.sources._base import Source
 from zerobatch.formats import zrecord as Z
 from zerobatch.formats.errors import ConfigError, StateError
 from zerobatch.readers.zrecord import ZRecordStore
@@ -152,9 +152,49 @@ class ARDataset:
         return f"ARDataset({self.store.path!r}, field={self.field!r})"
 
 
+class _Records(Source):
+    """The records of a loaderx dataset (and label set) as a source: a step reads
+    ``{"data": dataset[indices], "label": labelset[indices]}`` and runs ``transform`` on it,
+    on a read-ahead thread. ``kind`` and ``fingerprint`` are empty, as in the states loaderx
+    has always saved."""
+
+    stacked = False
+    item_name = "records"
+
+    def __init__(self, dataset: Any, labelset: Any, transform: Callable[[dict[str, Any]], Any] | None) -> None:
+        super().__init__()
+        self.dataset, self.labelset, self.transform = dataset, labelset, transform
+        self.num_items = len(dataset)
+
+    def read(self, items: np.ndarray, dtype: np.dtype) -> list[Any]:
+        out = []
+        for indices in items:
+            batch = {"data": self.dataset[indices]}
+            if self.labelset is not None:
+                batch["label"] = self.labelset[indices]
+            out.append(batch if self.transform is None else self.transform(batch))
+        return out
+
+    def close(self) -> None:
+        """The datasets stay open: they are the caller's."""
+
+
+class _Loader(BaseLoader):
+    """The one loader, with loaderx's threads: every read (the first too) on the
+    ``loaderx-reader`` pool, and batches handed out as the source made them."""
+
+    pool_name = "loaderx-reader"
+    reads_here = False
+
+    def _convert(self, result: Any, steps: int) -> list[Any]:
+        return list(result)
+
+
 class DataLoader:
     """Batches ``{"data": ..., "label": ...}`` from a dataset (and a label set of the same
-    length), read on threads ahead of the loop. See the module docstring.
+    length), read on threads ahead of the loop: a face over zerobatch's one loader (its
+    schedule, read-ahead and state), keeping loaderx's arguments and state. See the module
+    docstring.
 
     Args:
         dataset: anything with ``len()`` and ``ds[int64 indices]`` (``ARDataset``, ``NPDataset``).
@@ -196,9 +236,16 @@ class DataLoader:
         self.mode = mode
         self.seed = seed
         self.transform = transform
-        self.sampler = IndexSampler(MODES[mode](n, seed), self.batch_size, rank=0, world_size=1,
-                                    tail="drop" if drop_last and mode in ("sequential", "global_random") else "keep")
+        tail = "drop" if drop_last and mode in ("sequential", "global_random") else "keep"
+        self.loader = _Loader(_Records(dataset, labelset, transform), self.batch_size, order=MODES[mode](n, seed),
+                              tail=tail, rank=0, world_size=1, prefetch=self.prefetch_size,
+                              num_threads=self.num_workers)
         self._closed = False
+
+    @property
+    def sampler(self) -> IndexSampler:
+        """The schedule (an :class:`~zerobatch.samplers.IndexSampler` over the mode's order)."""
+        return self.loader.schedule      # type: ignore[return-value]
 
     def __len__(self) -> int:
         """Batches per epoch.
@@ -213,19 +260,10 @@ class DataLoader:
 
     @property
     def epoch(self) -> int:
-        return self.sampler.epoch
+        return self.loader.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
-
-    def _read(self, epoch: int, step: int) -> Any:
-        indices = self.sampler.batch(step, epoch=epoch)
-        out = {"data": self.dataset[indices]}
-        if self.labelset is not None:
-            out["label"] = self.labelset[indices]
-        if self.transform is not None:
-            out = self.transform(out)
-        return out
+        self.loader.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
@@ -233,38 +271,17 @@ class DataLoader:
         return self._batches()
 
     def _batches(self) -> Iterator[Any]:
-        pool = shared_pool(self.num_workers, "loaderx-reader")
-        epoch, steps = self.sampler.epoch, self.sampler.steps_per_epoch
-        start = self.sampler.step
-        if steps is not None and start >= steps:   # a finished epoch: on to the next
-            self.sampler.set_epoch(epoch + 1)
-            epoch, start = epoch + 1, 0
-        ahead: collections.deque[Any] = collections.deque()
-        nxt = start
-        pool.attach()
-        try:
-            step = start
-            while steps is None or step < steps:
-                while len(ahead) < self.prefetch_size and (steps is None or nxt < steps) and not self._closed:
-                    ahead.append(pool.call(functools.partial(self._read, epoch, nxt), caller_runs=False))
-                    nxt += 1
-                if self._closed or not ahead:
-                    return
-                batch = ahead.popleft().wait()
-                if self.sampler.epoch != epoch or self._closed:     # set_epoch inside the loop ends this one
-                    return
-                self.sampler.seek(step + 1)
-                yield batch
-                step += 1
-            self.sampler.set_epoch(epoch + 1)
-        finally:
-            for call in ahead:
-                call.cancel(wait=False)
-            pool.detach()
+        loader = self.loader
+        if loader.schedule.steps_left() == 0:          # a finished epoch: on to the next
+            loader.set_epoch(loader.epoch + 1)
+        epoch = loader.epoch
+        yield from loader
+        if not self._closed and loader.epoch == epoch and not loader.endless:
+            loader.set_epoch(epoch + 1)                # the epoch ran to its end: the next one follows
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch delivered to the loop (JSON-able)."""
-        return {"loaderx": 1, "mode": self.mode, "batch_size": self.batch_size, "sampler": self.sampler.state_dict()}
+        return {"loaderx": 1, "mode": self.mode, "batch_size": self.batch_size, "sampler": self.loader.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where ``state`` stopped.
@@ -278,12 +295,13 @@ class DataLoader:
             raise StateError(f"state: saved with mode {state.get('mode')!r} and batch_size "
                              f"{state.get('batch_size')!r}, this loader has {self.mode!r} and {self.batch_size}",
                              field="state")
-        self.sampler.load_state_dict(state["sampler"])
+        self.loader.load_state_dict(state["sampler"])
 
     def close(self) -> None:
         """Stop reading ahead: iteration ends at the next batch, queued reads are dropped and a
         read in flight finishes on its own (nothing waits for it). Always returns; idempotent."""
         self._closed = True
+        self.loader._close_active(wait=False)
 
     def __enter__(self) -> DataLoader:
         return self

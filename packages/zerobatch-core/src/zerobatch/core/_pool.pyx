@@ -57,6 +57,25 @@ from zerobatch.formats.errors import ConfigError, StateError
 __all__ = ["Call", "TaskPool"]
 
 
+# Calls cancelled without waiting while a worker ran them, whose owner may drop them at once:
+# the pool's reference goes (in _call_body) before the worker writes the task's status and
+# state, so these are kept here until that write is done (pruned as calls are made and
+# cancelled), never freed under the worker.
+cdef list _abandoned = []
+
+
+cdef void _prune_abandoned():
+    cdef Call c
+    if _abandoned:
+        _abandoned[:] = [c for c in _abandoned if c.task.state != ZB_TASK_DONE]
+
+
+def abandoned_calls():
+    """Calls cancelled without waiting that a worker has not finished yet (for tests)."""
+    _prune_abandoned()
+    return len(_abandoned)
+
+
 cdef int _call_run(void *arg) noexcept nogil:
     _call_body(arg)
     return ZB_OK
@@ -212,6 +231,7 @@ cdef class TaskPool:
         """
         if not callable(fn):
             raise ConfigError("call: fn must be callable", field="fn")
+        _prune_abandoned()
         cdef Call c = Call.__new__(Call)
         c.fn = fn
         c.caller_runs = caller_runs
@@ -358,6 +378,9 @@ cdef class Call:
             if dropped:
                 self.fn = None
                 Py_DECREF(self)        # the pool's reference
+            elif not wait:
+                _prune_abandoned()
+                _abandoned.append(self)  # alive until the worker is done with its task
             self.finished = dropped or wait
         self.result = self.error = None
         return dropped
@@ -367,5 +390,7 @@ cdef class Call:
         return self.task.state == ZB_TASK_DONE
 
     def __dealloc__(self):
-        # Unreachable while queued or running: the pool holds a reference until then.
+        # Unreachable while queued or running: the pool holds a reference until the callable
+        # returns, and its owner (or _abandoned, for a call cancelled without waiting) until
+        # the worker has written the task's state.
         pass

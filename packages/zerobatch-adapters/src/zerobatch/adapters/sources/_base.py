@@ -429,8 +429,8 @@ class ReadTicket:
         self.ticket.wait()
         return self.result
 
-    def cancel(self) -> None:
-        self.ticket.cancel()
+    def cancel(self, wait: bool = True) -> None:
+        self.ticket.cancel() if wait else self.ticket.cancel(False)
 
 
 def next_token_pair(name: str = "tokens") -> tuple[Array, Array]:

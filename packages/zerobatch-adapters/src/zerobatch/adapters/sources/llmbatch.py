@@ -152,5 +152,5 @@ class _ViewTicket:
             return StackedRuns({"tokens": v} for v in views)
         return {"tokens": views}
 
-    def cancel(self) -> None:
-        self.ticket.cancel()
+    def cancel(self, wait: bool = True) -> None:
+        self.ticket.cancel() if wait else self.ticket.cancel(False)
