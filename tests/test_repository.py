@@ -14,7 +14,7 @@ else:  # pragma: no cover
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = sorted(p for p in (REPO / "packages").iterdir() if (p / "pyproject.toml").is_file())
-LAYERS = {"formats": 0, "core": 1, "writers": 2, "readers": 2, "samplers": 2, "adapters": 3, "cli": 4}
+LAYERS = {"formats": 0, "core": 1, "writers": 2, "readers": 2, "samplers": 2, "adapters": 3, "prepare": 3, "cli": 4}
 
 
 def area(pkg: Path) -> str:
@@ -26,7 +26,7 @@ def version(pkg: Path) -> str:
     return re.search(r'__version__ = "([^"]+)"', text).group(1)
 
 
-def test_seven_distributions():
+def test_eight_distributions():
     assert [area(p) for p in PACKAGES] == sorted(LAYERS)
 
 
@@ -70,6 +70,24 @@ def test_torch_is_imported_only_in_the_adapters():
             continue
         for src in (pkg / "src").rglob("*.py"):
             assert not pattern.search(src.read_text()), src
+
+
+def test_preparation_loads_neither_a_trainer_nor_the_command_line(tmp_path):
+    """zerobatch.prepare is the library under ``zerobatch convert``: a conversion through it
+    imports no torch, no adapters and nothing of zerobatch.cli (the registry names each
+    format's target in zerobatch.prepare.formats)."""
+    import subprocess
+    code = ("import sys, numpy as np\n"
+            "from zerobatch.prepare import convert\n"
+            "np.save('t.npy', np.arange(60, dtype=np.uint16).reshape(6, 10))\n"
+            "for to, dst in (('tokstream', 't.ts'), ('llmchnk', 't.chunk'), ('zrecord', 't.zr'), ('megatron', 't')):\n"
+            "    convert('t.npy', dst, to=to, quiet=True, log=lambda *_: None)\n"
+            "convert('t.ts', 'n.bin', to='nanogpt', quiet=True, log=lambda *_: None)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith(('zerobatch.cli', "
+            "'zerobatch.adapters', 'zerobatch.samplers'))))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout
 
 
 def _modules() -> dict[str, Path]:

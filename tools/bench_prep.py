@@ -12,7 +12,7 @@ to a finished dataset (the commit included), with ``TOKENIZERS_PARALLELISM=false
 
 - ``zerobatch convert`` in one process (``--workers 1``);
 - ``zerobatch convert --task I --tasks 2`` in two processes at once, then ``zerobatch commit``;
-- the datatrove step (``TokenStreamWriter``) and datatrove's ``DocumentTokenizer`` (no document
+- the datatrove step (``TokenStreamStep``) and datatrove's ``DocumentTokenizer`` (no document
   shuffle: the same work) under ``LocalPipelineExecutor`` with 1 task, and with 2 tasks on 2
   workers, both reading with datatrove's ``JsonlReader``.
 
@@ -74,7 +74,7 @@ RUNNERS = {
 def run_one(name: str, src: str, tok: str, out: str) -> None:
     """One measurement, in this (fresh) process."""
     if name == "convert-1":
-        from zerobatch.cli.convert import convert
+        from zerobatch.prepare.pipeline import convert
         convert(src, out, to="tokstream", tokenizer=tok, workers=1, quiet=True, log=lambda *_: None)
     elif name == "convert-tasks-2":
         procs = [subprocess.Popen([sys.executable, "-m", "zerobatch.cli", "convert", src, out, "--to", "tokstream",
@@ -82,22 +82,22 @@ def run_one(name: str, src: str, tok: str, out: str) -> None:
                                   stdout=subprocess.DEVNULL) for i in range(2)]
         if any(p.wait() for p in procs):
             raise SystemExit("a task failed")
-        from zerobatch.cli.tasks import commit
+        from zerobatch.prepare.tasks import commit
         commit(out, log=lambda *_: None)
     else:
         from datatrove.executor import LocalPipelineExecutor
         from datatrove.pipeline.readers import JsonlReader
         tasks = int(name[-1])
         if name.startswith("zb-"):
-            from zerobatch.cli.integrations.datatrove import TokenStreamWriter
-            step: Any = TokenStreamWriter(out, tok)
+            from zerobatch.prepare.integrations.datatrove import TokenStreamStep
+            step: Any = TokenStreamStep(out, tok)
         else:
             from datatrove.pipeline.tokens import DocumentTokenizer
             step = DocumentTokenizer(out, tok, eos_token="<|endoftext|>", shuffle_documents=False)
         LocalPipelineExecutor([JsonlReader(src), step], tasks=tasks, workers=tasks,
                               logging_dir=out + ".logs").run()
         if name.startswith("zb-"):
-            from zerobatch.cli.tasks import commit
+            from zerobatch.prepare.tasks import commit
             commit(out, log=lambda *_: None)
 
 

@@ -33,7 +33,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 def packages() -> list[pathlib.Path]:
     """Every distribution folder under packages/, in dependency order."""
-    order = ["formats", "core", "writers", "readers", "samplers", "adapters", "cli"]
+    order = ["formats", "core", "writers", "readers", "samplers", "prepare", "adapters", "cli"]
     found = {p.name.removeprefix("zerobatch-"): p for p in (ROOT / "packages").iterdir()
              if (p / "pyproject.toml").is_file()}
     return [found[a] for a in order if a in found] + [found[a] for a in sorted(found) if a not in order]

@@ -606,7 +606,7 @@ def test_one_set_of_defaults():
     JaxLoader = pytest.importorskip("zerobatch.adapters.jax").Loader
     from zerobatch.adapters.sources._base import DEFAULT_PREFETCH, DEFAULT_SEED
     from zerobatch.adapters.torch import BatchNativeLoader
-    from zerobatch.cli.convert import ConvertOptions
+    from zerobatch.prepare.pipeline import ConvertOptions
     from zerobatch.cli.main import build_parser
     from zerobatch.formats.tokstream import DEFAULT_SHARD_TOKENS
     from zerobatch.writers.tokstream import TokenStreamWriter

@@ -22,8 +22,8 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 transformers = pytest.importorskip("transformers")
 
-from zerobatch.cli.chat import ChatTemplate  # noqa: E402
-from zerobatch.cli.convert import convert  # noqa: E402
+from zerobatch.prepare.chat import ChatTemplate  # noqa: E402
+from zerobatch.prepare.pipeline import convert  # noqa: E402
 from zerobatch.cli.quickstart import bundled_text, train_tokenizer  # noqa: E402
 from zerobatch.formats.errors import ConfigError, CorruptError  # noqa: E402
 from zerobatch.readers.tokstream import TokenStreamReader, open_loss_mask  # noqa: E402
@@ -191,9 +191,9 @@ def test_bad_chat_inputs_are_refused(chatml, tmp_path):
 
 
 def test_worker_processes_convert_chat_as_one_process_does(chatml, tmp_path, monkeypatch):
-    import zerobatch.cli.convert as conv
+    import zerobatch.prepare.encoders as conv
     monkeypatch.setattr(conv, "CHAT_GROUP", 8)          # 100 conversations: 13 groups over 2 processes
-    import zerobatch.cli.workers as workers_module
+    import zerobatch.prepare.workers as workers_module
     started = []
     real = workers_module.mp.get_context
     monkeypatch.setattr(workers_module.mp, "get_context", lambda method: started.append(method) or real(method))
@@ -214,6 +214,38 @@ def test_worker_processes_convert_chat_as_one_process_does(chatml, tmp_path, mon
     assert not (tmp_path / "bad").exists()
 
 
+def test_an_interrupted_chat_conversion_resumes_from_its_staged_groups(chatml, tmp_path, monkeypatch):
+    """--chat runs the text path's pipeline: its groups are staged in DST.zbconvert, kept when
+    the run is interrupted, and a rerun encodes none again and writes the same dataset."""
+    import zerobatch.prepare.pipeline as pipeline
+    import zerobatch.prepare.encoders as conv
+    monkeypatch.setattr(conv, "CHAT_GROUP", 8)
+    convs = [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i} " * (i % 5)}]
+             for i in range(40)]
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps({"messages": m}) + "\n" for m in convs))
+    convert(str(src), str(tmp_path / "one"), to="tokstream", tokenizer=chatml, chat=True, workers=1, quiet=True,
+            log=lambda *_: None)
+    real = pipeline.write_target
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pipeline, "write_target", interrupted)
+    lines = []
+    with pytest.raises(KeyboardInterrupt):
+        convert(str(src), str(tmp_path / "two"), to="tokstream", tokenizer=chatml, chat=True, workers=1, quiet=True,
+                log=lines.append)
+    assert any("the tokenized groups are kept" in ln for ln in lines), lines
+    assert (tmp_path / "two.zbconvert").is_dir() and not (tmp_path / "two").exists()
+    monkeypatch.setattr(pipeline, "write_target", real)
+    lines.clear()
+    convert(str(src), str(tmp_path / "two"), to="tokstream", tokenizer=chatml, chat=True, workers=1, quiet=True,
+            log=lines.append)
+    assert any(ln.startswith("resumed: 5 of 5 tokenized groups") for ln in lines), lines
+    assert not (tmp_path / "two.zbconvert").exists()
+    assert_same_chat_data(tmp_path / "one", tmp_path / "two", sum(1 for m in convs if m))
+
+
 def test_chat_tasks_and_commit_give_the_dataset_and_mask_of_one_process(chatml, tmp_path, s3_endpoint, monkeypatch):
     """convert --chat --task I --tasks N over a JSONL file cut into byte ranges and a Parquet
     file split by row group: for N = 1 and 3 (tasks in any order), after commit, the dataset
@@ -221,7 +253,7 @@ def test_chat_tasks_and_commit_give_the_dataset_and_mask_of_one_process(chatml, 
     while a task is missing (no manifest in either stream) and works at an s3:// URL too."""
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    from zerobatch.cli.tasks import commit
+    from zerobatch.prepare.tasks import commit
     convs = [[{"role": "user", "content": f"question {i} " * (i % 6 + 1)},
               {"role": "assistant", "content": f"answer {i} ✓ " * (i % 4 + 1)}] for i in range(120)]
     src = tmp_path / "src"
@@ -571,7 +603,7 @@ def test_show_trained_cuts_and_colours():
 
 
 def test_a_tokenizer_folder_for_head_and_stats(chatml, tmp_path):
-    from zerobatch.cli.tokenizer import load_tokenizer
+    from zerobatch.prepare.tokenizer import load_tokenizer
     from zerobatch.formats.errors import NotFoundError
     assert load_tokenizer(chatml).fingerprint == load_tokenizer(chatml + "/tokenizer.json").fingerprint
     with pytest.raises(NotFoundError, match="the folder holds no tokenizer.json"):

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
-from zerobatch.cli.convert import convert  # noqa: E402
+from zerobatch.prepare.pipeline import convert  # noqa: E402
 from zerobatch.cli.quickstart import bundled_text, train_tokenizer  # noqa: E402
 from zerobatch.formats.errors import ConfigError, CorruptError, TruncatedError  # noqa: E402
 from zerobatch.readers.llmchnk import LLMChunkReader  # noqa: E402
@@ -262,8 +262,8 @@ def test_messages_say_what_is_wrong(tmp_path):
         run(tmp_path / "t.npy", tmp_path / "o.ts")
     assert e.value.field == "magic"
     # a Megatron prefix alone (no --from megatron): found, not "no such file"
-    from zerobatch.cli.exports import write_megatron
-    from zerobatch.cli.convert import Target, ConvertOptions
+    from zerobatch.prepare.exports import write_megatron
+    from zerobatch.prepare.pipeline import Target, ConvertOptions
 
     chunks = lambda: iter([(np.arange(10, dtype=np.uint32), np.array([4, 6]))])  # noqa: E731
     write_megatron(str(tmp_path / "pre"), chunks, Target(10, 10, "uint16", None, ConvertOptions(to="megatron"),

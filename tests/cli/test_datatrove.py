@@ -16,10 +16,11 @@ pytest.importorskip("datatrove")
 from datatrove.executor import LocalPipelineExecutor  # noqa: E402
 from datatrove.pipeline.readers import JsonlReader  # noqa: E402
 
-from zerobatch.cli.convert import convert  # noqa: E402
-from zerobatch.cli.integrations.datatrove import TokenStreamCommit, TokenStreamWriter  # noqa: E402
+from zerobatch.prepare.pipeline import convert  # noqa: E402
+from zerobatch.prepare.integrations.datatrove import TokenStreamCommit  # noqa: E402
+from zerobatch.prepare.integrations.datatrove import TokenStreamStep as TokenStreamWriter  # noqa: E402
 from zerobatch.cli.quickstart import bundled_text, train_tokenizer  # noqa: E402
-from zerobatch.cli.tasks import commit  # noqa: E402
+from zerobatch.prepare.tasks import commit  # noqa: E402
 from zerobatch.formats.errors import ConfigError  # noqa: E402
 from zerobatch.readers.tokstream import TokenStreamReader  # noqa: E402
 
@@ -100,3 +101,15 @@ def test_datatrove_tasks_write_into_object_storage(tmp_path, s3_endpoint, monkey
                           depends=tokenize).run()
     got, want = documents(url), documents(cli)
     assert sorted(got) == sorted(want) and len(got) == len(want)
+
+
+def test_the_import_paths_of_earlier_releases_still_work():
+    """``zerobatch.cli.integrations.datatrove.TokenStreamWriter`` (the documented name before
+    the step moved to zerobatch.prepare) is the step under its new name."""
+    from zerobatch.cli.integrations import datatrove as old
+    from zerobatch.prepare.integrations import datatrove as new
+    assert old.TokenStreamWriter is new.TokenStreamStep and old.TokenStreamCommit is new.TokenStreamCommit
+    from zerobatch.cli.convert import convert as old_convert
+    from zerobatch.cli.tasks import commit as old_commit
+    from zerobatch.prepare import commit as new_commit, convert as new_convert
+    assert old_convert is new_convert and old_commit is new_commit

@@ -11,8 +11,8 @@ ray = pytest.importorskip("ray")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from zerobatch.cli.convert import convert  # noqa: E402
-from zerobatch.cli.integrations.ray import TokenStreamDatasink  # noqa: E402
+from zerobatch.prepare.pipeline import convert  # noqa: E402
+from zerobatch.prepare.integrations.ray import TokenStreamDatasink  # noqa: E402
 from zerobatch.cli.quickstart import bundled_text, train_tokenizer  # noqa: E402
 from zerobatch.formats.errors import ConfigError  # noqa: E402
 from zerobatch.readers.tokstream import TokenStreamReader  # noqa: E402

@@ -26,7 +26,7 @@ import pytest
 pytest.importorskip("tokenizers")
 
 from zerobatch.cli.quickstart import bundled_text, train_tokenizer  # noqa: E402
-from zerobatch.cli.tasks import (_digest, commit, part_build_id, read_plan, task_units, unit_owner,  # noqa: E402
+from zerobatch.prepare.tasks import (_digest, commit, part_build_id, read_plan, task_units, unit_owner,  # noqa: E402
                                  unit_seed)
 from zerobatch.formats.errors import CorruptError, IntegrityError  # noqa: E402
 from zerobatch.readers.tokstream import TokenStreamReader  # noqa: E402

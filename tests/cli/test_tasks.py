@@ -19,9 +19,9 @@ pytest.importorskip("tokenizers")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from zerobatch.cli.convert import convert  # noqa: E402
+from zerobatch.prepare.pipeline import convert  # noqa: E402
 from zerobatch.cli.quickstart import bundled_text, train_tokenizer  # noqa: E402
-from zerobatch.cli.tasks import commit  # noqa: E402
+from zerobatch.prepare.tasks import commit  # noqa: E402
 from zerobatch.formats.errors import ConfigError  # noqa: E402
 from zerobatch.readers.tokstream import TokenStreamReader  # noqa: E402
 
@@ -145,7 +145,7 @@ def test_a_task_killed_anywhere_and_run_again_leaves_a_correct_dataset(inputs, t
     ref = tmp_path / "ref"
     prepare(src, ref, tok, 2)
     want = layout(ref)
-    code = (f"from zerobatch.cli.convert import convert\n"
+    code = (f"from zerobatch.prepare.pipeline import convert\n"
             f"convert({str(src)!r}, DST, to='tokstream', tokenizer={tok!r}, task=0, tasks=2, workers=1, quiet=True, "
             f"log=lambda *_: None, unit_bytes=4096, shard_tokens=3000)\n")
     env = {**os.environ, "ZEROBATCH_FAULT_KILL_AFTER": str(10 ** 9)}

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from zerobatch.cli.convert import convert
-from zerobatch.cli.tokenizer import load_tokenizer
+from zerobatch.prepare.pipeline import convert
+from zerobatch.prepare.tokenizer import load_tokenizer
 from zerobatch.formats.errors import ConfigError, NotFoundError
 from zerobatch.readers.tokstream import TokenStreamReader
 
@@ -80,7 +80,7 @@ def test_tiktoken_without_its_file_is_a_typed_error(tmp_path):
     pytest.importorskip("tiktoken")
     env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path), "HTTPS_PROXY": "http://127.0.0.1:9",
            "HTTP_PROXY": "http://127.0.0.1:9"}
-    r = subprocess.run([sys.executable, "-c", "from zerobatch.cli.tokenizer import load_tokenizer\n"
+    r = subprocess.run([sys.executable, "-c", "from zerobatch.prepare.tokenizer import load_tokenizer\n"
                         "from zerobatch.formats.errors import NotFoundError\n"
                         "try:\n    load_tokenizer('tiktoken:r50k_base')\nexcept NotFoundError as e:\n"
                         "    print('typed', e.field)"], capture_output=True, text=True, timeout=120, env=env)

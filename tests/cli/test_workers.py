@@ -12,12 +12,12 @@ import textwrap
 
 import pytest
 
-from zerobatch.cli.workers import WorkerPool
+from zerobatch.prepare.workers import WorkerPool
 
 SCRIPT = textwrap.dedent("""
     import os, sys
-    from zerobatch.cli.workers import WorkerPool
-    from zerobatch.cli.convert import _init_chat_worker, _encode_chat_group
+    from zerobatch.prepare.workers import WorkerPool
+    from zerobatch.prepare.encoders import _init_chat_worker, _encode_chat_group
     from zerobatch.formats.errors import ConfigError, NotFoundError
 
     def main(case):

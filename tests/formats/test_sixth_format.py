@@ -59,7 +59,7 @@ def test_discovered_and_detected(zbtoy, toy_file):
     assert zbtoy in registry.formats() and {"llmbatch", "zrecord"} <= {f.name for f in registry.formats()}
     assert detect(toy_file) is zbtoy
     assert zbtoy.resolve("reader").__name__ == "ToyReader"
-    from zerobatch.cli.convert import targets
+    from zerobatch.prepare.pipeline import targets
 
     assert "zbtoy" in targets()
 

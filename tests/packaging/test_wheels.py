@@ -25,7 +25,7 @@ def wheels(tmp_path_factory) -> Path:
                        capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     names = sorted(p.name for p in out.glob("*.whl"))
-    assert len(names) == 8, names
+    assert len(names) == 9, names
     return out
 
 
@@ -51,7 +51,8 @@ def test_readers_alone_without_torch(wheels, tmp_path):
     pip_install(py, wheels, "zerobatch-readers")
     names = installed(py)
     assert {"zerobatch-readers", "zerobatch-core", "zerobatch-formats", "numpy"} <= names
-    assert not {"torch", "zerobatch-adapters", "zerobatch-writers", "zerobatch-samplers", "zerobatch-cli"} & names
+    assert not {"torch", "zerobatch-adapters", "zerobatch-writers", "zerobatch-samplers", "zerobatch-prepare",
+                "zerobatch-cli"} & names
     code = f"""
 import sys, importlib.util
 from zerobatch.readers.llmbatch import BatchFileReader
@@ -106,6 +107,27 @@ def test_each_numpy_only_distribution_installs_alone(wheels, tmp_path, dist, mod
     res = subprocess.run([str(py), "-c", f"import {module}, sys; print({module}.__version__, 'torch' in sys.modules)"],
                          capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0 and res.stdout.split() == ["0.1.0", "False"], res.stderr
+
+
+def test_preparation_installs_without_torch_or_the_command_line(wheels, tmp_path):
+    """Preparation is a library: zerobatch-prepare installs without torch, the adapters or the
+    CLI, and converts."""
+    py = fresh_venv(tmp_path / "venv")
+    pip_install(py, wheels, "zerobatch-prepare")
+    names = installed(py)
+    assert "zerobatch-prepare" in names
+    assert not {"torch", "zerobatch-adapters", "zerobatch-samplers", "zerobatch-cli"} & names
+    code = """
+import sys
+import numpy as np
+from zerobatch.prepare import convert
+np.save("t.npy", np.arange(100, dtype=np.uint16).reshape(10, 10))
+print(convert("t.npy", "t.ts", to="tokstream", quiet=True, log=lambda *_: None))
+assert "torch" not in sys.modules and "zerobatch.cli" not in sys.modules and "zerobatch.adapters" not in sys.modules
+"""
+    res = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("10 documents in 1 shards, 100 tokens"), res.stdout
 
 
 def test_namespace_is_shared_not_shadowed(wheels):

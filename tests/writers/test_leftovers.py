@@ -100,7 +100,7 @@ def test_a_killed_feature_matrix_build_leaves_nothing_the_next_run_keeps(tmp_pat
 
 
 def test_a_killed_conversions_folder_is_removed_by_the_next_conversion(tmp_path):
-    from zerobatch.cli.convert import convert
+    from zerobatch.prepare.pipeline import convert
 
     src = tmp_path / "docs.npy"
     np.save(src, np.arange(1, 4000, dtype=np.uint16))

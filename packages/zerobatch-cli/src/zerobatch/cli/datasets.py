@@ -2,6 +2,8 @@
 ``bench``: :func:`open_dataset` recognises the format from the bytes (file magic) or the
 folder's files, then the format's :class:`Dataset` (``zerobatch.cli.formats.<fmt>``, named by
 its registry record) describes, checks, samples and times it through the format's own reader.
+A token format's face is its documents reader for preparation
+(``zerobatch.prepare.formats.<fmt>``) with the commands' parts added.
 """
 
 from __future__ import annotations
@@ -9,18 +11,17 @@ from __future__ import annotations
 import abc
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from zerobatch.formats.errors import ConfigError, NotFoundError, ZerobatchError
+from zerobatch.prepare.formats import PIECE, Documents
 
 __all__ = ["PIECE", "Dataset", "Progress", "dist", "folder_size", "human", "open_dataset", "percentiles", "pyplot",
            "summary", "time_reads"]
 
 Progress = Callable[[int, int], None]
-#: Tokens read per piece when streaming a dataset for statistics.
-PIECE = 1 << 22
 
 
 def human(n: float) -> str:
@@ -37,17 +38,13 @@ def folder_size(folder: str) -> int:
                if os.path.isfile(os.path.join(d, f)))
 
 
-class Dataset(abc.ABC):
-    """A dataset opened for the commands. Token formats also give :meth:`token_pieces`;
-    :meth:`batch_reader` returns the batch read ``bench`` times."""
+class Dataset(Documents):
+    """A dataset opened for the commands (its :meth:`lengths` and, for token formats,
+    :meth:`token_pieces`: :class:`~zerobatch.prepare.formats.Documents`); :meth:`batch_reader`
+    returns the batch read ``bench`` times."""
 
-    kind = ""
-    tokens = True
     #: ``bench`` reads the batches the dataset stores (not batches of its options).
     stored_batches = False
-
-    def __init__(self, path: str, field: str | None = None) -> None:
-        self.path = path
 
     @abc.abstractmethod
     def info(self) -> list[tuple[str, Any]]:
@@ -63,14 +60,6 @@ class Dataset(abc.ABC):
 
     def sample_name(self) -> str:
         return "record"
-
-    @abc.abstractmethod
-    def lengths(self) -> np.ndarray:
-        """Tokens per document (or per record, for formats without documents)."""
-
-    def token_pieces(self) -> Iterator[np.ndarray]:
-        """The tokens in reading order, in bounded pieces (none for non-token formats)."""
-        return iter(())
 
     def sample_masks(self, n: int) -> list[np.ndarray] | None:
         """The loss masks (one 0/1 per token) of the first ``n`` samples of a dataset that has
@@ -95,9 +84,6 @@ class Dataset(abc.ABC):
             ConfigError: a dataset with no value statistics.
         """
         raise ConfigError(f"stats: a {self.kind} dataset has no value statistics", path=self.path, field="stats")
-
-    def close(self) -> None:  # noqa: B027 - a dataset with no reader of its own has nothing to release
-        """Release the reader (idempotent)."""
 
 
 def summary(a: np.ndarray) -> dict[str, Any]:

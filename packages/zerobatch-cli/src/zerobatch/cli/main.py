@@ -29,11 +29,11 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import numpy as np
-from zerobatch.cli.convert import target_help, targets
 from zerobatch.cli.datasets import dist, human, open_dataset, percentiles, pyplot, summary, time_reads
 from zerobatch.formats.errors import FormatError, NotFoundError, StateError, ZerobatchError, scrub
 from zerobatch.formats import registry
 from zerobatch.formats.tokstream import DEFAULT_SHARD_TOKENS
+from zerobatch.prepare.targets import target_help, targets
 
 __all__ = ["EXIT_PIPE", "build_parser", "main"]
 
@@ -61,7 +61,7 @@ def _inspect_preparation(args: argparse.Namespace) -> bool:
     """``inspect`` of a folder (or URL) holding an uncommitted distributed preparation (a
     plan and unit records, no manifest): its state and how to finish it; False otherwise."""
     from zerobatch.core.remote import is_url, local_path
-    from zerobatch.cli.tasks import preparation_status
+    from zerobatch.prepare.tasks import preparation_status
     path = local_path(args.path)
     if not (is_url(path) or os.path.isdir(path)):
         return False
@@ -157,7 +157,7 @@ def _fault(path: str, exc: ZerobatchError) -> str:
 def _decoder(path: str | None) -> Any:
     if not path:
         return None
-    from zerobatch.cli.tokenizer import load_tokenizer
+    from zerobatch.prepare.tokenizer import load_tokenizer
 
     return load_tokenizer(path)
 
@@ -429,7 +429,7 @@ def _bench_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from zerobatch.cli.convert import ConvertOptions, convert
+    from zerobatch.prepare.pipeline import ConvertOptions, convert
 
     options = {f: getattr(args, f) for f in ConvertOptions.__dataclass_fields__ if f not in ("to", "shuffle")}
     convert(args.src, args.dst, to=args.to, shuffle=not args.no_shuffle, **options,
@@ -624,7 +624,7 @@ def _add_convert(sub: Any) -> None:
 
 
 def cmd_commit(args: argparse.Namespace) -> int:
-    from zerobatch.cli.tasks import commit
+    from zerobatch.prepare.tasks import commit
 
     commit(args.dst, log=print)
     return 0

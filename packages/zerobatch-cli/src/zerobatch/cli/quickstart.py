@@ -114,7 +114,7 @@ def quickstart(*, steps: int = 300, workdir: str | None = None, vocab: int = 204
 def _prepare(args: _Settings, work: str) -> tuple[Any, str, str] | None:
     """Steps 1-3: the corpus, its tokenizer, the TOKSTREAM and LLMBATCH datasets, verified;
     ``(tokenizer, stream folder, batch file)``, or None after printing a fault."""
-    from zerobatch.cli.convert import convert
+    from zerobatch.prepare.pipeline import convert
     from zerobatch.cli.datasets import open_dataset
 
     text_path = os.path.join(work, "corpus.txt")

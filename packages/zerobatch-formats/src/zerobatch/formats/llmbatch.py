@@ -212,4 +212,7 @@ FORMAT = Format(
     reader="zerobatch.readers.llmbatch:BatchFileReader", writer="zerobatch.writers.llmbatch:LLMBatchWriter",
     kernel="zerobatch.core._gather", sources=("zerobatch.adapters.sources.llmbatch:LLMBatchSource",),
     default_source="zerobatch.adapters.sources.llmbatch:LLMBatchSource",
-    cli="zerobatch.cli.formats.llmbatch:LLMBatch", convert="zerobatch.cli.formats.llmbatch:write", convert_stream=True)
+    cli="zerobatch.cli.formats.llmbatch:LLMBatch",
+    documents="zerobatch.prepare.formats.llmbatch:LLMBatchDocuments",
+    convert="zerobatch.prepare.formats.llmbatch:write", convert_stream=True,
+    url_check="zerobatch.writers.remote:check_remote_file")

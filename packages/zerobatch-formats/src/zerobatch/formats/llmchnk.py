@@ -180,4 +180,6 @@ FORMAT = Format(
     summary="token records behind an offset table, each checksummed; any batch size at read time",
     reader="zerobatch.readers.llmchnk:LLMChunkReader", writer="zerobatch.writers.llmchnk:LLMChunkWriter",
     kernel="zerobatch.core._llmchnk", sources=("zerobatch.adapters.sources.llmchnk:LLMChunkSource",),
-    cli="zerobatch.cli.formats.llmchnk:LLMChunk", convert="zerobatch.cli.formats.llmchnk:write")
+    cli="zerobatch.cli.formats.llmchnk:LLMChunk",
+    documents="zerobatch.prepare.formats.llmchnk:LLMChunkDocuments",
+    convert="zerobatch.prepare.formats.llmchnk:write", url_check="zerobatch.writers.remote:check_remote_file")

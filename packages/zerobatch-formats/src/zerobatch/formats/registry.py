@@ -4,14 +4,17 @@ Each format module ``zerobatch.formats.<fmt>`` declares ``FORMAT = Format(...)``
 how it is recognised (a file's magic bytes, or the files a folder holds), whether it is a
 file or a folder, its specification page, and the dotted names of the parts that implement
 it in the higher packages (reader, writer, kernel module, loader sources, the command line's
-face and conversion target). Those are strings, resolved only when asked for
-(:meth:`Format.resolve`), so this package imports nothing above it.
+face, its documents and conversion target for preparation), and what its conversion target
+can do (URLs, source rows, document fields, a loss-mask stream, distributed parts). The names
+are strings, resolved only when asked for (:meth:`Format.resolve`), so this package imports
+nothing above it.
 
 Everything that serves every format iterates the registry instead of naming formats: the
-command line's detection, ``--to`` choices, conversion and ``inspect`` / ``verify`` / ``head``
-/ ``stats`` / ``bench``; the loaders' :func:`~zerobatch.adapters.sources.open_source`. A new
-format is its own files (this module's record in its format module, its reader, writer,
-source, command-line face, spec page and tests) and no edit to a shared one
+command line's detection, ``--to`` choices and ``inspect`` / ``verify`` / ``head`` / ``stats``
+/ ``bench``; conversion (``zerobatch.prepare``); the loaders'
+:func:`~zerobatch.adapters.sources.open_source`. A new format is its own files (this module's
+record in its format module, its reader, writer, source, command-line face, preparation part,
+spec page and tests) and no edit to a shared one
 (``docs/adding-a-format.md``). A format from another distribution registers with
 :func:`register`.
 """
@@ -47,12 +50,28 @@ class Format:
         sources: its loader sources (``"zerobatch.adapters.sources.<fmt>:<Class>"``).
         default_source: the source a path alone opens (``Loader("train.batch")``), if any.
         cli: its command-line face (a ``zerobatch.cli.datasets.Dataset`` subclass).
-        convert: its ``zerobatch convert --to`` target (``write(dst, documents, options)``),
-            if it can be written from documents of tokens.
+        documents: its datasets read as documents of tokens, what a conversion from one
+            reads (a ``zerobatch.prepare.formats.Documents`` subclass), if they hold tokens.
+        convert: its ``zerobatch convert --to`` target (``write(dst, chunks, target)``, in
+            ``zerobatch.prepare.formats.<fmt>``), if it can be written from documents of tokens.
+
+    What its ``convert`` target can do beyond writing documents (each field says it for the
+    target, so that preparation asks the record instead of naming formats):
+
+    Attributes:
         convert_stream: the target cuts records from the documents' concatenation, so it
             also takes a token stream whose document boundaries are unknown (a nanoGPT
             ``.bin`` without ``--eod-id``); a target that stores documents (the default)
             refuses such a stream rather than store made-up documents.
+        url_check: it is written to URLs (``s3://bucket/dataset``...): the dotted name of the
+            check its destination gets before any work (``check(url, overwrite) -> bool``,
+            True when a dataset is there to replace); a target without one writes local paths.
+        row_ids: it keeps each document's source row (``convert --row-ids``).
+        doc_metadata: it keeps fields of each document (``convert --metadata-fields``).
+        streams: the streams of each document it writes, ``tokens`` first; ``loss_mask``
+            (one 0/1 per token) takes a chat conversion (``convert --chat``).
+        task_parts: distributed tasks (``convert --task I --tasks N``) write it as finished
+            parts that ``zerobatch commit`` assembles.
     """
 
     name: str
@@ -68,8 +87,14 @@ class Format:
     sources: tuple[str, ...] = ()
     default_source: str | None = None
     cli: str | None = None
+    documents: str | None = None
     convert: str | None = None
     convert_stream: bool = False
+    url_check: str | None = None
+    row_ids: bool = False
+    doc_metadata: bool = False
+    streams: tuple[str, ...] = ("tokens",)
+    task_parts: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in ("file", "folder"):

@@ -518,4 +518,8 @@ FORMAT = Format(
     kernel="zerobatch.core._tokstream",
     sources=("zerobatch.adapters.sources.tokstream:TokenWindows",
              "zerobatch.adapters.sources.tokstream:TokenDocuments"),
-    cli="zerobatch.cli.formats.tokstream:TokStream", convert="zerobatch.cli.formats.tokstream:write")
+    cli="zerobatch.cli.formats.tokstream:TokStream",
+    documents="zerobatch.prepare.formats.tokstream:TokenStreamDocuments",
+    convert="zerobatch.prepare.formats.tokstream:write",
+    url_check="zerobatch.writers.remote:check_remote_destination",
+    row_ids=True, doc_metadata=True, streams=("tokens", LOSS_MASK_DIR), task_parts=True)

@@ -520,4 +520,7 @@ FORMAT = Format(
     summary="a multi-field record store with atomic appends, edits and threaded checked gathers",
     reader="zerobatch.readers.zrecord:ZRecordStore", writer="zerobatch.writers.zrecord:ZRecordWriter",
     kernel="zerobatch.core._zrecord", sources=("zerobatch.adapters.sources.zrecord:RecordFields",),
-    cli="zerobatch.cli.formats.zrecord:ZRecord", convert="zerobatch.cli.formats.zrecord:write")
+    cli="zerobatch.cli.formats.zrecord:ZRecord",
+    documents="zerobatch.prepare.formats.zrecord:ZRecordDocuments",
+    convert="zerobatch.prepare.formats.zrecord:write",
+    url_check="zerobatch.writers.remote:check_remote_zrecord", row_ids=True)

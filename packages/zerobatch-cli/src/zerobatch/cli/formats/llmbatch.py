@@ -1,28 +1,20 @@
 """LLMBATCH on the command line: its face for ``inspect`` / ``verify`` / ``head`` / ``stats`` /
-``bench``, and its ``convert`` target."""
+``bench`` (its ``convert`` target is :mod:`zerobatch.prepare.formats.llmbatch`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from zerobatch.cli.convert import Chunks, Target, records
-from zerobatch.cli.datasets import PIECE, Dataset, Progress, human
-from zerobatch.formats.errors import ConfigError
+from zerobatch.cli.datasets import Dataset, Progress, human
+from zerobatch.prepare.formats.llmbatch import LLMBatchDocuments
 
-__all__ = ["LLMBatch", "write"]
+__all__ = ["LLMBatch"]
 
 
-class LLMBatch(Dataset):
-    kind = "llmbatch"
+class LLMBatch(LLMBatchDocuments, Dataset):
     stored_batches = True
-
-    def __init__(self, path: str, field: str | None = None) -> None:
-        super().__init__(path)
-        from zerobatch.readers.llmbatch import BatchFileReader
-
-        self.r = BatchFileReader(path, verify=False)
 
     def info(self) -> list[tuple[str, Any]]:
         h = self.r.header
@@ -75,14 +67,6 @@ class LLMBatch(Dataset):
                 out.append(np.asarray(row))
         return out
 
-    def lengths(self) -> np.ndarray:
-        return np.full(self.r.num_batches * self.r.batch_size, self.r.seq_len, np.int64)
-
-    def token_pieces(self) -> Iterator[np.ndarray]:
-        step = max(1, PIECE // (self.r.batch_size * self.r.seq_len))
-        for b in range(0, self.r.num_batches, step):
-            yield self.r.read_batches(np.arange(b, min(self.r.num_batches, b + step)), dtype=np.int64).reshape(-1)
-
     def batch_reader(self, batch_size: int, seq_len: int, rng: np.random.Generator
                      ) -> tuple[Callable[[], Any], int, int]:
         out = np.empty((self.r.batch_size, self.r.seq_len), np.int64)
@@ -92,24 +76,3 @@ class LLMBatch(Dataset):
         def read() -> Any:
             return self.r.read_batch_numpy(next(order), np.int64, out)
         return read, n, self.r.batch_size * self.r.seq_len
-
-    def close(self) -> None:
-        self.r.close()
-
-
-def write(dst: str, chunks: Chunks, target: Target) -> str:
-    """``convert --to llmbatch``: the documents concatenated and cut into ``--seq-len`` records
-    (the tail that does not fill one is dropped), shuffled with ``--seed`` into
-    ``--batch-size`` batches."""
-    from zerobatch.writers.llmbatch import write_batch_dataset
-
-    args = target.options
-    seq_len, batch_size = args.seq_len or 512, args.batch_size
-    n = target.num_tokens // seq_len
-    if n < batch_size:
-        raise ConfigError(f"--batch-size: {target.num_tokens} tokens make {n} records of {seq_len}, fewer than "
-                          f"one batch of {batch_size}", field="batch_size")
-    nb = write_batch_dataset(dst, records(chunks, seq_len), n, batch_size, seq_len, args.seed, shuffle=args.shuffle)
-    dropped = target.num_tokens - nb * batch_size * seq_len
-    return (f"{nb} batches of {batch_size} x {seq_len} ({nb * batch_size * seq_len:,} tokens; {dropped:,} "
-            f"tokens that do not fill a whole batch dropped)")

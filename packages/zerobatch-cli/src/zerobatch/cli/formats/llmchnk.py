@@ -1,26 +1,19 @@
 """LLMCHNK on the command line: its face for ``inspect`` / ``verify`` / ``head`` / ``stats`` /
-``bench``, and its ``convert`` target."""
+``bench`` (its ``convert`` target is :mod:`zerobatch.prepare.formats.llmchnk`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from zerobatch.cli.convert import Chunks, Target, documents
-from zerobatch.cli.datasets import PIECE, Dataset, Progress, human
+from zerobatch.cli.datasets import Dataset, Progress, human
+from zerobatch.prepare.formats.llmchnk import LLMChunkDocuments
 
-__all__ = ["LLMChunk", "write"]
+__all__ = ["LLMChunk"]
 
 
-class LLMChunk(Dataset):
-    kind = "llmchnk"
-
-    def __init__(self, path: str, field: str | None = None) -> None:
-        super().__init__(path)
-        from zerobatch.readers.llmchnk import LLMChunkReader
-
-        self.r = LLMChunkReader(path)
+class LLMChunk(LLMChunkDocuments, Dataset):
 
     def info(self) -> list[tuple[str, Any]]:
         h, r = self.r.header, self.r
@@ -50,18 +43,6 @@ class LLMChunk(Dataset):
     def samples(self, n: int) -> list[np.ndarray]:
         return [np.asarray(self.r.read_record(i)) for i in range(min(n, self.r.num_records))]
 
-    def lengths(self) -> np.ndarray:
-        return self.r.lengths()
-
-    def token_pieces(self) -> Iterator[np.ndarray]:
-        lengths = self.r.lengths()
-        ends = np.cumsum(lengths)
-        i = 0
-        while i < lengths.size:
-            j = max(i + 1, int(np.searchsorted(ends, (ends[i - 1] if i else 0) + PIECE, side="right")))
-            yield np.concatenate([self.r.read_record(k) for k in range(i, min(j, lengths.size))])
-            i = j
-
     def batch_reader(self, batch_size: int, seq_len: int, rng: np.random.Generator
                      ) -> tuple[Callable[[], Any], int, int]:
         out = np.empty((batch_size, seq_len), np.int64)
@@ -70,25 +51,3 @@ class LLMChunk(Dataset):
         def read() -> Any:
             return self.r.gather(rng.integers(0, n, batch_size), seq_len, out=out)
         return read, max(1, n // batch_size), batch_size * seq_len
-
-    def close(self) -> None:
-        self.r.close()
-
-
-def write(dst: str, chunks: Chunks, target: Target) -> str:
-    """``convert --to llmchnk``: one record per document (a document longer than
-    ``--seq-len``, when given, is cut into records of that length)."""
-    from zerobatch.writers.llmchnk import LLMChunkWriter
-
-    seq_len = target.options.seq_len or 0
-    n = 0
-    with LLMChunkWriter(dst, seq_len=seq_len, dtype=target.dtype) as w:
-        for doc in documents(chunks):
-            if seq_len and doc.size > seq_len:
-                for s in range(0, doc.size, seq_len):
-                    w.add(doc[s:s + seq_len])
-                    n += 1
-            else:
-                w.add(doc)
-                n += 1
-    return f"{n:,} records, {target.num_tokens:,} tokens ({target.dtype})"

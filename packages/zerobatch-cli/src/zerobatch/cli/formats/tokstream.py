@@ -1,18 +1,18 @@
 """TOKSTREAM on the command line: its face for ``inspect`` / ``verify`` / ``head`` / ``stats`` /
-``bench``, and its ``convert`` target."""
+``bench`` (its ``convert`` target is :mod:`zerobatch.prepare.formats.tokstream`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from zerobatch.cli.convert import Chunks, Target, build_folder, documents
 from zerobatch.cli.datasets import PIECE, Dataset, Progress, folder_size, human
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import CorruptError
+from zerobatch.prepare.formats.tokstream import TokenStreamDocuments
 
-__all__ = ["TRAINED", "TokStream", "show_trained", "write"]
+__all__ = ["TRAINED", "TokStream", "show_trained"]
 
 #: How ``head`` marks the tokens a chat dataset trains on: brackets, or (on a terminal) colour.
 TRAINED = ("\u27e6", "\u27e7")
@@ -44,15 +44,7 @@ def show_trained(ids: list[int], mask: np.ndarray, decode: Callable[[list[int]],
     return "".join(out)
 
 
-class TokStream(Dataset):
-    kind = "tokstream"
-
-    def __init__(self, path: str, field: str | None = None) -> None:
-        super().__init__(path)
-        from zerobatch.readers.tokstream import TokenStreamReader
-
-        self.r = TokenStreamReader(path)
-
+class TokStream(TokenStreamDocuments, Dataset):
     def info(self) -> list[tuple[str, Any]]:
         m, r = self.r.manifest, self.r
         size = (sum(f.size + T.TRAILER_SIZE for e in m.shards for f in e.files.values()) if r.remote
@@ -139,14 +131,6 @@ class TokStream(Dataset):
     def samples(self, n: int) -> list[np.ndarray]:
         return [self.r.document(i) for i in range(min(n, self.r.num_documents))]
 
-    def lengths(self) -> np.ndarray:
-        starts, stops = self.r.document_spans(np.arange(self.r.num_documents))
-        return (stops - starts).astype(np.int64)
-
-    def token_pieces(self) -> Iterator[np.ndarray]:
-        for s in range(0, self.r.num_tokens, PIECE):
-            yield self.r.window(s, min(PIECE, self.r.num_tokens - s))
-
     def batch_reader(self, batch_size: int, seq_len: int, rng: np.random.Generator
                      ) -> tuple[Callable[[], Any], int, int]:
         out = np.empty((batch_size, seq_len), np.int64)
@@ -157,42 +141,3 @@ class TokStream(Dataset):
         def read() -> Any:
             return self.r.windows(rng.integers(0, n, batch_size), seq_len, out=out)
         return read, max(1, self.r.num_tokens // (batch_size * seq_len)), batch_size * seq_len
-
-    def close(self) -> None:
-        self.r.close()
-
-
-def write(dst: str, chunks: Chunks, target: Target) -> str:
-    """``convert --to tokstream``: the documents, in shards of about ``--shard-tokens`` tokens
-    (built under a temporary name and renamed into place)."""
-    from zerobatch.core.remote import is_url
-    from zerobatch.writers.remote import check_remote_destination, unique_shard_prefix
-    from zerobatch.writers.tokstream import TokenStreamWriter
-    # shards replacing a dataset in object storage get names no earlier upload used, so they
-    # never overwrite the objects of the dataset readers see until the new manifest is in
-    # place; a new dataset keeps the plain names (two conversions of the same input make the
-    # same dataset, build id included)
-    replacing = is_url(dst) and check_remote_destination(dst, True)
-    prefix = unique_shard_prefix() if replacing else "shard-"
-
-    def build(folder: str) -> str:
-        eod = target.eod if target.eod is not None and target.eod < target.vocab else None
-        w = TokenStreamWriter(folder, vocab_size=max(target.vocab, 1), eod_token=eod,
-                              shard_tokens=target.options.shard_tokens,
-                              metadata=target.rows is not None or target.meta is not None, prefix=prefix)
-        try:
-            n = 0
-            rows = None if target.rows is None else target.rows()
-            metas = None if target.meta is None else target.meta()
-            for doc in documents(chunks):
-                meta = None if metas is None else next(metas)
-                if rows is not None:
-                    meta = {**(meta or {}), "row": next(rows)}
-                w.add_document(doc, meta)
-                n += 1
-        except BaseException:
-            w.abort()
-            raise
-        m = w.close()
-        return f"{n:,} documents in {len(m.shards)} shards"
-    return f"{build_folder(dst, build, overwrite=target.options.overwrite)}, {target.num_tokens:,} tokens"

@@ -1,3 +1,2 @@
-"""zerobatch on existing data engines: :mod:`~zerobatch.cli.integrations.datatrove` (a
-pipeline step that writes a TOKSTREAM part per datatrove task). Each engine is an optional
-extra (``zerobatch-cli[datatrove]``), imported only by its module."""
+"""The import paths of earlier releases for the preparation steps on data engines: they are
+:mod:`zerobatch.prepare.integrations`."""

@@ -116,7 +116,7 @@ class _Tiktoken(TextTokenizer):
         try:
             import tiktoken
         except ImportError:
-            raise ConfigError("tiktoken encodings need the tiktoken library: pip install 'zerobatch-cli[tiktoken]'",
+            raise ConfigError("tiktoken encodings need the tiktoken library: pip install 'zerobatch-prepare[tiktoken]'",
                               field="tokenizer") from None
         try:
             self.enc = tiktoken.get_encoding(name)
@@ -155,7 +155,7 @@ class _SentencePiece(TextTokenizer):
             import sentencepiece
         except ImportError:
             raise ConfigError("SentencePiece models need the sentencepiece library: pip install "
-                              "'zerobatch-cli[sentencepiece]'", field="tokenizer") from None
+                              "'zerobatch-prepare[sentencepiece]'", field="tokenizer") from None
         with open(path, "rb") as f:
             blob = f.read()
         try:

@@ -82,26 +82,7 @@ class ChatTemplate:
         self.roles = tuple(roles)
         if not self.roles or not all(isinstance(r, str) and r for r in self.roles):
             raise ConfigError("--chat-roles: name at least one role (assistant, tool, ...)", field="chat_roles")
-        config_path = os.path.join(folder, "tokenizer_config.json")
-        config: dict[str, Any] = {}
-        if os.path.exists(config_path):
-            try:
-                with open(config_path, encoding="utf-8") as f:
-                    config = json.load(f)
-            except ValueError as exc:
-                raise CorruptError(f"tokenizer_config.json: not JSON ({exc})", path=config_path,
-                                   field="tokenizer_config.json") from None
-        template = config.get("chat_template")
-        if isinstance(template, list):        # named templates: the default one
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-            template = named.get("default")
-        jinja_path = os.path.join(folder, "chat_template.jinja")
-        if template is None and os.path.exists(jinja_path):
-            with open(jinja_path, encoding="utf-8") as f:
-                template = f.read()
-        if not isinstance(template, str) or not template:
-            raise NotFoundError("chat template: none in tokenizer_config.json or chat_template.jinja", path=folder,
-                                field="chat_template")
+        config, template = _read_template(folder)
         self.specials = {k: _token_text(v) for k, v in config.items()
                          if k.endswith("_token") and _token_text(v) is not None}
         try:
@@ -109,7 +90,7 @@ class ChatTemplate:
             import jinja2.ext
             from jinja2.sandbox import ImmutableSandboxedEnvironment
         except ImportError:
-            raise ConfigError("--chat needs jinja2: pip install 'zerobatch-cli[chat]'", field="chat") from None
+            raise ConfigError("--chat needs jinja2: pip install 'zerobatch-prepare[chat]'", field="chat") from None
 
         def raise_exception(message: str) -> None:
             raise jinja2.exceptions.TemplateError(message)
@@ -323,6 +304,37 @@ class ChatTemplate:
 #: part ways is where its content starts.
 _PROBES = ("\ue000", "\ue001")
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _read_template(folder: str) -> tuple[dict[str, Any], str]:
+    """``(tokenizer_config.json, chat template)`` of a tokenizer folder: the config's
+    ``chat_template`` (of named ones, the default), else ``chat_template.jinja``.
+
+    Raises:
+        CorruptError: a config that is not JSON.
+        NotFoundError: no template.
+    """
+    config_path = os.path.join(folder, "tokenizer_config.json")
+    config: dict[str, Any] = {}
+    if os.path.exists(config_path):
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                config = json.load(f)
+        except ValueError as exc:
+            raise CorruptError(f"tokenizer_config.json: not JSON ({exc})", path=config_path,
+                               field="tokenizer_config.json") from None
+    template = config.get("chat_template")
+    if isinstance(template, list):        # named templates: the default one
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    jinja_path = os.path.join(folder, "chat_template.jinja")
+    if template is None and os.path.exists(jinja_path):
+        with open(jinja_path, encoding="utf-8") as f:
+            template = f.read()
+    if not isinstance(template, str) or not template:
+        raise NotFoundError("chat template: none in tokenizer_config.json or chat_template.jinja", path=folder,
+                            field="chat_template")
+    return config, template
 
 
 def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

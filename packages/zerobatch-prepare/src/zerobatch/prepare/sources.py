@@ -43,6 +43,7 @@ __all__ = [
     "DatasetSource",
     "detect_kind",
     "documents",
+    "open_documents",
     "open_source",
     "open_sources",
 ]
@@ -264,7 +265,7 @@ class TextSource:
     #: empty or null documents, skipped, counted by :meth:`shards`
     empty: int = 0
     #: a part of the one file in :attr:`files` (a distributed task's unit, see
-    #: :mod:`zerobatch.cli.tasks`): bytes ``[a, b)`` of a JSONL or line-split text file (the
+    #: :mod:`zerobatch.prepare.tasks`): bytes ``[a, b)`` of a JSONL or line-split text file (the
     #: lines that start in it), or row groups ``[a, b)`` of a Parquet file; None: every file whole
     span: tuple[int, int] | None = None
     #: fields of each JSONL record (columns of Parquet / HF rows) kept as the document's
@@ -624,7 +625,7 @@ def _pyarrow_parquet() -> Any:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ConfigError("reading Parquet needs pyarrow: pip install 'zerobatch-cli[parquet]'",
+        raise ConfigError("reading Parquet needs pyarrow: pip install 'zerobatch-prepare[parquet]'",
                           field="from") from None
     return pq
 
@@ -835,11 +836,10 @@ class DatasetSource:
     eod: int | None = None
 
     def __init__(self, path: str, field: str | None = None) -> None:
-        from zerobatch.cli.datasets import open_dataset
-
         self.path = path
-        self.ds = open_dataset(path, field=field)
+        self.ds = open_documents(path, field=field)
         if not self.ds.tokens:
+            self.ds.close()
             raise ConfigError(f"source: a {self.ds.kind} dataset holds values, not tokens", path=path, field="source")
         self.files = [path]
         self.lengths = self.ds.lengths()
@@ -873,6 +873,29 @@ class DatasetSource:
 
     def close(self) -> None:
         self.ds.close()
+
+
+def open_documents(path: str, *, field: str | None = None) -> Any:
+    """The zerobatch dataset at ``path`` read as documents of tokens: its format (recognised
+    from the file's magic or the folder's files) and that format's documents reader, which
+    its registry record names (``documents``: ``kind``, ``tokens``, ``lengths()``,
+    ``token_pieces()``, ``close()``).
+
+    Raises:
+        NotFoundError: nothing at ``path``.
+        FormatError: not a zerobatch dataset, or a damaged one.
+        ConfigError: a format whose datasets hold no documents of tokens.
+    """
+    from zerobatch.core.remote import is_url, local_path
+    from zerobatch.readers.detect import detect
+
+    path = local_path(path)
+    if not is_url(path) and not os.path.lexists(path):
+        raise NotFoundError("no such file or folder", path=path, field="path")
+    fmt = detect(path)
+    if not fmt.documents:
+        raise ConfigError(f"source: a {fmt.name} dataset holds values, not tokens", path=path, field="source")
+    return fmt.resolve("documents")(path, field=field)
 
 
 def documents(chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]) -> Iterator[np.ndarray]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from zerobatch.cli.sources import documents
+from zerobatch.prepare.sources import documents
 from zerobatch.core.io import AtomicFile
 from zerobatch.formats.errors import ConfigError
 
