@@ -139,3 +139,42 @@ def test_loaders_read_and_resume(toy_file):
 def test_other_formats_unaffected_after(zbtoy):
     importlib.import_module("zerobatch.adapters.sources.zbtoy")
     assert registry.get("llmbatch").name == "llmbatch"
+
+
+def test_read_and_written_at_an_s3_url(zbtoy, toy_file, s3_endpoint, tmp_path):
+    """The template at a URL with no shared edit: written by publishing its local file
+    (writers.remote.publish_file), read through the storage layer's whole copy
+    (readers.remote.whole_copy: ZBTOY has one checksum over the file), by the reader and the
+    loader alike, on a real S3 API server; a damaged object is refused by its own check."""
+    torch = pytest.importorskip("torch")
+    from s3kit import new_bucket, options
+
+    from zerobatch.adapters.sources.zbtoy import ToyRecords
+    from zerobatch.adapters.torch import Loader
+    from zerobatch.formats.errors import IntegrityError
+    from zerobatch.readers.zbtoy import ToyReader
+    from zerobatch.writers.remote import publish_file
+
+    opts = options(s3_endpoint)
+    url = f"s3://{new_bucket(s3_endpoint)}/data/train.toy"
+    publish_file(toy_file, url, storage_options=opts)
+    far = ToyReader(url, storage_options=opts, cache_dir=tmp_path / "cache")
+    local = ToyReader(toy_file)
+    assert far.path == url and far.fingerprint == local.fingerprint and far.num_records == 6
+    far.verify()
+    got = far.read_into(np.arange(6), np.empty((6, 8), np.int64))
+    assert (got == local.read_into(np.arange(6), np.empty((6, 8), np.int64))).all()
+    want = [x.tolist() for x, _ in Loader(ToyRecords(local), batch_size=2, seed=3)]
+    assert [x.tolist() for x, _ in Loader(ToyRecords(far), batch_size=2, seed=3)] == want
+
+    bad = tmp_path / "bad.toy"
+    data = bytearray(open(toy_file, "rb").read())
+    data[40] ^= 1
+    bad.write_bytes(bytes(data))
+    publish_file(str(bad), url, storage_options=opts, overwrite=True)
+    damaged = ToyReader(url, storage_options=opts, cache_dir=tmp_path / "cache")
+    with pytest.raises(IntegrityError, match="xxh3") as e:
+        damaged.verify()
+    assert url in str(e.value)
+    for r in (far, local, damaged):
+        r.close()

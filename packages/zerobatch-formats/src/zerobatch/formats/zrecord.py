@@ -345,6 +345,35 @@ def parse_meta(raw: bytes | str, *, path: Any = None) -> StoreMeta:
             chunks that do not exist or repeat, duplicate field names.
         UnsupportedVersionError: another format or a newer version.
     """
+    doc, version, store_id = _meta_document(raw, path)
+    chunks = _obj(doc["chunks"], "chunks", {"num", "size", "unfull", "written_bytes", "first"}, path)
+    num_chunks = _int(chunks["num"], "chunks.num", 0, _MAX_CHUNKS, path)
+    first_chunk = _int(chunks["first"], "chunks.first", 0, num_chunks, path)
+    chunk_size = _int(chunks["size"], "chunks.size", 1, (1 << 32) - 1, path)
+    unfull = _meta_unfull(chunks["unfull"], num_chunks, first_chunk, chunk_size, path)
+    fields = _meta_fields(doc["fields"], path)
+    retired = _meta_retired(doc["retired"], path)
+    epoch = _int(doc["epoch"], "epoch", 0, 1 << 62, path)
+    _check_retired(retired, epoch, first_chunk, path)
+    return StoreMeta(
+        length=_int(doc["length"], "length", 0, _MAX_LENGTH, path),
+        num_chunks=num_chunks,
+        chunk_size=chunk_size,
+        fields=fields,
+        unfull=unfull,
+        generation=_int(doc["generation"], "generation", 0, 1 << 62, path),
+        epoch=epoch,
+        written_bytes=_int(chunks["written_bytes"], "chunks.written_bytes", 0, 1 << 62, path),
+        retired=retired,
+        first_chunk=first_chunk,
+        store_id=store_id,
+        version=version,
+    )
+
+
+def _meta_document(raw: bytes | str, path: Any) -> tuple[dict[str, Any], int, int]:
+    """``meta.json``'s object, its version and store id: the size, format, version, keys and
+    (version 2) checksum and store id checked."""
     if len(raw) > MAX_META_BYTES:
         raise LimitExceededError(f"meta.json: {len(raw)} bytes, more than {MAX_META_BYTES}", path=path,
                                  field="meta.json")
@@ -372,11 +401,12 @@ def parse_meta(raw: bytes | str, *, path: Any = None) -> StoreMeta:
         store_id = int(sid, 16)
     else:
         _obj(doc, "meta.json", keys, path)
-    chunks = _obj(doc["chunks"], "chunks", {"num", "size", "unfull", "written_bytes", "first"}, path)
-    num_chunks = _int(chunks["num"], "chunks.num", 0, _MAX_CHUNKS, path)
-    first_chunk = _int(chunks["first"], "chunks.first", 0, num_chunks, path)
-    chunk_size = _int(chunks["size"], "chunks.size", 1, (1 << 32) - 1, path)
-    unfull_raw = chunks["unfull"]
+    return doc, version, store_id
+
+
+def _meta_unfull(unfull_raw: Any, num_chunks: int, first_chunk: int, chunk_size: int,
+                 path: Any) -> tuple[tuple[int, int, int], ...]:
+    """``chunks.unfull``: ``(chunk id, write position, record count)`` of live chunks, each once."""
     if not isinstance(unfull_raw, list) or len(unfull_raw) > 4096:
         raise CorruptError("meta.json: chunks.unfull must be a list of at most 4096 entries", path=path,
                            field="chunks.unfull")
@@ -394,7 +424,11 @@ def parse_meta(raw: bytes | str, *, path: Any = None) -> StoreMeta:
         unfull.append((cid, pos, count))
     if len({u[0] for u in unfull}) != len(unfull):
         raise CorruptError("meta.json: chunks.unfull lists a chunk twice", path=path, field="chunks.unfull")
-    fields_raw = doc["fields"]
+    return tuple(unfull)
+
+
+def _meta_fields(fields_raw: Any, path: Any) -> tuple[FieldSpec, ...]:
+    """``fields``: 1 to :data:`MAX_FIELDS` field specs with distinct names."""
     if not isinstance(fields_raw, list) or not 1 <= len(fields_raw) <= MAX_FIELDS:
         raise CorruptError(f"meta.json: fields must list 1 to {MAX_FIELDS} fields", path=path, field="fields")
     fields = []
@@ -407,7 +441,11 @@ def parse_meta(raw: bytes | str, *, path: Any = None) -> StoreMeta:
             raise CorruptError(f"meta.json: {exc}", path=path, field="fields") from None
     if len({f.name for f in fields}) != len(fields):
         raise CorruptError("meta.json: two fields share a name", path=path, field="fields")
-    retired_raw = doc["retired"]
+    return tuple(fields)
+
+
+def _meta_retired(retired_raw: Any, path: Any) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """``retired``: ``(epoch, chunk ids)`` a rebalance retired."""
     if not isinstance(retired_raw, list) or len(retired_raw) > 1024:
         raise CorruptError("meta.json: retired must be a list", path=path, field="retired")
     retired = []
@@ -418,9 +456,13 @@ def parse_meta(raw: bytes | str, *, path: Any = None) -> StoreMeta:
             raise CorruptError("meta.json: retired.chunks must be a list", path=path, field="retired")
         retired.append((_int(r["epoch"], "retired.epoch", 0, 1 << 62, path),
                         tuple(_int(c, "retired.chunks", 0, _MAX_CHUNKS, path) for c in ids)))
-    epoch = _int(doc["epoch"], "epoch", 0, 1 << 62, path)
-    # What a writer deletes must be what a rebalance retired: chunks below the first live one,
-    # each once, of epochs before the current one (whose lock readers of it hold).
+    return tuple(retired)
+
+
+def _check_retired(retired: tuple[tuple[int, tuple[int, ...]], ...], epoch: int, first_chunk: int,
+                   path: Any) -> None:
+    """What a writer deletes must be what a rebalance retired: chunks below the first live
+    one, each once, of epochs before the current one (whose lock readers of it hold)."""
     seen: set[int] = set()
     for e, ids in retired:
         if e >= epoch:
@@ -431,20 +473,6 @@ def parse_meta(raw: bytes | str, *, path: Any = None) -> StoreMeta:
                 raise CorruptError(f"meta.json: retired chunk {c} is live (the first live chunk is {first_chunk}) "
                                    "or listed twice", path=path, field="retired.chunks")
             seen.add(c)
-    return StoreMeta(
-        length=_int(doc["length"], "length", 0, _MAX_LENGTH, path),
-        num_chunks=num_chunks,
-        chunk_size=chunk_size,
-        fields=tuple(fields),
-        unfull=tuple(unfull),
-        generation=_int(doc["generation"], "generation", 0, 1 << 62, path),
-        epoch=epoch,
-        written_bytes=_int(chunks["written_bytes"], "chunks.written_bytes", 0, 1 << 62, path),
-        retired=tuple(retired),
-        first_chunk=first_chunk,
-        store_id=store_id,
-        version=version,
-    )
 
 
 @dataclasses.dataclass(frozen=True)

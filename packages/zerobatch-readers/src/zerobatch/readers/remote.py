@@ -44,7 +44,7 @@ from zerobatch.readers.backends import DataFile, PreadBackend
 from zerobatch.readers.base import FETCHED, MAPPED, Access
 
 __all__ = ["DEFAULT_CACHE_LIMIT", "FETCH_TRIES", "CacheDir", "Fetcher", "RWLock", "RemoteBackend", "RemoteFile",
-           "RemoteItems", "RemoteOptions", "cache_root", "fetch_checked", "open_sparse", "runs"]
+           "RemoteItems", "RemoteOptions", "cache_root", "fetch_checked", "open_sparse", "runs", "whole_copy"]
 
 #: Bytes of disk the cache folder is kept under by default.
 DEFAULT_CACHE_LIMIT = 16 << 30
@@ -111,6 +111,42 @@ def fetch_checked(store: Any, key: str, starts: Sequence[int], stops: Sequence[i
         raise IntegrityError(f"{path.rpartition('/')[2]}: bytes [{a}, {b}) did not match {against} in {FETCH_TRIES} "
                              f"fetches (the object differs from the digests it is checked against)", path=path,
                              field=field)
+
+
+def whole_copy(path: Any, *, storage_options: dict[str, Any] | None = None, cache_dir: Any = None,
+               cache_limit: int | None = None) -> str:
+    """A local file holding the whole of ``path``: a local path (or ``file://`` URL) as it is,
+    a local file being a copy that is always whole; an object at a URL fetched whole, as it is
+    now, through the one fetch loop (:func:`fetch_checked`, the store's retries and counters)
+    into the cache folder (renamed into place: other processes see a whole copy or none).
+
+    For formats checked as a whole (one checksum over the file), which check the copy
+    themselves; formats with digests per range read through sparse copies
+    (:class:`RemoteFile`) and fetch only what reads need.
+
+    Raises:
+        NotFoundError: no such object.
+        ReadError, TruncatedError: the store failed (after retries).
+    """
+    from zerobatch.core import xxh3_64
+    from zerobatch.core.io import AtomicFile
+    from zerobatch.core.remote import local_or_none
+    local = local_or_none(path)
+    if local is not None:
+        return local
+    remote = RemoteOptions(os.fspath(path), storage_options, cache_dir, cache_limit)
+    size = remote.size("")
+    folder = remote.cache.folder("whole", f"{xxh3_64(remote.url.encode()):016x}")
+    dest = os.path.join(folder, remote.name or "object")
+    with AtomicFile(dest) as f:
+        def accept(which: list[int], parts: list[Any]) -> list[int]:
+            f.write(parts[0])
+            return []
+        if size:
+            fetch_checked(remote.store, remote.name, [0], [size], accept, path=remote.url, field="object")
+    if remote.cache.added(size):
+        remote.cache.evict(lambda p: p == folder, lambda p: False)
+    return dest
 
 
 class RemoteItems:

@@ -157,26 +157,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             raise ConfigError(f"backend must be 'mmap' or 'pread', got {backend!r}", field="backend")
         self.backend = backend
         self.num_threads = check_count(num_threads, "num_threads", minimum=1, maximum=256)
-        if self._store is not None:
-            path = self._store.name(T.MANIFEST_NAME)
-            try:
-                raw = self._store.get(T.MANIFEST_NAME, limit=T.MAX_MANIFEST_BYTES, field="manifest")
-            except NotFoundError:
-                raise NotFoundError("manifest.json: not found (not a tokstream dataset, or unfinished)", path=path,
-                                    field="manifest") from None
-        else:
-            path = os.path.join(self.folder, T.MANIFEST_NAME)
-            try:
-                raw = read_document(path, limit=T.MAX_MANIFEST_BYTES, field="manifest")
-            except FileNotFoundError:
-                raise NotFoundError("manifest.json: not found (not a tokstream dataset, or unfinished)", path=path,
-                                    field="manifest") from None
-        self.manifest = T.parse_manifest(raw, path=path)
-        m = self.manifest
-        ids, record = T.build_id_material(m.options(), m.shards)
-        if f"{xxh3_64(ids):016x}{xxh3_64(record):016x}" != m.build_id:
-            raise CorruptError("build_id: the manifest does not hash to its build id (a field was changed after "
-                               "assemble)", path=path, field="build_id")
+        self.manifest = m = self._read_manifest()
         self.vocab_size = m.vocab_size
         self.token_dtype = np.dtype(m.token_dtype)
         self.itemsize = T.record_itemsize(m.token_dtype, m.metadata)
@@ -193,8 +174,37 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         self.num_documents = int(self.cum_documents[-1])
         if self._store is not None:
             self._open_remote(self._store, max_open_files)
-            self.closed = False
-            return
+        else:
+            self._open_local(backend, verify, max_open_files)
+        self.closed = False
+
+    def _read_manifest(self) -> T.DatasetManifest:
+        """The dataset's manifest, read (or fetched: one request) and parsed, its build id
+        checked."""
+        if self._store is not None:
+            path = self._store.name(T.MANIFEST_NAME)
+            try:
+                raw = self._store.get(T.MANIFEST_NAME, limit=T.MAX_MANIFEST_BYTES, field="manifest")
+            except NotFoundError:
+                raise NotFoundError("manifest.json: not found (not a tokstream dataset, or unfinished)", path=path,
+                                    field="manifest") from None
+        else:
+            path = os.path.join(self.folder, T.MANIFEST_NAME)
+            try:
+                raw = read_document(path, limit=T.MAX_MANIFEST_BYTES, field="manifest")
+            except FileNotFoundError:
+                raise NotFoundError("manifest.json: not found (not a tokstream dataset, or unfinished)", path=path,
+                                    field="manifest") from None
+        m = T.parse_manifest(raw, path=path)
+        ids, record = T.build_id_material(m.options(), m.shards)
+        if f"{xxh3_64(ids):016x}{xxh3_64(record):016x}" != m.build_id:
+            raise CorruptError("build_id: the manifest does not hash to its build id (a field was changed after "
+                               "assemble)", path=path, field="build_id")
+        return m
+
+    def _open_local(self, backend: str, verify: bool, max_open_files: int | None) -> None:
+        """Local files: every shard opened and checked now, through ``backend``."""
+        m = self.manifest
         options: dict[str, Any] = {}
         if backend == "pread":
             if max_open_files is not None:
@@ -225,7 +235,6 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                                         [s.documents for s in self._shards],
                                         [s.metadata_index for s in self._shards] if m.metadata else None,
                                         num_shards=len(self._shards), checks=self._checks if verify else None)
-        self.closed = False
 
     def _open_remote(self, store: ObjectStore, max_open_files: int | None) -> None:
         """The object-storage backend (see :mod:`zerobatch.readers.remote`): nothing fetched
