@@ -141,9 +141,10 @@ def test_other_formats_unaffected_after(zbtoy):
     assert registry.get("llmbatch").name == "llmbatch"
 
 
-def test_read_and_written_at_an_s3_url(zbtoy, toy_file, s3_endpoint, tmp_path):
-    """The template at a URL with no shared edit: written by publishing its local file
-    (writers.remote.publish_file), read through the storage layer's whole copy
+def test_read_and_written_at_an_s3_url(zbtoy, toy_file, s3_endpoint, tmp_path, monkeypatch):
+    """The template at a URL with no shared edit: written by its record's publish
+    (writers.remote.publish: one object, whole), and by ``zerobatch convert`` to a URL (its
+    record's url_check and publish), read through the storage layer's whole copy
     (readers.remote.whole_copy: ZBTOY has one checksum over the file), by the reader and the
     loader alike, on a real S3 API server; a damaged object is refused by its own check."""
     torch = pytest.importorskip("torch")
@@ -153,11 +154,11 @@ def test_read_and_written_at_an_s3_url(zbtoy, toy_file, s3_endpoint, tmp_path):
     from zerobatch.adapters.torch import Loader
     from zerobatch.formats.errors import IntegrityError
     from zerobatch.readers.zbtoy import ToyReader
-    from zerobatch.writers.remote import publish_file
+    from zerobatch.writers.remote import publish
 
     opts = options(s3_endpoint)
     url = f"s3://{new_bucket(s3_endpoint)}/data/train.toy"
-    publish_file(toy_file, url, storage_options=opts)
+    publish(toy_file, url, storage_options=opts)
     far = ToyReader(url, storage_options=opts, cache_dir=tmp_path / "cache")
     local = ToyReader(toy_file)
     assert far.path == url and far.fingerprint == local.fingerprint and far.num_records == 6
@@ -171,10 +172,23 @@ def test_read_and_written_at_an_s3_url(zbtoy, toy_file, s3_endpoint, tmp_path):
     data = bytearray(open(toy_file, "rb").read())
     data[40] ^= 1
     bad.write_bytes(bytes(data))
-    publish_file(str(bad), url, storage_options=opts, overwrite=True)
+    publish(str(bad), url, storage_options=opts, overwrite=True)
     damaged = ToyReader(url, storage_options=opts, cache_dir=tmp_path / "cache")
     with pytest.raises(IntegrityError, match="xxh3") as e:
         damaged.verify()
     assert url in str(e.value)
     for r in (far, local, damaged):
         r.close()
+
+    # zerobatch convert to a URL: the record's url_check refuses nothing new, its publish uploads
+    from zerobatch.cli.main import main
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+                       "AWS_ENDPOINT_URL": s3_endpoint}.items():
+        monkeypatch.setenv(key, value)
+    tokens = np.arange(100, dtype=np.uint16) % 50
+    np.save(tmp_path / "tokens.npy", tokens)
+    converted = f"{url.rsplit('/', 1)[0]}/converted.toy"
+    assert main(["convert", str(tmp_path / "tokens.npy"), converted, "--to", "zbtoy", "--seq-len", "8", "--quiet"]) == 0
+    with ToyReader(converted, storage_options=opts, cache_dir=tmp_path / "cache") as r:
+        got = r.read_into(np.arange(r.num_records), np.empty((12, 8), np.int64))
+    assert np.array_equal(got.reshape(-1), tokens[:96])

@@ -135,8 +135,8 @@ def local_destination(path: str | os.PathLike[str], *, field: str = "path") -> s
             return str(local_path(path))
         if scheme in _URL_SCHEMES:
             raise ConfigError(f"{field}: a {scheme}:// URL; this writes local files: write locally, then publish with "
-                              "zerobatch.writers.remote (publish_tokstream, publish_file, publish_folder, "
-                              "publish_zrecord), or give TokenStreamWriter or `zerobatch convert` the URL",
+                              "zerobatch.writers.remote (publish: the format's own order; or publish_tokstream, "
+                              "publish_file, publish_zrecord), or give TokenStreamWriter or `zerobatch convert` the URL",
                               path=f"{scheme}://", field=field)
         # another scheme (r2://, minio://...) is no local path either: a folder named after
         # it would hold whatever the URL holds, credentials included

@@ -215,4 +215,4 @@ FORMAT = Format(
     cli="zerobatch.cli.formats.llmbatch:LLMBatch",
     documents="zerobatch.prepare.formats.llmbatch:LLMBatchDocuments",
     convert="zerobatch.prepare.formats.llmbatch:write", convert_stream=True,
-    url_check="zerobatch.writers.remote:check_remote_file")
+    url_check="zerobatch.writers.remote:check_remote_file", publish="zerobatch.writers.remote:publish_file")

@@ -182,4 +182,5 @@ FORMAT = Format(
     kernel="zerobatch.core._llmchnk", sources=("zerobatch.adapters.sources.llmchnk:LLMChunkSource",),
     cli="zerobatch.cli.formats.llmchnk:LLMChunk",
     documents="zerobatch.prepare.formats.llmchnk:LLMChunkDocuments",
-    convert="zerobatch.prepare.formats.llmchnk:write", url_check="zerobatch.writers.remote:check_remote_file")
+    convert="zerobatch.prepare.formats.llmchnk:write", url_check="zerobatch.writers.remote:check_remote_file",
+    publish="zerobatch.writers.remote:publish_file")

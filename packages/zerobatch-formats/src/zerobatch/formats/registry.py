@@ -72,6 +72,10 @@ class Format:
             (one 0/1 per token) takes a chat conversion (``convert --chat``).
         task_parts: distributed tasks (``convert --task I --tasks N``) write it as finished
             parts that ``zerobatch commit`` assembles.
+        publish: how a dataset of it, built locally, goes to a URL: the dotted name of
+            ``publish(local, url, *, storage_options=None, overwrite=False)``, whose order is
+            the format's (its data first, what makes it visible last: a manifest, a commit
+            file, or one object uploaded whole), so readers see the old dataset or the new one.
     """
 
     name: str
@@ -95,6 +99,7 @@ class Format:
     doc_metadata: bool = False
     streams: tuple[str, ...] = ("tokens",)
     task_parts: bool = False
+    publish: str | None = None
 
     def __post_init__(self) -> None:
         if self.layout not in ("file", "folder"):

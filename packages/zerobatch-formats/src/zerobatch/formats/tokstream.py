@@ -522,4 +522,5 @@ FORMAT = Format(
     documents="zerobatch.prepare.formats.tokstream:TokenStreamDocuments",
     convert="zerobatch.prepare.formats.tokstream:write",
     url_check="zerobatch.writers.remote:check_remote_destination",
-    row_ids=True, doc_metadata=True, streams=("tokens", LOSS_MASK_DIR), task_parts=True)
+    row_ids=True, doc_metadata=True, streams=("tokens", LOSS_MASK_DIR), task_parts=True,
+    publish="zerobatch.writers.remote:publish_tokstream")

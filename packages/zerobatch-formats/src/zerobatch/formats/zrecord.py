@@ -551,4 +551,5 @@ FORMAT = Format(
     cli="zerobatch.cli.formats.zrecord:ZRecord",
     documents="zerobatch.prepare.formats.zrecord:ZRecordDocuments",
     convert="zerobatch.prepare.formats.zrecord:write",
-    url_check="zerobatch.writers.remote:check_remote_zrecord", row_ids=True)
+    url_check="zerobatch.writers.remote:check_remote_zrecord", row_ids=True,
+    publish="zerobatch.writers.remote:publish_zrecord")

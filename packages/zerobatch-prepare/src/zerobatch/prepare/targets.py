@@ -203,11 +203,11 @@ def build_folder(dst: str, build: Callable[[str], str], *, overwrite: bool = Fal
     if is_url(dst):
         # a dataset at a URL: built locally, then published (shards first, manifest last; a
         # ZRECORD store's chunks and tables first, commit.zr last)
-        from zerobatch.writers.remote import publish_folder
+        from zerobatch.writers.remote import publish
         tmp = tempfile.mkdtemp(prefix="zerobatch-upload-")
         try:
             summary = build(os.path.join(tmp, "dataset"))
-            publish_folder(os.path.join(tmp, "dataset"), dst, overwrite=overwrite)
+            publish(os.path.join(tmp, "dataset"), dst, overwrite=overwrite)   # the format's publish
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return summary
@@ -313,12 +313,12 @@ def write_target(target: str, dst: str, chunks: Chunks, *, num_tokens: int, max_
     if is_url(dst) and target not in EXPORTS and registry.get(target).layout == "file":
         # a single-file dataset at a URL: written locally, then uploaded as one object (whole or
         # not at all); folder datasets (TOKSTREAM, ZRECORD) publish themselves (build_folder)
-        from zerobatch.writers.remote import publish_file
+        from zerobatch.writers.remote import publish
         tmp = tempfile.mkdtemp(prefix="zerobatch-upload-")
         try:
             local = os.path.join(tmp, dst.rstrip("/").rsplit("/", 1)[-1] or "dataset")
             summary = write(local, checked, spec)
-            publish_file(local, dst, overwrite=bool(args.overwrite))
+            publish(local, dst, overwrite=bool(args.overwrite))     # the format's publish
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return summary.replace(local, redact(dst))

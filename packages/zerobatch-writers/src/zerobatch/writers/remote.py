@@ -29,8 +29,8 @@ from zerobatch.core.remote import ObjectStore, open_store, split_url
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import ConfigError, FormatError, NotFoundError
 
-__all__ = ["UPLOAD_THREADS", "check_remote_destination", "check_remote_file", "check_remote_zrecord", "publish_file",
-           "publish_folder", "publish_tokstream", "publish_zrecord", "unique_shard_prefix"]
+__all__ = ["UPLOAD_THREADS", "check_remote_destination", "check_remote_file", "check_remote_zrecord", "publish",
+           "publish_file", "publish_folder", "publish_tokstream", "publish_zrecord", "unique_shard_prefix"]
 
 #: Shard uploads in flight.
 UPLOAD_THREADS = 8
@@ -312,9 +312,38 @@ def publish_zrecord(folder: str | os.PathLike[str], url: str, *, storage_options
 
 def publish_folder(folder: str | os.PathLike[str], url: str, *, storage_options: dict[str, Any] | None = None,
                    overwrite: bool = False, log: Callable[[str], None] | None = None) -> None:
-    """Publish the dataset folder ``folder`` (TOKSTREAM or ZRECORD) to ``url``."""
-    from zerobatch.formats import zrecord as Z
-    if os.path.lexists(os.path.join(folder, Z.COMMIT_NAME)):
-        publish_zrecord(folder, url, storage_options=storage_options, overwrite=overwrite, log=log)
+    """Publish the dataset ``folder`` (a folder or a single file) to ``url`` in its format's
+    order: the publish its registry record names (``Format.publish``).
+
+    Raises:
+        ConfigError: not a dataset of a format that can be published.
+    """
+    publish(folder, url, storage_options=storage_options, overwrite=overwrite, log=log)
+
+
+def publish(path: str | os.PathLike[str], url: str, *, storage_options: dict[str, Any] | None = None,
+            overwrite: bool = False, log: Callable[[str], None] | None = None) -> None:
+    """Publish the dataset at ``path`` to ``url`` with the publish its format's registry
+    record names (data first, what makes it visible last).
+
+    Raises:
+        ConfigError: not a dataset of a format that can be published.
+    """
+    from zerobatch.formats.registry import identify
+    local = os.fspath(path)
+    try:
+        if os.path.isdir(local):
+            fmt = identify(folder_files=set(os.listdir(local)))
+        else:
+            with open(local, "rb") as f:
+                fmt = identify(head=f.read(16))
+    except OSError:
+        fmt = None
+    if fmt is None or not fmt.publish:
+        raise ConfigError("publish: not a dataset of a format that can be published to a URL", path=local,
+                          field="path")
+    fn = fmt.resolve("publish")
+    if fn is publish_file:
+        fn(local, url, storage_options=storage_options, overwrite=overwrite)
     else:
-        publish_tokstream(folder, url, storage_options=storage_options, overwrite=overwrite, log=log)
+        fn(path, url, storage_options=storage_options, overwrite=overwrite, log=log)
