@@ -54,13 +54,13 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from zerobatch.prepare.sources import TextSource
 from zerobatch.core.io import AtomicFile, read_document
-from zerobatch.core.remote import ObjectStore, is_url, redact
+from zerobatch.core.pool import run_io
+from zerobatch.core.remote import is_url, open_store, redact
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.strict_json import loads_strict
 from zerobatch.formats.errors import ConfigError, CorruptError, IntegrityError, NotFoundError, ZerobatchError
@@ -179,7 +179,7 @@ class Destination:
         dst = os.fspath(dst)
         self.remote = is_url(dst)
         self.storage_options = storage_options
-        self.store = ObjectStore(dst, storage_options) if self.remote else None
+        self.store = open_store(dst, storage_options) if self.remote else None
         self.root = dst.rstrip("/") if self.remote else os.path.abspath(dst)
         self.shown = redact(self.root) if self.remote else self.root
 
@@ -268,13 +268,8 @@ class Destination:
 
 
 def _parallel(fn: Callable[[Any], None], items: list[Any]) -> None:
-    if len(items) <= 1:
-        for it in items:
-            fn(it)
-        return
-    with ThreadPoolExecutor(min(UPLOAD_THREADS, len(items)), thread_name_prefix="zerobatch-task") as pool:
-        for f in [pool.submit(fn, it) for it in items]:
-            f.result()
+    """``fn`` over ``items`` on a short-lived I/O pool (requests and uploads: core.pool.run_io)."""
+    run_io(fn, items, UPLOAD_THREADS, "zerobatch-task")
 
 
 def _record_key(u: int) -> str:

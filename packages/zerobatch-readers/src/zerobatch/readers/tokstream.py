@@ -282,6 +282,15 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         ``None``."""
         return self._store
 
+    def _gather_for(self, starts: Any, length: int) -> WindowGather:
+        """The window kernels ready for windows ``[start, start + length)``: a local dataset's
+        as opened (every index mapped); a dataset at a URL's with the indexes of every shard
+        the windows touch (fetched now when not yet)."""
+        if self._store is None:
+            return self._ready()
+        st = as_positions(starts, "starts")
+        return self._remote_gather(st, st + check_count(length, "length"))
+
     def _remote_gather(self, starts: np.ndarray, stops: np.ndarray) -> WindowGather:
         """A remote dataset's window kernels with the indexes of every shard the ranges touch
         (fetched now when not yet; the kernels are made again when a shard was added)."""
@@ -560,10 +569,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         Raises:
             IndexError: a window outside ``[0, num_tokens)``.
         """
-        gather = self._ready()
-        if self._store is not None:
-            st = as_positions(starts, "starts")
-            gather = self._remote_gather(st, st + check_count(length, "length"))
+        gather = self._gather_for(starts, length)
         return gather.boundaries(starts, length, position_ids, segment_ids, cu_seqlens,
                                        position_dtype=position_dtype, segments=segments)
 
@@ -610,10 +616,8 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             empty = np.empty((0, 4), np.int64)
             return WindowMetadata(np.empty((0, length), np.int32),
                                   MetadataObjects(empty, self._shards, None, None), empty[:, :2])
-        gather = self._gather
         starts = as_positions(starts, "starts")
-        if self._store is not None:
-            gather = self._remote_gather(starts, starts + length)
+        gather = self._gather_for(starts, length)
         ids, table = self._read(starts, starts + length,
                                 lambda fds: gather.metadata_ids(starts, length, ids, out, fds=fds),
                                 lambda: self._metadata_in_groups(starts, length, ids, out))
@@ -704,8 +708,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             if out.dtype not in (np.int64, np.int32):
                 raise ConfigError(f"dtype must be int64 or int32, got {out.dtype}", field="dtype")
         starts = as_positions(starts, "starts")
-        if self._store is not None:
-            gather = self._remote_gather(starts, starts + length)
+        gather = self._gather_for(starts, length)
 
         def piecewise() -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray, int]:
             self.windows(starts, length, out=out)
