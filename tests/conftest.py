@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from zbtest import records
+from zbtest import ForkServer, records
 
 
 def pytest_collection_modifyitems(config, items):
@@ -35,6 +35,20 @@ def batch_file(tmp_path: Path, tokens_small: np.ndarray) -> Path:
     path = tmp_path / "small.batch"
     write_batch_file(path, tokens_small, 8, 64, seed=7)
     return path
+
+
+@pytest.fixture
+def fork_server(tmp_path: Path):
+    """``fork_server(imports)``: a :class:`zbtest.ForkServer` that imported ``imports`` once,
+    stopped when the test ends (kill -9 harnesses: one interpreter start, not one per point)."""
+    servers: list[ForkServer] = []
+
+    def start(imports: str) -> ForkServer:
+        servers.append(ForkServer(imports, tmp_path))
+        return servers[-1]
+    yield start
+    for server in servers:
+        server.__exit__()
 
 
 @pytest.fixture(scope="session")

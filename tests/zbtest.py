@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import subprocess
@@ -75,6 +76,70 @@ def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float =
     return subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd)
 
 
+_FORK_SERVER = r"""
+import json, os, sys, traceback
+exec(sys.argv[1])
+for line in sys.stdin:
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for fd, name in ((1, req["out"]), (2, req["err"])):
+                os.dup2(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+            os.environ.update(req["env"])
+            from zerobatch.core import io as _io
+            _io._FAULTS.__init__()          # the fault plan reads the environment it is given
+            exec(compile(req["code"], "<forked>", "exec"), {"__name__": "__main__"})
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+class ForkServer:
+    """Runs code as :func:`run_python` does, each run in a child forked from one interpreter
+    that imported ``imports`` once (single-threaded, so forking it is safe): a kill -9 harness
+    with hundreds of kill points pays the interpreter start and the imports once, not at every
+    point (0.5 s each here). Children read their environment (the fault plan included) at
+    the fork; a killed child's return code is ``-9`` as with :func:`run_python`.
+
+    Use as a context manager; :meth:`run` returns a ``CompletedProcess``.
+    """
+
+    def __init__(self, imports: str, tmp: str | os.PathLike[str]) -> None:
+        self.tmp = Path(tmp)
+        self.proc = subprocess.Popen([sys.executable, "-c", _FORK_SERVER, textwrap.dedent(imports)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, code: str, *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        out, err = self.tmp / "fork.out", self.tmp / "fork.err"
+        req = {"code": textwrap.dedent(code), "env": env or {}, "out": str(out), "err": str(err)}
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the fork server died (return code {self.proc.wait()})")
+        return subprocess.CompletedProcess(["<forked>"], int(line), out.read_text(), err.read_text())
+
+    def __enter__(self) -> ForkServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
 def token_stream(folder, n_tokens=4000, seed=0, metadata=False, offset=0):
     """A TOKSTREAM dataset whose token at global position p is ``p + offset`` (a window's
     first token names it), in documents of random lengths; returns ``(folder, documents)``."""
@@ -99,3 +164,29 @@ def take(batches, k, key):
         if k is not None and len(out) == k:
             break
     return out
+
+
+# A ChatML template whose assistant turns are marked for transformers' assistant mask, and the
+# special tokens it needs (tests/prepare/test_chat.py, tests/cli/test_chat_commands.py).
+CHATML = ("{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+          "{%- if message['role'] == 'assistant' %}{% generation %}{{ (message['content'] or '') + '<|im_end|>\\n' }}"
+          "{% endgeneration %}{%- else %}{{ (message['content'] or '') + '<|im_end|>\\n' }}{%- endif %}"
+          "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
+CHATML_SPECIALS = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": "<|im_start|>"}
+
+
+def chat_tokenizer(folder, template, specials):
+    """A tokenizer folder (``tokenizer.json`` trained here on the quickstart's text, nothing
+    downloaded, and a ``tokenizer_config.json`` holding ``template``); returns its path."""
+    from tokenizers import Tokenizer
+
+    from zerobatch.cli.quickstart import bundled_text, train_tokenizer
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "t.txt").write_text(bundled_text()[:60_000])
+    train_tokenizer(str(folder / "t.txt"), 400, str(folder / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_special_tokens(list(specials.values()))
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"chat_template": template, "tokenizer_class": "PreTrainedTokenizerFast", **specials}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return str(folder)

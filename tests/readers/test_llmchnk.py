@@ -203,6 +203,7 @@ def test_a_count_far_beyond_the_file_is_refused_before_any_allocation(tmp_path, 
 def test_every_single_bit_flip_is_caught_or_harmless(small):
     p, _ = small
     r = run_python(f"""
+        import os
         import numpy as np
         from zerobatch.readers.llmchnk import LLMChunkReader
         from zerobatch.formats.errors import ZerobatchError
@@ -212,12 +213,12 @@ def test_every_single_bit_flip_is_caught_or_harmless(small):
             expect = [rd.read_record(i).copy() for i in range(rd.num_records)]
             g_expect = rd.gather(np.arange(rd.num_records), 8)[0].copy()
         work = src + ".flip"
+        open(work, "wb").write(good)
+        fd = os.open(work, os.O_RDWR)   # one byte rewritten in place per case, put back after
         typed = same = wrong = 0
         for byte in range(len(good)):
             for bit in range(8):
-                data = bytearray(good)
-                data[byte] ^= 1 << bit
-                open(work, "wb").write(data)
+                os.pwrite(fd, bytes([good[byte] ^ (1 << bit)]), byte)
                 try:
                     with LLMChunkReader(work) as rd:
                         got = [rd.read_record(i).copy() for i in range(rd.num_records)]
@@ -225,6 +226,8 @@ def test_every_single_bit_flip_is_caught_or_harmless(small):
                 except ZerobatchError:
                     typed += 1
                     continue
+                finally:
+                    os.pwrite(fd, good[byte:byte + 1], byte)
                 same_records = all(a.shape == b.shape and (a == b).all() for a, b in zip(got, expect))
                 if len(got) == len(expect) and same_records and (g == g_expect).all():
                     same += 1
@@ -308,7 +311,7 @@ def test_writer_memory_is_bounded(tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_after_every_io_call_leaves_old_or_new_file(tmp_path):
+def test_kill_after_every_io_call_leaves_old_or_new_file(tmp_path, fork_server):
     path = tmp_path / "k.chunk"
     write_chunk_file(path, [[1, 2, 3], [4]])
     old = path.read_bytes()
@@ -323,9 +326,10 @@ def test_kill_after_every_io_call_leaves_old_or_new_file(tmp_path):
     total = int(r.stdout.split("CALLS")[1])
     new = path.read_bytes()
     outcomes = {"old": 0, "new": 0}
+    server = fork_server("import numpy as np\nfrom zerobatch.writers.llmchnk import write_chunk_file")
     for k in range(1, total + 1):
         path.write_bytes(old)
-        r = run_python(code, env={"ZEROBATCH_FAULT_KILL_AFTER": str(k)})
+        r = server.run(code, env={"ZEROBATCH_FAULT_KILL_AFTER": str(k)})
         assert r.returncode == -9, (k, r.returncode, r.stderr)
         now = path.read_bytes()
         assert now in (old, new), k

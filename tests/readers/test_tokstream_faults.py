@@ -170,7 +170,7 @@ def test_checksums_are_checked_once_per_chunk_and_skipped_when_asked(tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_at_every_io_call_while_adding_a_shard(tmp_path):
+def test_kill_9_at_every_io_call_while_adding_a_shard(tmp_path, fork_server):
     """A dataset gets a new shard and a new manifest: killed after any I/O call, the folder
     reads as the old dataset or the new one, exactly, and a new writer then succeeds."""
     folder = tmp_path / "d"
@@ -185,7 +185,8 @@ def test_kill_9_at_every_io_call_while_adding_a_shard(tmp_path):
                 w.add_document(np.arange(20) + k, {{"new": k}}, spans=[(2, 4, {{"span": k}})])
         assemble(folder)
     """)
-    probe = run_python(code + "\nfrom zerobatch.core.io import _FAULTS\nprint('CALLS', _FAULTS.calls)\n",
+    server = fork_server("import numpy as np\nfrom zerobatch.writers.tokstream import ShardWriter, assemble")
+    probe = server.run(code + "\nfrom zerobatch.core.io import _FAULTS\nprint('CALLS', _FAULTS.calls)\n",
                        env={"ZEROBATCH_FAULT_KILL_AFTER": str(10**9)})
     assert probe.returncode == 0, probe.stderr
     total = int(probe.stdout.split("CALLS")[1])
@@ -197,7 +198,7 @@ def test_kill_9_at_every_io_call_while_adding_a_shard(tmp_path):
     shutil.copytree(folder, saved)
     outcomes = {"old": 0, "new": 0}
     for k in range(1, total + 1):
-        r = run_python(code, env={"ZEROBATCH_FAULT_KILL_AFTER": str(k)})
+        r = server.run(code, env={"ZEROBATCH_FAULT_KILL_AFTER": str(k)})
         assert r.returncode == -9, (k, r.returncode, r.stderr)
         got = read_everything(folder)
         assert got in (old, new), k

@@ -134,7 +134,7 @@ def test_sweep_leaves_a_live_writers_temporaries_alone(tmp_path):
         os.waitpid(dead, 0)
 
 
-def test_kill_after_every_io_call_of_a_feature_matrix_build(tmp_path):
+def test_kill_after_every_io_call_of_a_feature_matrix_build(tmp_path, fork_server):
     """SIGKILL after each system call of a rebuild: the folder reads as the old build or the
     complete new one, never a mix; the next build removes everything the killed one left."""
     import textwrap
@@ -166,10 +166,11 @@ def test_kill_after_every_io_call_of_a_feature_matrix_build(tmp_path):
     new = content()
     assert new != old
     outcomes = {"old": 0, "new": 0}
+    server = fork_server("import numpy as np\nfrom zerobatch.writers.features import write_feature_matrix")
     for k in range(1, total + 1):
         write_feature_matrix(folder, {"a": np.ones((40, 3)), "b": np.zeros((10, 3))}, normalize=False)
         assert content() == old
-        r = run_python(code, env={"ZEROBATCH_FAULT_KILL_AFTER": str(k)})
+        r = server.run(code, env={"ZEROBATCH_FAULT_KILL_AFTER": str(k)})
         assert r.returncode == -9, (k, r.returncode, r.stderr)
         now = content()
         assert now in (old, new), k

@@ -187,7 +187,7 @@ def _count_io_calls(code: str) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("writer", ["file", "dataset"])
-def test_kill_after_every_io_call_leaves_old_or_new_file(tmp_path, writer):
+def test_kill_after_every_io_call_leaves_old_or_new_file(tmp_path, writer, fork_server):
     """SIGKILL after each system call of a write: the final name holds the old file or the
     complete new one, never a mix; the next writer cleans up the orphan and succeeds."""
     path = tmp_path / "d.batch"
@@ -210,8 +210,10 @@ def test_kill_after_every_io_call_leaves_old_or_new_file(tmp_path, writer):
     assert new_bytes != old_bytes
     path.write_bytes(old_bytes)
     outcomes = {"old": 0, "new": 0}
+    server = fork_server("import numpy as np\nfrom zerobatch.writers.llmbatch import write_batch_file, "
+                         "write_batch_dataset")
     for k in range(1, total + 1):
-        r = run_python(code, env={"ZEROBATCH_FAULT_KILL_AFTER": str(k)})
+        r = server.run(code, env={"ZEROBATCH_FAULT_KILL_AFTER": str(k)})
         assert r.returncode == -9, (k, r.returncode, r.stderr)
         now = path.read_bytes()
         assert now in (old_bytes, new_bytes), k
