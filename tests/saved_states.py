@@ -315,10 +315,10 @@ def build(case: dict[str, Any], config: dict[str, Any], root: Path = DATA) -> An
         from zerobatch.samplers import IndexSampler
 
         return IndexSampler(_order(case["order"]), **config)
-    if kind == "schedule":
-        from zerobatch.samplers import MixtureSchedule
+    if kind == "schedule":              # a mixture order (MixtureSchedule when the case was written)
+        from zerobatch.samplers import MixtureOrder
 
-        return MixtureSchedule([("a", 37, 0.5), ("b", 11, 0.3), ("c", 5, 0.2)], seed=case["make"]["seed"])
+        return MixtureOrder([("a", 37, 0.5), ("b", 11, 0.3), ("c", 5, 0.2)], seed=case["make"]["seed"])
     if kind == "loaderx":
         from zerobatch.adapters.loaderx import ARDataset, DataLoader, NPDataset
 

@@ -61,3 +61,16 @@ def test_bench_runs_the_main_job(tmp_path):
 def test_usage_errors_exit_2():
     assert zb().returncode == 2
     assert zb("inspect").returncode == 2
+
+
+def test_every_command_has_a_description_and_an_example():
+    from zerobatch.cli.main import COMMAND_HELP, build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert set(sub.choices) == set(COMMAND_HELP)
+    for name, p in sub.choices.items():
+        text = p.format_help()
+        assert "example:\n  zerobatch " + name in text and COMMAND_HELP[name][0][:30] in text.replace("\n", " ")
+    to = next(a for a in sub.choices["convert"]._actions if a.dest == "to")
+    assert "megatron" in to.help and "tokstream" in to.help

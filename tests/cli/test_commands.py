@@ -1,6 +1,6 @@
 """``inspect``, ``verify``, ``head``, ``stats`` and ``bench`` on every format, through a
-subprocess; ``verify`` names the faulty file and place; the quickstart in its shortest
-configuration."""
+subprocess; ``verify`` names the faulty file and place; ``head`` and ``stats`` decode with a
+tokenizer; the quickstart in its shortest configuration."""
 
 from __future__ import annotations
 
@@ -162,6 +162,25 @@ def test_head_decodes_with_a_tokenizer(tmp_path):
     r = zb("stats", str(tmp_path / "t.ts"), "--tokenizer", str(tmp_path / "tok.json"), "--top", "60")
     assert "'<|endoftext|>'" in r.stdout
     assert tok.get_vocab_size() == 400
+
+
+def test_stats_shows_decoded_text(tmp_path):
+    from zerobatch.cli.quickstart import bundled_text, train_tokenizer
+    from zerobatch.prepare.pipeline import convert
+    from zerobatch.prepare.tokenizer import load_tokenizer
+
+    (tmp_path / "c.txt").write_text(bundled_text()[:20_000])
+    train_tokenizer(str(tmp_path / "c.txt"), 300, str(tmp_path / "tok.json"))
+    tok = load_tokenizer(str(tmp_path / "tok.json"))
+    the = tok.encode_batch([" the"])[0]
+    assert len(the) == 1 and tok.label(the[0]) == " the" and tok._piece(the[0]) == "Ġthe"
+    src = tmp_path / "s.jsonl"
+    src.write_text(json.dumps({"text": "the the the the the the and the"}) + "\n")
+    convert(str(src), str(tmp_path / "s.ts"), to="tokstream", tokenizer=str(tmp_path / "tok.json"), workers=1,
+            quiet=True, log=lambda s: None)
+    r = zb("stats", str(tmp_path / "s.ts"), "--tokenizer", str(tmp_path / "tok.json"), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "' the'" in r.stdout and "Ġ" not in r.stdout, r.stdout
 
 
 @pytest.mark.slow

@@ -202,6 +202,16 @@ def test_interrupted_conversion_resumes(corpus, tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+def test_a_lone_surrogate_is_reported_in_one_line(corpus, tmp_path):
+    src = tmp_path / "a.jsonl"
+    src.write_text('{"text": "fine"}\n{"text": "broken \\ud83d emoji"}\n')
+    r = zb("convert", str(src), str(tmp_path / "o.ts"), "--to", "tokstream", "--tokenizer", corpus["tok_path"],
+           "--text-errors", "strict", "-q", "--workers", "1", timeout=120)
+    assert r.returncode == 1 and "internal error" not in r.stderr, r.stderr
+    assert "a.jsonl" in r.stderr and "line 2" in r.stderr
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("o.ts")]
+
+
 def test_errors_are_one_line(corpus, tmp_path, token_docs):
     c = corpus
     line = one_line_error(zb("convert", str(tmp_path / "nope.jsonl"), str(tmp_path / "o"), "--to", "llmchnk",

@@ -26,8 +26,9 @@ import pytest
 pytest.importorskip("tokenizers")
 
 from zerobatch.cli.quickstart import bundled_text, train_tokenizer  # noqa: E402
+from zerobatch.prepare.pipeline import convert  # noqa: E402
 from zerobatch.prepare.tasks import (_digest, commit, part_build_id, read_plan, task_units, unit_owner,  # noqa: E402
-                                 unit_seed)
+                                     unit_seed)
 from zerobatch.formats.errors import CorruptError, IntegrityError  # noqa: E402
 from zerobatch.readers.tokstream import TokenStreamReader  # noqa: E402
 
@@ -393,25 +394,22 @@ def test_a_chat_preparation_binds_its_loss_mask(chat_prepared, tmp_path):
 # -- messages ----------------------------------------------------------------------------------
 
 
-def test_task_units_cover_every_unit_once_and_the_first_tasks_take_them():
-    for n in (0, 1, 2, 3, 7, 64, 100):
-        for tasks in (1, 2, 3, 8, 100, 101):
-            got = [u for t in range(tasks) for u in task_units(n, t, tasks)]
-            assert got == list(range(n)), (n, tasks)
-            sizes = [len(task_units(n, t, tasks)) for t in range(tasks)]
-            assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
-            for u in range(n):
-                assert u in task_units(n, unit_owner(n, u, tasks), tasks)
-
-
-def test_part_build_id_is_the_one_the_writer_derives(tmp_path):
-    from zerobatch.writers.tokstream import ShardWriter
-    plan = {"version": 1, "tasks": 3, "units": [["f", None]], "x": [1, "é"]}
-    w = ShardWriter(tmp_path, "part-000000-00003", vocab_size=100, build_seed=unit_seed(plan, 0))
-    w.add_document([1, 2])
-    assert w.close().build_id == part_build_id(plan, 0, "part-000000-00003")
-    assert part_build_id(plan, 0, "part-000000-00003") != part_build_id(plan, 1, "part-000000-00003")
-    assert part_build_id({**plan, "tasks": 8}, 0, "part-000000-00003") == part_build_id(plan, 0, "part-000000-00003")
+def test_the_task_and_commit_commands(corpus, tmp_path):
+    """``convert --task I --tasks N`` says which task ran, ``commit`` says it committed, and the
+    dataset holds the documents of a one-process conversion; ``commit`` of a folder without a
+    plan fails naming ``plan.json``."""
+    src, tok = corpus / "x", corpus / "tok.json"
+    dst = tmp_path / "cli"
+    for i in range(2):
+        r = zb("convert", src, dst, "--to", "tokstream", "--tokenizer", tok, "--task", i, "--tasks", "2",
+               "--unit-bytes", "4096", "-q", "--workers", "1")
+        assert f"task {i} of 2" in r.stdout, r.stdout
+    assert "committed" in zb("commit", dst).stdout
+    one = tmp_path / "one"
+    convert(str(src), str(one), to="tokstream", tokenizer=str(tok), workers=1, quiet=True, log=lambda *_: None)
+    assert documents(dst) == documents(one)
+    r = zb("commit", tmp_path / "none", ok=False)
+    assert r.returncode == 1 and "plan.json" in r.stderr
 
 
 def test_a_small_input_says_which_unit_bytes_gives_every_task_work(corpus, tmp_path):

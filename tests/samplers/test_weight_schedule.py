@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from zerobatch.formats.errors import ConfigError
-from zerobatch.samplers import MixtureSampler, MixtureSchedule, WeightSchedule
+from zerobatch.samplers import MixtureSampler, MixtureOrder, WeightSchedule
 
 SOURCES = [("web", 1000, 1.0), ("code", 300, 1.0), ("math", 50, 1.0)]
 G = 12
@@ -25,7 +25,7 @@ def run(sched_kw, steps, world=1):
     """Every rank's (source, item) per step, merged into global steps."""
     out = []
     for r in range(world):
-        s = MixtureSampler(MixtureSchedule(SOURCES, seed=3, **sched_kw), global_batch_size=G, rank=r,
+        s = MixtureSampler(MixtureOrder(SOURCES, seed=3, **sched_kw), global_batch_size=G, rank=r,
                            world_size=world)
         out.append([(p.sources.reshape(-1).tolist(), p.items.reshape(-1).tolist())
                     for _, p in zip(range(steps), s.plan(), strict=False)])
@@ -34,7 +34,7 @@ def run(sched_kw, steps, world=1):
 
 @pytest.mark.parametrize("interpolation", ["constant", "linear"])
 def test_the_proportions_follow_the_schedule(interpolation):
-    sched = MixtureSchedule(SOURCES, seed=1, weight_schedule=schedule(interpolation))
+    sched = MixtureOrder(SOURCES, seed=1, weight_schedule=schedule(interpolation))
     picks = [np.bincount(sched.take_step(G)[0], minlength=3) for _ in range(24)]
     if interpolation == "constant":
         for a, b, w in ((0, 5, [1 / 3] * 3), (5, 9, [0.8, 0.2, 0]), (9, 15, [0.2, 0.3, 0.5]), (15, 24, [.25, .25, .5])):
@@ -59,7 +59,7 @@ def test_resume_at_every_step_equals_an_uninterrupted_run(interpolation, w_from,
     want = run(kw, steps, world=1)
     assert run(kw, steps, world=w_from) == want
     for k in (0, 1, 4, 5, 6, 8, 9, 10, 14, 15, 16, 19):
-        first = MixtureSampler(MixtureSchedule(SOURCES, seed=3, **kw), global_batch_size=G, rank=0,
+        first = MixtureSampler(MixtureOrder(SOURCES, seed=3, **kw), global_batch_size=G, rank=0,
                                world_size=w_from)
         plan = first.plan()
         last = None
@@ -70,7 +70,7 @@ def test_resume_at_every_step_equals_an_uninterrupted_run(interpolation, w_from,
         state = first.state_dict()
         rest = []
         for r in range(w_to):
-            s = MixtureSampler(MixtureSchedule(SOURCES, seed=3, **kw), global_batch_size=G, rank=r, world_size=w_to)
+            s = MixtureSampler(MixtureOrder(SOURCES, seed=3, **kw), global_batch_size=G, rank=r, world_size=w_to)
             s.load_state_dict(state)
             rest.append([(p.sources.reshape(-1).tolist(), p.items.reshape(-1).tolist())
                          for _, p in zip(range(steps - k), s.plan(), strict=False)])
@@ -79,13 +79,13 @@ def test_resume_at_every_step_equals_an_uninterrupted_run(interpolation, w_from,
 
 
 def test_a_state_without_a_schedule_loads_into_a_run_with_one():
-    plain = MixtureSampler(MixtureSchedule(SOURCES, seed=3), global_batch_size=G)
+    plain = MixtureSampler(MixtureOrder(SOURCES, seed=3), global_batch_size=G)
     plan = plain.plan()
     for _ in range(7):
         last = next(plan).after[-1]
     plain.advance_to(last)
     state = plain.state_dict()
-    sched = MixtureSampler(MixtureSchedule(SOURCES, seed=3, weight_schedule=schedule()), global_batch_size=G)
+    sched = MixtureSampler(MixtureOrder(SOURCES, seed=3, weight_schedule=schedule()), global_batch_size=G)
     sched.load_state_dict(state)
     assert sched.state_dict()["mixture"]["step"] == 7
     steps = [p.sources.reshape(-1) for _, p in zip(range(2), sched.plan(), strict=False)]
@@ -101,6 +101,6 @@ def test_bad_schedules_are_refused():
     with pytest.raises(ConfigError, match="interpolation"):
         WeightSchedule([(0, [1, 1, 1])], interpolation="cubic")
     with pytest.raises(ConfigError, match="not a source"):
-        MixtureSchedule(SOURCES, weight_schedule=WeightSchedule([(0, {"books": 1})]))
+        MixtureOrder(SOURCES, weight_schedule=WeightSchedule([(0, {"books": 1})]))
     with pytest.raises(ConfigError, match="non-negative"):
-        MixtureSchedule(SOURCES, weight_schedule=WeightSchedule([(0, [0, 0, 0])]))
+        MixtureOrder(SOURCES, weight_schedule=WeightSchedule([(0, [0, 0, 0])]))

@@ -46,7 +46,7 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -59,6 +59,13 @@ DEFAULT_ROLES = ("assistant",)
 #: a distributed conversion is not resumed across a change of it). 2: the ``{% generation %}``
 #: marks followed, tokens straddling a boundary trained on, role headers never trained on.
 MASK_RULE = 2
+
+
+class _Tracking(TypedDict):
+    """What a rendering that tracks the ``{% generation %}`` marks has seen so far."""
+
+    length: int                         # characters rendered so far
+    spans: list[tuple[int, int]]        # each mark's span of the text, in characters
 
 
 class ChatTemplate:
@@ -98,8 +105,8 @@ class ChatTemplate:
         owner = self
         #: the template has ``{% generation %}`` marks (set while it is parsed)
         self.marks = False
-        #: while a rendering tracks the marks: ``{"length": characters rendered so far, "spans": [...]}``
-        self._tracking: dict[str, Any] | None = None
+        #: while a rendering tracks the marks: the characters rendered so far and the marks' spans
+        self._tracking: _Tracking | None = None
 
         class Generation(jinja2.ext.Extension):
             """``{% generation %}...{% endgeneration %}`` (transformers' marks of assistant
@@ -168,7 +175,7 @@ class ChatTemplate:
         if spans is None:
             return self.template.render(**kwargs)
         pieces: list[str] = []
-        self._tracking = tracking = {"length": 0, "spans": spans}
+        self._tracking = tracking = _Tracking(length=0, spans=spans)
         try:
             for piece in self.template.generate(**kwargs):
                 pieces.append(piece)
@@ -373,9 +380,9 @@ def _overlap_mask(offsets: Sequence[tuple[int, int]], spans: list[tuple[int, int
         return mask
     # with the token starts in order, the walk's span for each token is the first whose end
     # (or an earlier one's: the running maximum) is past the token's start
-    j = np.searchsorted(np.maximum.accumulate(span_ends), starts, side="right")
-    inside = j < len(spans)
-    mask[inside] = ends[inside] > span_starts[j[inside]]
+    span_of = np.searchsorted(np.maximum.accumulate(span_ends), starts, side="right")
+    inside = span_of < len(spans)
+    mask[inside] = ends[inside] > span_starts[span_of[inside]]
     return mask
 
 

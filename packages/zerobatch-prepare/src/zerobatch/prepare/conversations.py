@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerobatch.formats.errors import ConfigError, CorruptError
-from zerobatch.prepare.sources import TEXT_ERRORS, _files, _open_bytes, _pyarrow_parquet, json_record, span_lines
+from zerobatch.prepare.sources import TEXT_ERRORS, _files, _open_bytes, _open_parquet, json_record, span_lines
 
 __all__ = ["CHAT_PATTERNS", "ConversationSource"]
 
@@ -100,9 +100,7 @@ class ConversationSource:
     def _parquet(self, path: str, span: tuple[int, int] | None, size: int) -> Iterator[Record]:
         name = os.path.basename(path)
         after = "" if span is None else f" of row groups {span[0]}-{span[1] - 1}"
-        pq = _pyarrow_parquet()
-        try:
-            pf = pq.ParquetFile(path)
+        with _open_parquet(path) as pf:
             if self.field not in pf.schema_arrow.names:
                 raise CorruptError(f"parquet: no column {self.field!r} (a list of messages; choose it with --field; "
                                    f"columns: {pf.schema_arrow.names})", path=path, field=self.field)
@@ -116,10 +114,6 @@ class ConversationSource:
                     work, done = size * row // max(rows, 1) - done, size * row // max(rows, 1)
                     where = f"row {row}{after}"
                     yield f"{name} {where}", self._cleaned(messages, path, where, False), work
-        except CorruptError:
-            raise
-        except Exception as exc:  # pyarrow's own errors for damaged files
-            raise CorruptError(f"parquet: {exc}", path=path, field="parquet") from None
 
     def _jsonl(self, path: str, span: tuple[int, int] | None) -> Iterator[Record]:
         name = os.path.basename(path)
@@ -163,12 +157,9 @@ def _parts(paths: list[str], units: list[Any] | None) -> list[tuple[str, Any, in
     for path, span in parts:
         size = os.path.getsize(path)
         if span is not None and path.lower().endswith(".parquet"):
-            try:
-                meta = _pyarrow_parquet().ParquetFile(path).metadata
-                rows = sum(meta.row_group(g).num_rows for g in range(*span))
-                size = size * rows // max(meta.num_rows, 1)
-            except Exception as exc:  # pyarrow's own errors for damaged files
-                raise CorruptError(f"parquet: {exc}", path=path, field="parquet") from None
+            with _open_parquet(path) as pf:
+                rows = sum(pf.metadata.row_group(g).num_rows for g in range(*span))
+                size = size * rows // max(pf.metadata.num_rows, 1)
         elif span is not None:
             size = max(0, min(span[1], size) - span[0])
         out.append((path, span, size))

@@ -140,7 +140,7 @@ def _tokenize_shard(k: int, texts: list[str], rows: list[int] | None = None,
     extra: dict[str, np.ndarray] = {} if rows is None else {"rows": np.asarray(rows, np.int64)}
     if metas is not None:   # one JSON text per document (no pickles in a staged shard)
         extra["meta"] = np.array([json.dumps(m, default=str, ensure_ascii=False) for m in metas], dtype=str)
-    return write_shard(_WORKER["staging"], k, tokens, lengths, **extra)
+    return write_shard(_WORKER["staging"], k, tokens, lengths, extra)
 
 
 class TextEncoder(Encoder):
@@ -245,7 +245,7 @@ def _stage_chat_group(k: int, group: list[tuple[Any, ...]]) -> tuple[int, int, i
     tokens = np.concatenate([ids for ids, _ in encoded]).astype(np.uint32) if encoded else np.zeros(0, np.uint32)
     mask = np.concatenate([m for _, m in encoded]).astype(np.uint8) if encoded else np.zeros(0, np.uint8)
     counts = {"empty": len(group) - len(encoded), "trained": int(np.count_nonzero(mask))}
-    return write_shard(_WORKER["staging"], k, tokens, lengths, counts=counts, loss_mask=mask)
+    return write_shard(_WORKER["staging"], k, tokens, lengths, {"loss_mask": mask}, counts=counts)
 
 
 class ChatEncoder(Encoder):

@@ -19,6 +19,7 @@ Empty and null documents are skipped and counted in :attr:`TextSource.empty`.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import glob
 import gzip
@@ -27,12 +28,15 @@ import json
 import os
 import re
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from zerobatch.formats.errors import ConfigError, CorruptError, NotFoundError, TruncatedError
+from zerobatch.formats.errors import ConfigError, CorruptError, NotFoundError, TruncatedError, ZerobatchError
+
+if TYPE_CHECKING:
+    from pyarrow.parquet import ParquetFile
 
 __all__ = [
     "TEXT_KINDS",
@@ -223,10 +227,10 @@ def span_lines(f: io.BufferedIOBase, span: tuple[int, int] | None) -> Iterator[b
         yield raw
 
 
-def _lines(f: io.BufferedIOBase) -> Iterator[bytes]:
-    """The lines of a binary file with their endings, split on ``\n``, ``\r\n`` and ``\r``
-    (Python's universal newlines)."""
-    for raw in f:
+def _lines(lines: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of a binary file (or of a span of it) with their endings, split on ``\n``,
+    ``\r\n`` and ``\r`` (Python's universal newlines)."""
+    for raw in lines:
         if b"\r" in raw:
             yield from raw.splitlines(keepends=True)
         else:
@@ -296,14 +300,10 @@ class TextSource:
             raise ConfigError("--metadata-fields: plain text has no fields (JSONL, Parquet and HF rows do)",
                               path=self.path, field="metadata_fields")
         if self.kind == "parquet":
-            pq = _pyarrow_parquet()
             total = 0
             for f in self.files:
-                try:
-                    total += pq.ParquetFile(f).metadata.num_rows
-                except Exception as exc:  # pyarrow raises its own types for damaged files
-                    raise CorruptError(f"parquet: cannot read the file's metadata: {exc}", path=f,
-                                       field="parquet") from None
+                with _open_parquet(f) as pf:
+                    total += pf.metadata.num_rows
             self.total_work = total
         else:
             self.total_work = sum(os.path.getsize(f) for f in self.files)
@@ -451,9 +451,7 @@ class TextSource:
     def _arrow_documents(self) -> Iterator[tuple[str, int]]:
         for path in self.files:
             if self.kind == "parquet":
-                pq = _pyarrow_parquet()
-                try:
-                    pf = pq.ParquetFile(path)
+                with _open_parquet(path) as pf:
                     if self.text_field not in pf.schema_arrow.names:
                         raise ConfigError(f"--field: no column {self.text_field!r} (columns: "
                                           f"{pf.schema_arrow.names})", path=path, field=self.text_field)
@@ -470,10 +468,6 @@ class TextSource:
                             if self.meta_fields:
                                 self._meta = {f: cols[f][i] for f in self.meta_fields}
                             yield text or "", 1
-                except ConfigError:
-                    raise
-                except Exception as exc:  # pyarrow's own errors for damaged files
-                    raise CorruptError(f"parquet: {exc}", path=path, field="parquet") from None
             else:
                 import pyarrow as pa
 
@@ -621,13 +615,27 @@ def _text_options(options: dict[str, Any]) -> dict[str, Any]:
             if k in ("text_field", "split", "hf_split", "docs_per_shard", "text_errors", "meta_fields")}
 
 
-def _pyarrow_parquet() -> Any:
+@contextlib.contextmanager
+def _open_parquet(path: str) -> Iterator[ParquetFile]:
+    """``path`` opened with pyarrow, for the reads of the ``with`` block: the one way every
+    Parquet input (text or chat, whole or by row groups) is opened.
+
+    Raises:
+        ConfigError: pyarrow is not installed.
+        CorruptError: pyarrow cannot open or read the file (its own exception types, turned into
+            one naming the file); zerobatch's own errors raised in the block pass as they are.
+    """
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise ConfigError("reading Parquet needs pyarrow: pip install 'zerobatch-prepare[parquet]'",
                           field="from") from None
-    return pq
+    try:
+        yield pq.ParquetFile(path)
+    except ZerobatchError:
+        raise
+    except Exception as exc:  # pyarrow's own errors for damaged files
+        raise CorruptError(f"parquet: {exc}", path=path, field="parquet") from None
 
 
 # --------------------------------------------------------------------------------------------

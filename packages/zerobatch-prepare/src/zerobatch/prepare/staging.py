@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,14 +85,15 @@ def shard_path(staging: str, k: int) -> str:
     return os.path.join(staging, f"shard-{k:06d}.npz")
 
 
-def write_shard(staging: str, k: int, tokens: np.ndarray, lengths: np.ndarray, *,
-                counts: dict[str, int] | None = None, **members: np.ndarray) -> tuple[int, int, int]:
+def write_shard(staging: str, k: int, tokens: np.ndarray, lengths: np.ndarray,
+                members: Mapping[str, np.ndarray] | None = None, *,
+                counts: dict[str, int] | None = None) -> tuple[int, int, int]:
     """Stage group ``k``: ``tokens`` (its documents back to back), ``lengths``, ``members``
-    (arrays of the encoder's, e.g. ``rows``, ``meta``, ``loss_mask``) and ``counts``, written
-    atomically; returns ``(k, tokens, documents)``."""
+    (arrays of the encoder's by name, e.g. ``rows``, ``meta``, ``loss_mask``) and ``counts``,
+    written atomically; returns ``(k, tokens, documents)``."""
     buf = io.BytesIO()
     top = np.array([int(tokens.max()) if tokens.size else -1], np.int64)
-    extra = dict(members)
+    extra = dict(members or {})
     if counts is not None:   # JSON text, as every staged member (no pickles in a staged shard)
         extra["counts"] = np.array(json.dumps(counts, sort_keys=True))
     np.savez(buf, tokens=tokens, lengths=lengths, top=top, **extra)  # type: ignore[arg-type]

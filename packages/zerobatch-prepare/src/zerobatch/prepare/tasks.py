@@ -96,12 +96,9 @@ def plan_units(source: TextSource, unit_bytes: int = DEFAULT_UNIT_BYTES) -> list
     for f in source.files:
         part = source.part_of(f)
         if part.kind == "parquet":
-            from zerobatch.prepare.sources import _pyarrow_parquet
-            try:
-                groups = _pyarrow_parquet().ParquetFile(f).metadata.num_row_groups
-            except Exception as exc:   # pyarrow's own errors for damaged files
-                raise CorruptError(f"parquet: cannot read the file's metadata: {exc}", path=f,
-                                   field="parquet") from None
+            from zerobatch.prepare.sources import _open_parquet
+            with _open_parquet(f) as pf:
+                groups = pf.metadata.num_row_groups
             units += [Unit(f, (g, g + 1)) for g in range(groups)] or [Unit(f)]
             continue
         size = os.path.getsize(f)
@@ -160,10 +157,11 @@ def unit_source(source: TextSource, unit: Unit) -> TextSource:
     sub = copy.copy(source.part_of(unit.file))
     sub.files, sub.span = [unit.file], unit.span
     if sub.kind == "parquet":       # progress in rows
-        from zerobatch.prepare.sources import _pyarrow_parquet
-        meta = _pyarrow_parquet().ParquetFile(unit.file).metadata
-        groups = range(meta.num_row_groups) if unit.span is None else range(*unit.span)
-        sub.total_work = sum(meta.row_group(g).num_rows for g in groups)
+        from zerobatch.prepare.sources import _open_parquet
+        with _open_parquet(unit.file) as pf:
+            meta = pf.metadata
+            groups = range(meta.num_row_groups) if unit.span is None else range(*unit.span)
+            sub.total_work = sum(meta.row_group(g).num_rows for g in groups)
     elif unit.span is not None:     # in bytes
         sub.total_work = unit.span[1] - unit.span[0]
     else:

@@ -51,7 +51,7 @@ class TextTokenizer:
     fingerprint: str
     vocab_size: int | None = None
 
-    def encode_batch(self, texts: list[str]) -> list[Sequence[int]]:
+    def encode_batch(self, texts: list[str]) -> Sequence[Sequence[int]]:
         """The ids of each text, special-token text encoded as ordinary text."""
         raise ConfigError(f"{self.spec!r} cannot encode", field="tokenizer")
 
@@ -97,7 +97,7 @@ class _HF(TextTokenizer):
             self.fingerprint = "hf:" + hashlib.sha256(f.read()).hexdigest()
         self.vocab_size = int(self.tok.get_vocab_size(with_added_tokens=True))
 
-    def encode_batch(self, texts: list[str]) -> list[Sequence[int]]:
+    def encode_batch(self, texts: list[str]) -> Sequence[Sequence[int]]:
         return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: list[int]) -> str:
@@ -134,7 +134,7 @@ class _Tiktoken(TextTokenizer):
         self.fingerprint = f"tiktoken:{self.enc.name}:{ranks.hexdigest()}"
         self.vocab_size = int(self.enc.n_vocab)
 
-    def encode_batch(self, texts: list[str]) -> list[Sequence[int]]:
+    def encode_batch(self, texts: list[str]) -> Sequence[Sequence[int]]:
         return self.enc.encode_ordinary_batch(texts, num_threads=1)
 
     def decode(self, ids: list[int]) -> str:
@@ -166,7 +166,7 @@ class _SentencePiece(TextTokenizer):
         self.fingerprint = "sentencepiece:" + hashlib.sha256(blob).hexdigest()
         self.vocab_size = int(self.sp.get_piece_size())
 
-    def encode_batch(self, texts: list[str]) -> list[Sequence[int]]:
+    def encode_batch(self, texts: list[str]) -> Sequence[Sequence[int]]:
         return self.sp.encode(texts, out_type=int)
 
     def decode(self, ids: list[int]) -> str:
@@ -187,7 +187,7 @@ class _Function(TextTokenizer):
         name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
         self.fingerprint = f"function:{name}"
 
-    def encode_batch(self, texts: list[str]) -> list[Sequence[int]]:
+    def encode_batch(self, texts: list[str]) -> Sequence[Sequence[int]]:
         out = self.fn(texts)
         if len(out) != len(texts):
             raise ConfigError(f"tokenizer: {self.fingerprint[9:]} returned {len(out)} id lists for {len(texts)} texts",

@@ -1,6 +1,6 @@
 """Mixing sources in exact proportions, resumable across changes of the weights.
 
-:class:`MixtureSchedule` decides, sample by sample, which source the next sample comes from
+:class:`MixtureOrder` decides, sample by sample, which source the next sample comes from
 and which item of that source it is:
 
 - **Which source**: the "largest sampling error first" rule of Megatron's blended datasets.
@@ -14,14 +14,25 @@ and which item of that source it is:
   large weight is upsampled by cycling through epochs; a source is never repeated within one
   of its epochs.
 
-The state (:meth:`MixtureSchedule.state_dict`) holds every source's ``consumed`` count by
-name, the weights, and the picks since the weights last changed. Loading it into a schedule
-with *other* weights, or with sources added or removed, continues every source that both
+The state (:meth:`MixtureOrder.state_dict`) holds every source's ``consumed`` count by
+name, the weights, and the picks since the weights last changed. Loading it into a mixture
+order with *other* weights, or with sources added or removed, continues every source that both
 know exactly where it stopped (nothing already consumed comes again in that epoch), starts
 new sources at 0, and applies the new weights from that point on.
 
 Rank sharding needs no communication: every rank computes the same global sequence, and rank
 ``r`` of ``w`` takes samples ``[r * b, (r + 1) * b)`` of each global batch of ``w * b``.
+
+**An order, not a schedule.** A mixture order plays for a mixture the role an
+:class:`~zerobatch.samplers.IndexOrder` plays for one source: it says which (source, item)
+each *global* sample is, for every rank alike, and knows nothing of ranks, batch sizes or
+delivered steps. The :class:`~zerobatch.samplers.Schedule` over it is
+:class:`~zerobatch.samplers.MixtureSampler` (as :class:`~zerobatch.samplers.IndexSampler` is
+over an index order): it cuts the samples into steps, gives each rank its part and saves the
+position, with this order's state nested under ``"mixture"``. Unlike an index order it is
+read in sequence (:meth:`MixtureOrder.take`; its state is how far it has been read), because
+the source of a sample depends on the picks before it. ``MixtureSchedule`` is its former
+name, kept as an alias.
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ from zerobatch.core.checks import check_count, check_rank, check_seed
 from zerobatch.formats.errors import ConfigError, StateError
 from zerobatch.samplers.orders import GlobalRandomOrder, IndexOrder, SequentialOrder
 
-__all__ = ["MIXTURE_STATE_VERSION", "MixtureSchedule", "WeightSchedule"]
+__all__ = ["MIXTURE_STATE_VERSION", "MixtureOrder", "MixtureSchedule", "WeightSchedule"]
 
 MIXTURE_STATE_VERSION = 1
 
@@ -128,8 +139,9 @@ def _source_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest, "little")
 
 
-class MixtureSchedule:
-    """Which source and item each sample of a mixture is (see the module documentation).
+class MixtureOrder:
+    """Which source and item each global sample of a mixture is (see the module documentation):
+    the order a :class:`~zerobatch.samplers.MixtureSampler` cuts into steps.
 
     Args:
         sources: ``(name, size, weight)`` per source: a unique name (it identifies the source
@@ -247,8 +259,8 @@ class MixtureSchedule:
         return out
 
     def take_step(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ``n`` samples of the next step (:meth:`take` under the weights the schedule
-        gives this step); advances the step."""
+        """The ``n`` samples of the next step (:meth:`take` under the weights the weight
+        schedule gives this step); advances the step."""
         n = check_count(n, "n")
         if self.weight_schedule is None:
             self.step += 1
@@ -315,10 +327,10 @@ class MixtureSchedule:
 
     def load_state_dict(self, state: Mapping[str, Any], *, step: int | None = None) -> None:
         """Continue from ``state``, even with other weights or sources (module docs). With a
-        :class:`WeightSchedule`, the schedule continues at the state's step (``step``: the
-        step to continue at when the state has none, a state saved without a schedule);
-        the counters continue when the state was saved in the same stretch of the same
-        schedule, else the proportions count from here.
+        :class:`WeightSchedule`, the weight schedule continues at the state's step (``step``:
+        the step to continue at when the state has none, a state saved without a weight
+        schedule); the counters continue when the state was saved in the same stretch of
+        the same weight schedule, else the proportions count from here.
 
         Raises:
             StateError: not a mixture state, another seed or shuffle, a source whose size
@@ -385,4 +397,9 @@ class MixtureSchedule:
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{n}: {w:.3f} of {s}" for n, w, s in zip(self.names, self.weights, self.sizes, strict=True))
-        return f"MixtureSchedule({parts}, seed={self.seed})"
+        return f"MixtureOrder({parts}, seed={self.seed})"
+
+
+#: The former name of :class:`MixtureOrder` (it is an order, not a
+#: :class:`~zerobatch.samplers.Schedule`); code, pickles and states that name it keep working.
+MixtureSchedule = MixtureOrder

@@ -14,9 +14,11 @@ rank sharding, epochs and resuming lives here and not in the loaders:
   position after the last delivered step; :meth:`Schedule.advanced` is the state ``n``
   steps further.
 
-Two schedules implement it: :class:`~zerobatch.samplers.IndexSampler` (one index order cut
-into global batches, dealt round-robin to ranks) and :class:`MixtureSampler` (several
-sources in exact proportions, :class:`~zerobatch.samplers.MixtureSchedule`).
+Two schedules implement it, each over an order that says which item every global sample is:
+:class:`~zerobatch.samplers.IndexSampler` (one :class:`~zerobatch.samplers.IndexOrder` cut
+into global batches, dealt round-robin to ranks) and :class:`MixtureSampler` (a
+:class:`~zerobatch.samplers.MixtureOrder`: several sources in exact proportions). The orders
+know nothing of ranks, steps or delivered positions; that is the schedules' part.
 
 **One resume rule for every schedule.** A state is the count of what the whole job consumed
 (global positions of the epoch, or samples per mixture source), never a per-rank position,
@@ -39,7 +41,7 @@ import numpy as np
 from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError, StateError
 from zerobatch.samplers._dist import resolve_rank
-from zerobatch.samplers.mixture import MixtureSchedule
+from zerobatch.samplers.mixture import MixtureOrder
 from zerobatch.samplers.state import STATE_VERSION
 
 if TYPE_CHECKING:
@@ -203,19 +205,19 @@ class Schedule(ABC):
 
 
 class MixtureSampler(Schedule):
-    """The steps of a :class:`~zerobatch.samplers.MixtureSchedule` for one rank: every global
-    step takes the next ``global_batch_size`` samples of the schedule, and rank ``r`` reads
-    samples ``[r * b, (r + 1) * b)`` of them. Endless (a mixture has no epochs).
+    """The steps of a :class:`~zerobatch.samplers.MixtureOrder` for one rank: every global
+    step takes the next ``global_batch_size`` samples of the mixture order, and rank ``r``
+    reads samples ``[r * b, (r + 1) * b)`` of them. Endless (a mixture has no epochs).
 
     Args:
-        schedule: the mixture (its state is this sampler's position).
+        mixture: the mixture order (its state is this sampler's position).
         batch_size / global_batch_size: per rank / over all ranks (give one).
         rank, world_size: this process's place (default: from ``torch.distributed`` or the
             environment, see :func:`~zerobatch.samplers.resolve_rank`).
 
     The state holds the mixture's (counts consumed per source, by name) and the steps
     delivered; it resumes on any world size, with other weights or added sources
-    (:meth:`MixtureSchedule.load_state_dict`).
+    (:meth:`MixtureOrder.load_state_dict`).
 
     ``batch_schedule``: ``[(step, global batch), ...]`` from step 0: the global batch changes
     at those steps (a batch-size ramp); every rank reads its share of each step's batch.
@@ -223,20 +225,25 @@ class MixtureSampler(Schedule):
 
     kind = "mixture"
 
-    def __init__(self, schedule: MixtureSchedule, batch_size: int | None = None, *,
+    def __init__(self, mixture: MixtureOrder, batch_size: int | None = None, *,
                  global_batch_size: int | None = None, rank: int | None = None,
                  world_size: int | None = None, batch_schedule: Any = None) -> None:
-        if not isinstance(schedule, MixtureSchedule):
-            raise ConfigError(f"schedule must be a MixtureSchedule, got {type(schedule).__name__}", field="schedule")
-        self.schedule = schedule
+        if not isinstance(mixture, MixtureOrder):
+            raise ConfigError(f"mixture must be a MixtureOrder, got {type(mixture).__name__}", field="mixture")
+        self.mixture = mixture
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.batch_schedule = check_batch_schedule(batch_schedule, self.world_size)
         if self.batch_schedule and batch_size is None and global_batch_size is None:
             global_batch_size = self.batch_schedule[0][1]
         self.batch_size, self.global_batch_size = batch_sizes(batch_size, global_batch_size, self.world_size)
         self.epoch = 0
-        self._state = schedule.state_dict()     # the schedule after the last delivered step
+        self._state = mixture.state_dict()      # the mixture order after the last delivered step
         self._steps = 0                         # steps delivered
+
+    @property
+    def schedule(self) -> MixtureOrder:
+        """The former name of :attr:`mixture` (the mixture order, not a schedule)."""
+        return self.mixture
 
     @property
     def endless(self) -> bool:
@@ -255,22 +262,22 @@ class MixtureSampler(Schedule):
     def plan(self, first: int = 0, stride: int = 1) -> Iterator[Planned]:
         first = check_count(first, "first")
         stride = check_count(stride, "stride", minimum=1)
-        sched = copy.deepcopy(self.schedule)
-        sched.load_state_dict(self._state, step=self._steps)
+        mix = copy.deepcopy(self.mixture)
+        mix.load_state_dict(self._state, step=self._steps)
         at = self._steps                        # the global step the plan starts at
         taken = 0
         step = first
         while True:
             while taken < step:
-                sched.take_step(self.global_batch_at(at + taken))     # a step of another worker
+                mix.take_step(self.global_batch_at(at + taken))     # a step of another worker
                 taken += 1
             g = self.global_batch_at(at + taken)
             b = g // self.world_size
-            src, items = sched.take_step(g)
+            src, items = mix.take_step(g)
             taken += 1
             part = slice(self.rank * b, (self.rank + 1) * b)
             yield Planned(items[part].reshape(1, b), src[part].reshape(1, b),
-                          [(sched.state_dict(), at + taken)])
+                          [(mix.state_dict(), at + taken)])
             step += stride
 
     def global_batch_at(self, step: int) -> int:
@@ -306,7 +313,7 @@ class MixtureSampler(Schedule):
 
         Raises:
             StateError: not a mixture state, or one that does not fit the mixture
-                (:meth:`MixtureSchedule.load_state_dict`).
+                (:meth:`MixtureOrder.load_state_dict`).
         """
         if not isinstance(state, dict):
             raise StateError(f"state: expected a dict, got {type(state).__name__}", field="state")
@@ -318,12 +325,12 @@ class MixtureSampler(Schedule):
         steps = state.get("steps")
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise StateError(f"steps: must be a count, got {steps!r}", field="steps")
-        probe = copy.deepcopy(self.schedule)
+        probe = copy.deepcopy(self.mixture)
         # raises StateError for a state that does not fit; a weight schedule continues at `steps`
         probe.load_state_dict(state.get("mixture"), step=steps)
         self._state = probe.state_dict()
         self._steps = steps
 
     def __repr__(self) -> str:
-        return (f"MixtureSampler({self.schedule!r}, batch_size={self.batch_size}, rank={self.rank}, "
+        return (f"MixtureSampler({self.mixture!r}, batch_size={self.batch_size}, rank={self.rank}, "
                 f"world_size={self.world_size})")

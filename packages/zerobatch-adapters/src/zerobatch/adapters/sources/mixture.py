@@ -11,14 +11,14 @@ import numpy as np
 from zerobatch.adapters.sources._base import DEFAULT_SEED, Source
 from zerobatch.formats.errors import ConfigError
 from zerobatch.readers.base import Access
-from zerobatch.samplers import IndexOrder, MixtureSampler, MixtureSchedule, Schedule, WeightSchedule
+from zerobatch.samplers import IndexOrder, MixtureOrder, MixtureSampler, Schedule, WeightSchedule
 from zerobatch.samplers.schedule import check_batch_schedule
 
 __all__ = ["Curriculum", "Mixture"]
 
 
 class Mixture(Source):
-    """Several sources interleaved in exact proportions (:class:`~zerobatch.samplers.MixtureSchedule`).
+    """Several sources interleaved in exact proportions (:class:`~zerobatch.samplers.MixtureOrder`).
 
     Every global batch takes its samples from the sources by the "largest sampling error
     first" rule, each source in its own order (a fresh shuffle per pass over it), small
@@ -82,8 +82,8 @@ class Mixture(Source):
         self.sources = [e[1] for e in entries]
         self.weights = [e[2] for e in entries]
         self.seed, self.shuffle = seed, shuffle
-        self.mixture_schedule = MixtureSchedule([(n, s.num_items, w) for n, s, w in entries], seed=seed,
-                                                shuffle=shuffle, weight_schedule=weight_schedule)
+        self.mixture_order = MixtureOrder([(n, s.num_items, w) for n, s, w in entries], seed=seed,
+                                          shuffle=shuffle, weight_schedule=weight_schedule)
         self.weight_schedule = weight_schedule
         self.num_items = sum(s.num_items for s in self.sources)
         self.fingerprint = ",".join(f"{n}={s.fingerprint}" for n, s in zip(self.names, self.sources, strict=True))
@@ -91,12 +91,17 @@ class Mixture(Source):
         self.output = first.output         # every source hands out the same kind of step
 
     @property
+    def mixture_schedule(self) -> MixtureOrder:
+        """The former name of :attr:`mixture_order`."""
+        return self.mixture_order
+
+    @property
     def access(self) -> Access:
         return Access.of_all(s.access for s in self.sources)
 
     def schedule(self, batch_size: int, *, rank: int, world_size: int, shuffle: bool = True, seed: int = 0,
                  tail: str = "drop", order: IndexOrder | None = None, epoch: int = 0) -> Schedule:
-        """A :class:`~zerobatch.samplers.MixtureSampler` over the mixture's schedule (the
+        """A :class:`~zerobatch.samplers.MixtureSampler` over the mixture's order (the
         loader's ``shuffle``, ``seed`` and ``tail`` do not apply: the mixture has its own
         seed and no epochs).
 
@@ -108,9 +113,9 @@ class Mixture(Source):
         if epoch:
             raise ConfigError("epoch: a mixture has no epochs", field="epoch")
         if self.batch_schedule is not None:
-            return MixtureSampler(copy.deepcopy(self.mixture_schedule), rank=rank, world_size=world_size,
+            return MixtureSampler(copy.deepcopy(self.mixture_order), rank=rank, world_size=world_size,
                                   batch_schedule=self.batch_schedule)
-        return MixtureSampler(copy.deepcopy(self.mixture_schedule), batch_size, rank=rank, world_size=world_size)
+        return MixtureSampler(copy.deepcopy(self.mixture_order), batch_size, rank=rank, world_size=world_size)
 
     def chunk_steps(self, items_per_step: int) -> int:
         return 1

@@ -59,26 +59,32 @@ class ZRecordDocuments(Documents):
 def write(dst: str, chunks: Chunks, target: Target) -> str:
     """``convert --to zrecord``: one record per document, field ``tokens`` (built under a
     temporary name and renamed into place)."""
+    from zerobatch.formats.zrecord import FieldSpec
     from zerobatch.writers.zrecord import ZRecordWriter
 
     args = target.options
 
     def build(folder: str) -> str:
-        spec = [{"name": "tokens", "dtype": "u16" if target.dtype == "uint16" else "u32", "shape": None,
-                 "compress": args.compress}]
+        spec = [FieldSpec("tokens", "u16" if target.dtype == "uint16" else "u32", None, args.compress)]
         if target.rows is not None:
-            spec.append({"name": "row", "dtype": "i64", "shape": [], "compress": "raw"})
+            spec.append(FieldSpec("row", "i64", (), "raw"))
         w = ZRecordWriter(folder, spec, num_writers=max(1, min(args.workers, 8)))
         np_dt = np.uint16 if target.dtype == "uint16" else np.uint32
         docs = (np.ascontiguousarray(d, dtype=np_dt) for d in documents(chunks))
+        records: Iterator[np.ndarray | dict[str, np.ndarray | np.int64]] = docs
         if target.rows is not None:
-            rows = target.rows()
-            docs = ({"tokens": d, "row": np.int64(next(rows))} for d in docs)  # type: ignore[assignment]
+            records = _with_rows(docs, target.rows())
         try:
-            n = len(w.extend(docs))
+            n = len(w.extend(records))
         except BaseException:
             w.close(commit=False)
             raise
         w.close()
         return f"{n:,} records (field tokens, {target.dtype}, {args.compress})"
     return f"{build_folder(dst, build, overwrite=target.options.overwrite)}, {target.num_tokens:,} tokens"
+
+
+def _with_rows(docs: Iterator[np.ndarray], rows: Iterator[int]) -> Iterator[dict[str, np.ndarray | np.int64]]:
+    """Each document as a record of two fields: its tokens and the source row it came from."""
+    for d in docs:
+        yield {"tokens": d, "row": np.int64(next(rows))}

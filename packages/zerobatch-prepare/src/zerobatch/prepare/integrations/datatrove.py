@@ -46,6 +46,7 @@ import numpy as np
 
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
+from zerobatch.formats.errors import ConfigError
 from zerobatch.formats.tokstream import DEFAULT_SHARD_TOKENS
 
 __all__ = ["TokenStreamCommit", "TokenStreamStep"]
@@ -93,6 +94,8 @@ class TokenStreamStep(PipelineStep):
         tok = load_tokenizer(self.tokenizer)
         eod = self.eod_id if self.eod_id is not None else find_eod(tok, self.eod_token, self.tokenizer)
         vocab = tok.vocab_size
+        if vocab is None:       # a tokenizer function: the plan and the shards need the vocabulary size
+            raise ConfigError("tokenizer: it does not say its vocabulary size", field="tokenizer")
         TK.write_plan(self.output_folder, {
             "version": 1, "tasks": world_size, "units": [["datatrove task", [r, r + 1]] for r in range(world_size)],
             "source": {"engine": "datatrove"}, "tokenizer": tok.fingerprint, "eod": eod, "bos": None,

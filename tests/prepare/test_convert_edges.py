@@ -1,4 +1,5 @@
-"""Edge cases users met in ``zerobatch convert``: undecodable text (lone UTF-16 surrogates,
+"""Edge cases users met in conversion (``zerobatch.prepare``'s ``convert``, which ``zerobatch
+convert`` runs): undecodable text (lone UTF-16 surrogates,
 invalid UTF-8) under an explicit policy, empty and null rows counted, destinations checked
 before any work and replaced only with ``--overwrite``, staging removed after a fault a rerun
 would meet again, and documents started with a BOS token."""
@@ -7,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -61,17 +60,6 @@ def test_lone_surrogates_are_replaced_and_counted_or_refused(tok, tmp_path):
     assert not [p for p in os.listdir(tmp_path) if p.startswith("strict.ts")]
 
 
-def test_the_cli_reports_a_lone_surrogate_in_one_line(tok, tmp_path):
-    src = tmp_path / "a.jsonl"
-    src.write_text('{"text": "fine"}\n' + SURROGATE)
-    r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "convert", str(src), str(tmp_path / "o.ts"), "--to",
-                        "tokstream", "--tokenizer", tok[0], "--text-errors", "strict", "-q", "--workers", "1"],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1 and "internal error" not in r.stderr, r.stderr
-    assert "a.jsonl" in r.stderr and "line 2" in r.stderr
-    assert not [p for p in os.listdir(tmp_path) if p.startswith("o.ts")]
-
-
 def test_invalid_utf8_follows_the_same_policy(tok, tmp_path):
     path, _ = tok
     src = tmp_path / "b.txt"
@@ -121,6 +109,19 @@ def test_staging_is_removed_after_a_fault_a_rerun_would_meet(tok, tmp_path):
     with pytest.raises(CorruptError, match="line 301"):
         run(src, tmp_path / "f.ts", tokenizer=tok[0], docs_per_shard=10)
     assert os.listdir(tmp_path) == ["f.jsonl"]
+
+
+def test_a_damaged_parquet_file_is_a_typed_error_naming_it(tok, tmp_path):
+    """pyarrow's own errors, wherever a Parquet file is opened (counting its rows, reading it,
+    planning the tasks' units of it), are one CorruptError naming the file."""
+    pytest.importorskip("pyarrow")
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1" + bytes(60))
+    for kw in ({}, {"task": 0, "tasks": 2}):
+        with pytest.raises(CorruptError, match="parquet: ") as e:
+            run(bad, tmp_path / "o.ts", tokenizer=tok[0], **kw)
+        assert e.value.path == str(bad) and e.value.field == "parquet"
+        assert not (tmp_path / "o.ts").exists()
 
 
 def test_documents_can_start_with_bos(tok, tmp_path):
@@ -270,19 +271,6 @@ def test_messages_say_what_is_wrong(tmp_path):
                                                         print))
     run(tmp_path / "pre", tmp_path / "pre.ts")
     assert [len(d) for d in docs(tmp_path / "pre.ts")] == [4, 6]
-
-
-def test_every_command_has_a_description_and_an_example():
-    from zerobatch.cli.main import COMMAND_HELP, build_parser
-
-    parser = build_parser()
-    sub = next(a for a in parser._actions if a.dest == "command")
-    assert set(sub.choices) == set(COMMAND_HELP)
-    for name, p in sub.choices.items():
-        text = p.format_help()
-        assert "example:\n  zerobatch " + name in text and COMMAND_HELP[name][0][:30] in text.replace("\n", " ")
-    to = next(a for a in sub.choices["convert"]._actions if a.dest == "to")
-    assert "megatron" in to.help and "tokstream" in to.help
 
 
 def test_llm_c_token_files_skip_their_header(tmp_path):

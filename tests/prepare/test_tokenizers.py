@@ -1,6 +1,6 @@
 """``convert`` with every tokenizer kind, against the real libraries: tiktoken's GPT-2 encoding
 (nanoGPT's), a SentencePiece model, a user function; special-token text stays ordinary text in
-every backend; ``stats --tokenizer`` shows decoded text."""
+every backend (``stats --tokenizer`` showing decoded text: tests/cli/test_commands.py)."""
 
 from __future__ import annotations
 
@@ -132,20 +132,3 @@ def test_a_tokenize_function_in_the_python_api(tmp_path):
     with pytest.raises(ConfigError, match="returned 1 id lists for 2 texts"):
         convert(str(src), str(tmp_path / "g.ts"), to="tokstream", tokenizer=lambda t: [[1]], eod_id=0, workers=1,
                 quiet=True, log=lambda s: None)
-
-
-def test_stats_shows_decoded_text(tmp_path):
-    from zerobatch.cli.quickstart import bundled_text, train_tokenizer
-
-    (tmp_path / "c.txt").write_text(bundled_text()[:20_000])
-    train_tokenizer(str(tmp_path / "c.txt"), 300, str(tmp_path / "tok.json"))
-    tok = load_tokenizer(str(tmp_path / "tok.json"))
-    the = tok.encode_batch([" the"])[0]
-    assert len(the) == 1 and tok.label(the[0]) == " the" and tok._piece(the[0]) == "Ġthe"
-    src = jsonl(tmp_path / "s.jsonl", ["the the the the the the and the"])
-    convert(str(src), str(tmp_path / "s.ts"), to="tokstream", tokenizer=str(tmp_path / "tok.json"), workers=1,
-            quiet=True, log=lambda s: None)
-    r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "stats", str(tmp_path / "s.ts"), "--tokenizer",
-                        str(tmp_path / "tok.json")], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "' the'" in r.stdout and "Ġ" not in r.stdout, r.stdout

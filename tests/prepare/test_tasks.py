@@ -3,7 +3,9 @@ tasks over the same inputs (several JSONL files, one of them cut into byte-range
 Parquet files split by row group) give the same dataset shard for shard, holding the documents
 of a one-process convert in the same order; a task killed at every point of its writing and
 run again leaves a correct dataset; commit with a missing part fails, names the tasks and
-changes nothing; commit is idempotent; tasks with other options are refused."""
+changes nothing; commit is idempotent; tasks with other options are refused; units are dealt
+evenly to the first tasks, and a part's build id is the one its writer derives. (The
+commands' own messages, and what commit refuses: tests/cli/test_task_checks.py.)"""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 from zerobatch.prepare.pipeline import convert  # noqa: E402
 from zerobatch.cli.quickstart import bundled_text, train_tokenizer  # noqa: E402
-from zerobatch.prepare.tasks import commit  # noqa: E402
+from zerobatch.prepare.tasks import commit, part_build_id, task_units, unit_owner, unit_seed  # noqa: E402
 from zerobatch.formats.errors import ConfigError  # noqa: E402
 from zerobatch.readers.tokstream import TokenStreamReader  # noqa: E402
 
@@ -165,25 +167,6 @@ def test_a_task_killed_anywhere_and_run_again_leaves_a_correct_dataset(inputs, t
         assert layout(dst) == want and files_of(dst) == files_of(ref), at
 
 
-def test_the_command_line(inputs, tmp_path):
-    src, tok = inputs["jsonl"], inputs["tok"]
-    dst = tmp_path / "cli"
-    for i in range(2):
-        r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "convert", str(src), str(dst), "--to", "tokstream",
-                            "--tokenizer", tok, "--task", str(i), "--tasks", "2", "--unit-bytes", "4096", "-q",
-                            "--workers", "1"], capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0 and f"task {i} of 2" in r.stdout, r.stderr
-    r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "commit", str(dst)], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0 and "committed" in r.stdout, r.stderr
-    one = tmp_path / "one"
-    convert(str(src), str(one), to="tokstream", tokenizer=tok, workers=1, quiet=True, log=quiet)
-    assert tokens_and_docs(dst) == tokens_and_docs(one)
-    r = subprocess.run([sys.executable, "-m", "zerobatch.cli", "commit", str(tmp_path / "none")], capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 1 and "plan.json" in r.stderr
-
-
 def doc_meta(path: Path) -> list:
     with TokenStreamReader(path) as r:
         out = []
@@ -308,3 +291,24 @@ def test_tasks_prepare_into_object_storage_and_commit_puts_the_manifest_last(inp
     assert tokens_and_docs(url) == tokens_and_docs(local)
     lines: list[str] = []
     assert commit(url, log=lines.append).build_id == m.build_id and "committed already" in lines[0]
+
+
+def test_task_units_cover_every_unit_once_and_the_first_tasks_take_them():
+    for n in (0, 1, 2, 3, 7, 64, 100):
+        for tasks in (1, 2, 3, 8, 100, 101):
+            got = [u for t in range(tasks) for u in task_units(n, t, tasks)]
+            assert got == list(range(n)), (n, tasks)
+            sizes = [len(task_units(n, t, tasks)) for t in range(tasks)]
+            assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+            for u in range(n):
+                assert u in task_units(n, unit_owner(n, u, tasks), tasks)
+
+
+def test_part_build_id_is_the_one_the_writer_derives(tmp_path):
+    from zerobatch.writers.tokstream import ShardWriter
+    plan = {"version": 1, "tasks": 3, "units": [["f", None]], "x": [1, "é"]}
+    w = ShardWriter(tmp_path, "part-000000-00003", vocab_size=100, build_seed=unit_seed(plan, 0))
+    w.add_document([1, 2])
+    assert w.close().build_id == part_build_id(plan, 0, "part-000000-00003")
+    assert part_build_id(plan, 0, "part-000000-00003") != part_build_id(plan, 1, "part-000000-00003")
+    assert part_build_id({**plan, "tasks": 8}, 0, "part-000000-00003") == part_build_id(plan, 0, "part-000000-00003")

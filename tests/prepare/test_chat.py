@@ -5,8 +5,9 @@ messages, empty messages and unicode (hypothesis); the mask is stored beside the
 the loaders turn it into labels of -100. Also (issue 30): the mask on Qwen2/ChatML and Llama-3
 templates, with and without marks and add_generation_prompt branches, with a Qwen2-style
 tokenizer that merges newlines across a mark; content as a list of parts, template errors and
-undecodable text as typed errors through the command; the progress bar; head marking the
-trained tokens and stats giving their fraction, with a tokenizer folder."""
+undecodable text as typed errors through the command; a tokenizer folder as a tokenizer.
+What the commands show and check of a chat dataset (verify, inspect, head, stats, the
+progress bar) is tests/cli/test_chat_commands.py."""
 
 from __future__ import annotations
 
@@ -24,14 +25,11 @@ transformers = pytest.importorskip("transformers")
 
 from zerobatch.prepare.chat import ChatTemplate  # noqa: E402
 from zerobatch.prepare.pipeline import convert  # noqa: E402
-from zerobatch.cli.quickstart import bundled_text, train_tokenizer  # noqa: E402
+from zerobatch.cli.quickstart import bundled_text  # noqa: E402
 from zerobatch.formats.errors import ConfigError, CorruptError  # noqa: E402
 from zerobatch.readers.tokstream import TokenStreamReader, open_loss_mask  # noqa: E402
+from zbtest import CHATML, CHATML_SPECIALS, chat_tokenizer  # noqa: E402
 
-CHATML = ("{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
-          "{%- if message['role'] == 'assistant' %}{% generation %}{{ (message['content'] or '') + '<|im_end|>\\n' }}"
-          "{% endgeneration %}{%- else %}{{ (message['content'] or '') + '<|im_end|>\\n' }}{%- endif %}"
-          "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
 LLAMA = ("{{ bos_token }}{%- for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
          "'<|end_header_id|>\\n\\n' }}{%- if message['role'] == 'assistant' %}{% generation %}"
          "{{ message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}{%- else %}"
@@ -39,28 +37,14 @@ LLAMA = ("{{ bos_token }}{%- for message in messages %}{{ '<|start_header_id|>' 
          "{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}")
 
 
-def make_tokenizer(folder, template, specials):
-    from tokenizers import Tokenizer
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "t.txt").write_text(bundled_text()[:60_000])
-    train_tokenizer(str(folder / "t.txt"), 400, str(folder / "tokenizer.json"))
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tok.add_special_tokens(list(specials.values()))
-    tok.save(str(folder / "tokenizer.json"))
-    config = {"chat_template": template, "tokenizer_class": "PreTrainedTokenizerFast", **specials}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return str(folder)
-
-
 @pytest.fixture(scope="module")
 def chatml(tmp_path_factory):
-    return make_tokenizer(tmp_path_factory.mktemp("chatml"), CHATML,
-                          {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": "<|im_start|>"})
+    return chat_tokenizer(tmp_path_factory.mktemp("chatml"), CHATML, CHATML_SPECIALS)
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    return make_tokenizer(tmp_path_factory.mktemp("llama"), LLAMA,
+    return chat_tokenizer(tmp_path_factory.mktemp("llama"), LLAMA,
                           {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
                            "pad_token": "<|start_header_id|>", "unk_token": "<|end_header_id|>"})
 
@@ -183,8 +167,13 @@ def test_bad_chat_inputs_are_refused(chatml, tmp_path):
         convert(str(src), str(tmp_path / "o"), to="tokstream", tokenizer=chatml, chat=True, log=lambda *_: None)
     with pytest.raises(ConfigError, match="--chat"):
         convert(str(src), str(tmp_path / "o"), to="llmbatch", tokenizer=chatml, chat=True, log=lambda *_: None)
+    damaged = tmp_path / "damaged.parquet"          # not a Parquet file: pyarrow's error, typed
+    damaged.write_bytes(b"PAR1" + bytes(60))
+    with pytest.raises(CorruptError, match="parquet: ") as e:
+        convert(str(damaged), str(tmp_path / "o"), to="tokstream", tokenizer=chatml, chat=True, log=lambda *_: None)
+    assert e.value.path == str(damaged)
     odd = tmp_path / "odd"
-    make_tokenizer(odd, "{{ messages | length }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+    chat_tokenizer(odd, "{{ messages | length }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
                    {"eos_token": "<|im_end|>"})
     with pytest.raises(ConfigError, match="not a prefix"):
         ChatTemplate(str(odd)).encode([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
@@ -291,41 +280,6 @@ def test_chat_tasks_and_commit_give_the_dataset_and_mask_of_one_process(chatml, 
     assert_same_chat_data(one, url, 120)
 
 
-def test_verify_and_inspect_check_the_loss_mask_too(tmp_path):
-    """`zerobatch verify` checks a chat dataset's loss mask with its tokens: a flipped byte in
-    the mask, or a mask of other documents, is a fault naming the mask; inspect shows it."""
-    import numpy as np
-
-    from zerobatch.writers.tokstream import TokenStreamWriter
-
-    def build(folder, mask_lengths):
-        with TokenStreamWriter(folder, vocab_size=100, shard_tokens=500) as w:
-            for n in (30, 50, 70):
-                w.add_document(np.arange(n) % 100)
-        with TokenStreamWriter(folder / "loss_mask", vocab_size=2, shard_tokens=500) as w:
-            for n in mask_lengths:
-                w.add_document(np.arange(n) % 2)
-
-    def cli(*args):
-        return subprocess.run([sys.executable, "-m", "zerobatch.cli", *args], capture_output=True, text=True,
-                              timeout=120)
-    good = tmp_path / "good"
-    build(good, (30, 50, 70))
-    r = cli("verify", str(good))
-    assert r.returncode == 0 and "its loss mask: 1 shards" in r.stdout, r.stdout + r.stderr
-    assert "loss_mask" in cli("inspect", str(good)).stdout
-    tokens = next((good / "loss_mask").glob("*/tokens.bin"))
-    raw = bytearray(tokens.read_bytes())
-    raw[40] ^= 1
-    tokens.write_bytes(bytes(raw))
-    r = cli("verify", str(good))
-    assert r.returncode == 1 and "loss_mask" in r.stderr, r.stdout + r.stderr
-    other = tmp_path / "other"
-    build(other, (30, 120))
-    r = cli("verify", str(other))
-    assert r.returncode == 1 and "a mask of another dataset" in r.stderr, r.stdout + r.stderr
-
-
 # ---------------------------------------------------------------------------------------------
 # The loss mask follows {% generation %} marks exactly as transformers does (issue 30): the "\n"
 # a Qwen2/ChatML template writes after <|im_end|> outside the marks is not trained on; a reply
@@ -361,7 +315,6 @@ def llama_template(marks, prompt=True):
                "{%- endif %}" if prompt else ""))
 
 
-CHATML_SPECIALS = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": "<|im_start|>"}
 LLAMA_SPECIALS = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "pad_token": "<|start_header_id|>",
                   "unk_token": "<|end_header_id|>"}
 
@@ -553,53 +506,6 @@ def test_lone_surrogates_and_bad_utf8_follow_text_errors(chatml, tmp_path):
     # from Python, a surrogate the caller left in is a typed error too
     with pytest.raises(CorruptError, match="message 1: holds a lone UTF-16 surrogate"):
         chat.encode([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b\ud800"}])
-
-
-def test_convert_chat_shows_progress_head_marks_trained_tokens_stats_counts_them(chatml, tmp_path):
-    convs = [[{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]
-             for i in range(40)]
-    src = tmp_path / "c.jsonl"
-    src.write_text("".join(json.dumps({"messages": m}) + "\n" for m in convs) + "\n\n")
-    chat = ChatTemplate(chatml)
-    masks = [chat.encode(m)[1] for m in convs]
-    trained, total = sum(int(m.sum()) for m in masks), sum(m.size for m in masks)
-    r = cli("convert", src, tmp_path / "ds", "--to", "tokstream", "--tokenizer", chatml, "--chat")
-    assert r.returncode == 0, r.stderr
-    # the text path's bar: input bytes (all of them, blank lines at the end too) and tokens
-    assert "chat: 100%" in r.stderr and f"{total:,} tokens" in r.stderr, r.stderr
-    r = cli("convert", src, tmp_path / "quiet", "--to", "tokstream", "--tokenizer", chatml, "--chat", "-q")
-    assert r.returncode == 0 and "chat:" not in r.stderr, r.stderr
-    # head: the folder taken as --tokenizer; trained text between brackets (no tty: no colour)
-    r = cli("head", tmp_path / "ds", "-n", "2", "--tokenizer", chatml)
-    assert r.returncode == 0, r.stderr
-    assert "\x1b[" not in r.stdout
-    assert "<|im_start|>assistant\n\u27e6answer 1<|im_end|>\n\u27e7" in r.stdout, r.stdout
-    assert "<|im_start|>user\nquestion 1<|im_end|>\n<|im_start|>" in r.stdout
-    r = cli("head", tmp_path / "ds", "-n", "1")
-    assert r.returncode == 0 and "\u27e6" in r.stdout, r.stderr
-    r = cli("stats", tmp_path / "ds", "--tokenizer", chatml)
-    assert r.returncode == 0, r.stderr
-    assert f"trained on (loss mask 1): {trained:,} of {total:,} tokens ({100 * trained / total:.2f} %)" in r.stdout
-    # a dataset without a mask: no such line, nothing marked
-    plain = tmp_path / "plain.txt"
-    plain.write_text("hello world\n")
-    assert cli("convert", plain, tmp_path / "p", "--to", "tokstream", "--tokenizer", chatml + "/tokenizer.json",
-               "-q").returncode == 0
-    r = cli("head", tmp_path / "p", "--tokenizer", chatml)
-    assert r.returncode == 0 and "\u27e6" not in r.stdout and "hello world" in r.stdout, r.stderr
-    assert "trained on" not in cli("stats", tmp_path / "p").stdout
-
-
-def test_show_trained_cuts_and_colours():
-    from zerobatch.cli.formats.tokstream import show_trained
-    import numpy as np
-    dec = lambda ids: "".join(chr(96 + i) for i in ids)   # noqa: E731
-    ids, mask = [1, 2, 3, 4, 5], np.array([0, 1, 1, 0, 1])
-    assert show_trained(ids, mask, dec) == "a\u27e6bc\u27e7d\u27e6e\u27e7"
-    assert show_trained(ids, mask, dec, chars=2) == "a\u27e6b\u27e7 [...]"
-    assert show_trained(ids, mask, dec, colour=True) == "a\x1b[1;32mbc\x1b[0md\x1b[1;32me\x1b[0m"
-    assert show_trained(ids, mask, None) == "1 \u27e62 3\u27e7 4 \u27e65\u27e7"
-    assert show_trained([], np.zeros(0), dec) == ""
 
 
 def test_a_tokenizer_folder_for_head_and_stats(chatml, tmp_path):

@@ -103,6 +103,14 @@ def test_datatrove_tasks_write_into_object_storage(tmp_path, s3_endpoint, monkey
     assert sorted(got) == sorted(want) and len(got) == len(want)
 
 
+def test_a_tokenizer_that_does_not_say_its_vocabulary_size_is_refused(tmp_path):
+    """A tokenizer function (ids from Python) has no vocabulary size, which the plan and the
+    shards need: a typed error, as the Ray step gives, not a TypeError."""
+    step = TokenStreamWriter(str(tmp_path / "ds"), lambda texts: [[1] for _ in texts], eod_id=0)
+    with pytest.raises(ConfigError, match="vocabulary size"):
+        list(step.run(iter([]), rank=0, world_size=1))
+
+
 def test_the_import_paths_of_earlier_releases_still_work():
     """``zerobatch.cli.integrations.datatrove.TokenStreamWriter`` (the documented name before
     the step moved to zerobatch.prepare) is the step under its new name."""
