@@ -15,7 +15,9 @@ GOLDEN = REPO / "tests" / "fixtures" / "v1" / "llmbatch" / "zerobatch_3x5_seed9.
 # one worker builds the wheels once and runs every test here: the suite runs with pytest-xdist's
 # --dist loadfile (a file's tests on one worker). Not loadgroup: under pytest 9.2 xdist 3.8's
 # xdist_group marks are ignored, and two workers built the wheels at once.
-pytestmark = [pytest.mark.slow]
+# The first test's deadline covers the module's wheel build (9 wheels, the compiled core among
+# them: 184 s on an idle 2-core machine, past 300 s when the other worker's tests load it).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")
