@@ -354,3 +354,110 @@ def test_llmchnk_records_pack_from_an_s3_store(dataset, chunk_file, s3_endpoint,
     assert len(local) == len(remote) > 5
     for a, b in zip(local, remote, strict=True):
         assert all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in ("input_ids", "labels", "position_ids"))
+
+
+# -- the loss mask, read in the same compiled call as the tokens -------------------------------
+
+def _two_reads(mask, starts, stops, dtype=np.int32):
+    """The old second read of the loss mask: its values over the ranges, back to back."""
+    return mask.ranges(starts, stops, dtype=dtype)
+
+
+def _masked_sources(reader, seq_len):
+    """Every source with the loss mask beside the same source without it (the second read and
+    the NumPy merge of the old code are redone in the test from ``reader.stream("loss_mask")``)."""
+    from zerobatch.adapters.torch import TokenDocuments, TokenWindows
+    out = []
+    for mb in (True, False):
+        for layout in ("next-token", "hf"):
+            kw = dict(buffer=16, seed=3, mask_boundaries=mb, layout=layout, split_at_turns=True)
+            out.append((f"packed-{layout}-{mb}", PackedDocuments(reader, seq_len, loss_mask=True, **kw),
+                        PackedDocuments(reader, seq_len, loss_mask=False, **kw)))
+    for budget in (None, 3 * seq_len):
+        for layout in ("next-token", "hf"):
+            kw = dict(buffer=16, seed=3, layout=layout, split_at_turns=True if budget else None)
+            out.append((f"flat-{layout}-{budget}", FlatDocuments(reader, budget, loss_mask=True, **kw),
+                        FlatDocuments(reader, budget, loss_mask=False, **kw)))
+    for boundaries in (False, True):
+        out.append((f"windows-{boundaries}", TokenWindows(reader, seq_len, loss_mask=True, boundaries=boundaries),
+                    TokenWindows(reader, seq_len, boundaries=boundaries)))
+    out.append(("documents", TokenDocuments(reader, seq_len, loss_mask=True), TokenDocuments(reader, seq_len)))
+    return out
+
+
+def _old_labels(name, plain, mask, items, got, want):
+    """The labels of ``plain``'s step ``want`` merged with the mask as the sources did before."""
+    if name.startswith("packed"):
+        starts, lens, _ = plain.pieces(items)
+        keep = np.zeros(want["mask"].shape, np.int32)
+        keep[want["mask"]] = _two_reads(mask, starts, starts + lens)
+        labels = want["labels"].copy()
+        labels[(keep if name.startswith("packed-hf") else keep[:, 1:]) == 0] = -100
+        return labels
+    if name.startswith("flat"):
+        starts, lens = plain._pieces(items)
+        keep = _two_reads(mask, starts, starts + lens)
+        labels = want["labels"].copy()
+        if name.startswith("flat-hf"):
+            labels[0, 1:][keep[1:] == 0] = -100         # HF's labels are the next-token ones one place on
+        else:
+            labels[0, :-1][keep[1:] == 0] = -100
+        return labels
+    if name.startswith("windows"):
+        st = items * plain.stride
+        keep = mask.windows(st, plain.length, dtype=np.int32)[:, 1:]
+        tokens = want["tokens"] if isinstance(want, dict) else want
+        labels = tokens[:, 1:].copy()
+        labels[keep == 0] = -100
+        return labels
+    starts, stops = plain.reader.document_spans(items)
+    lengths = np.minimum(stops - starts, plain.width)
+    keep = np.zeros(want["labels"].shape[-2:], np.int32)
+    keep[np.arange(plain.width)[None, :] < lengths[:, None]] = _two_reads(mask, starts, starts + lengths)
+    labels = want["labels"].reshape(keep.shape).copy()
+    labels[keep == 0] = -100
+    return labels
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
+@pytest.mark.parametrize("backend", ["mmap", "pread", "pread-piecewise"])
+def test_masked_labels_come_from_the_token_read_and_equal_the_two_read_merge(chat_dataset, dtype, backend):
+    # every source, both label layouts, with and without document boundaries; on the mapped
+    # files, through descriptors, and over more shards than descriptors (the piecewise
+    # fallback): the one compiled read gives the labels the second mask read and the NumPy
+    # merge gave, bit for bit, and the same tokens and other outputs
+    from zerobatch.readers.tokstream import TokenStreamReader
+    folder, docs, masks = chat_dataset
+    opts = {"backend": "mmap"} if backend == "mmap" else {"backend": "pread",
+                                                           "max_open_files": 2 if backend == "pread-piecewise" else 64}
+    dt = np.dtype(dtype)
+    with TokenStreamReader(folder, **opts) as reader:
+        mask = reader.stream("loss_mask")
+        assert mask.backend == reader.backend
+        rng = np.random.default_rng(5)
+        for name, src, plain in _masked_sources(reader, 24):
+            n = src.num_items
+            for _ in range(3):
+                items = rng.integers(0, n, 6)
+                items[0] = n - 1                                   # the last item: the stream's end
+                got = src.read(items[None, :], dt)
+                want = plain.read(items[None, :], dt)
+                got = got[0] if isinstance(got, list) else {k: v[0] for k, v in got.items()}
+                want = want[0] if isinstance(want, list) else {k: v[0] for k, v in want.items()}
+                old = _old_labels(name, plain, mask, items, got, want)
+                labels = got["labels"].reshape(old.shape)
+                assert labels.dtype == dt and np.array_equal(labels, old), name
+                assert (labels == -100).any() and (labels != -100).any(), name
+                for key, value in (want.items() if isinstance(want, dict) else [("tokens", want)]):
+                    if key != "labels" and isinstance(value, np.ndarray):
+                        assert np.array_equal(got[key], value), (name, key)
+                if name.startswith("flat"):
+                    # the read-ahead task (mapped files: the mask read in the same compiled task)
+                    from zerobatch.core.pool import TaskPool
+                    pool = TaskPool(1)
+                    try:
+                        ahead = src.read_async(pool, items[None, :], dt).wait()[0]
+                        assert all(np.array_equal(ahead[k], got[k]) for k in got
+                                   if isinstance(got[k], np.ndarray)), name
+                    finally:
+                        pool.stop()

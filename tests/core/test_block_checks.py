@@ -371,3 +371,140 @@ def test_ranges_with_positions_and_labels_in_one_pass(mod, dtype):
     if dtype is np.int32:
         with pytest.raises(ConfigError, match="ignore_id"):
             g.gather_ranges(starts, stops, np.empty(total, dtype), labels=np.empty(total, dtype), ignore_id=2**31)
+
+
+class MaskedDataset(Dataset):
+    """A :class:`Dataset` with a 0/1 stream beside it (a loss mask: its own shards, digests and
+    checks, the same token counts)."""
+
+    def __init__(self, mod, sizes, *, seed=0, **kw):
+        super().__init__(mod, sizes, seed=seed, **kw)
+        rng = np.random.default_rng(seed + 100)
+        self.masks = [rng.integers(0, 2, n, dtype=np.uint16) for n in sizes]
+        self.mask_digests = [_digests(m, self.block) for m in self.masks]
+        self.mask_paths = [f"/data/loss_mask/shard-{k}/tokens.bin" for k in range(len(sizes))]
+
+    def mask_checks(self):
+        c = self.mod.BlockChecks([d.size for d in self.mask_digests], self.block)
+        for k, d in enumerate(self.mask_digests):
+            c.set_digests(k, d, xxh3_64(d.tobytes()))
+        return c
+
+    def mask_gather(self, checks):
+        bases = np.array([m.ctypes.data for m in self.masks], dtype=np.uint64)
+        return self.mod.WindowGather(bases, self.cum, 2, 2, 2, self.mask_paths, checks=checks)
+
+    def labels(self, pos, length, shift):
+        flat, keep = np.concatenate(self.shards).astype(np.int64), np.concatenate(self.masks)
+        return np.where(keep[pos + shift:pos + length] != 0, flat[pos + shift:pos + length], -100)
+
+
+@pytest.mark.compiled
+@pytest.mark.parametrize("seed", range(6))
+def test_masked_labels_in_the_token_pass_match_the_twin(seed):
+    # random shards and a mask beside them; windows (some across shards, on the calling thread
+    # and split over a pool), ranges and the queued variants; a damaged token block in some
+    # seeds, a damaged mask block or a mask value of 2 in others: outputs, errors and the marks
+    # left behind in both checks are the twin's, and the labels the NumPy merge of two reads
+    compiled = _kernels.compiled("tokstream")
+    twin_pool = _kernels.twin("pool").TaskPool(2)
+    pool = TaskPool(2)
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 3000, rng.integers(1, 5)).tolist()
+    total = int(np.sum(sizes))
+    damage = [None, "tokens", "mask", "value"][seed % 4]
+    k = int(rng.integers(0, len(sizes)))
+    at = int(rng.integers(0, sizes[k]))
+    plans = []
+    for _ in range(12):
+        length = int(rng.integers(1, min(total, 900) + 1))
+        starts = rng.integers(0, total - length + 1, int(rng.integers(1, 40)))
+        stops = np.minimum(starts + rng.integers(0, 60, starts.size), total)     # ranges, some empty
+        plans.append((starts, length, int(rng.integers(0, 2)), (np.int64, np.int32)[int(rng.integers(0, 2))],
+                      stops))
+    results = []
+    try:
+        for mod, p in ((compiled, pool), (TWIN, twin_pool)):
+            ds = MaskedDataset(mod, sizes, seed=seed)
+            if damage == "tokens":
+                ds.shards[k][at] ^= 1
+            elif damage == "mask":
+                ds.masks[k][at] ^= 1                     # a flipped bit: only the mask's checksum sees it
+            elif damage == "value":
+                ds.masks[k][at] = 2
+                ds.mask_digests = [_digests(m, ds.block) for m in ds.masks]   # a value the digests agree with
+            checks, mchecks = ds.checks(), ds.mask_checks()
+            g, m = ds.gather(checks), ds.mask_gather(mchecks)
+            got = []
+            for starts, length, shift, dt, stops in plans:
+                for split in (None, p):
+                    out, lab = np.empty((starts.size, length), dt), np.empty((starts.size, length - shift), dt)
+                    try:
+                        g.gather(starts, length, out, split, labels=lab, mask=m, label_shift=shift)
+                        got.append((out.copy(), lab.copy()))
+                    except (IntegrityError, CorruptError) as exc:
+                        got.append((type(exc), str(exc), exc.field, exc.path))
+                n = int((stops - starts).sum())
+                out, lab = np.empty(n, dt), np.empty(n, dt)
+                try:
+                    g.gather_ranges(starts, stops, out, labels=lab, mask=m, label_shift=shift, ignore_id=-100)
+                    got.append((out.copy(), lab.copy()))
+                except (IntegrityError, CorruptError) as exc:
+                    got.append((type(exc), str(exc), exc.field, exc.path))
+                out2, lab2 = np.empty((starts.size, length), dt), np.empty((starts.size, length - shift), dt)
+                try:
+                    g.gather_async(p, starts, length, out2, labels=lab2, mask=m, label_shift=shift).wait()
+                    got.append((out2.copy(), lab2.copy()))
+                except (IntegrityError, CorruptError) as exc:
+                    got.append((type(exc), str(exc), exc.field, exc.path))
+            mask_marks = [[mchecks.checked(j, x) for x in range(d.size)] for j, d in enumerate(ds.mask_digests)]
+            results.append((got, _marks(checks, ds), mask_marks, checks.pending, mchecks.pending, ds))
+    finally:
+        pool.stop()
+        twin_pool.stop()
+    (a, ma, mma, pa, mpa, ds), (b, mb, mmb, pb, mpb, _) = results
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x[0], np.ndarray):
+            assert isinstance(y[0], np.ndarray) and (x[0] == y[0]).all() and (x[1] == y[1]).all()
+        else:
+            assert x == y
+    assert ma == mb and mma == mmb and pa == pb and mpa == mpb
+    if damage is None:
+        for (starts, length, shift, _, _), (_, lab) in zip(plans, a[::4], strict=True):
+            assert (lab == np.stack([ds.labels(int(s), length, shift) for s in starts])).all()
+    else:
+        named = {"tokens": "/data/shard-", "mask": "/data/loss_mask/", "value": "/data/loss_mask/"}[damage]
+        errors = [x for x in a if not isinstance(x[0], np.ndarray)]
+        assert errors and all(e[3].startswith(named) for e in errors)
+        if damage == "value":
+            assert all(e[0] is CorruptError and "vocabulary size 2" in e[1] for e in errors)
+
+
+
+@pytest.mark.parametrize("mod", MODS)
+def test_a_mask_of_other_shards_or_labels_that_do_not_fit_are_refused(mod):
+    ds = MaskedDataset(mod, [300, 200])
+    g = ds.gather(ds.checks())
+    m = ds.mask_gather(ds.mask_checks())
+    out = np.empty((2, 10), np.int64)
+    other = MaskedDataset(mod, [200, 300]).mask_gather(None)
+    with pytest.raises(ConfigError, match="mask"):
+        g.gather([0, 5], 10, out, labels=np.empty((2, 9), np.int64), mask=other)
+    with pytest.raises(ConfigError, match="labels"):
+        g.gather([0, 5], 10, out, mask=m)
+    with pytest.raises(ConfigError, match="labels"):
+        g.gather([0, 5], 10, out, labels=np.empty((2, 10), np.int64), mask=m)
+    with pytest.raises(ConfigError, match="labels"):
+        g.gather([0, 5], 10, out, labels=np.empty((2, 9), np.int32), mask=m)
+    with pytest.raises(ConfigError, match="label_shift"):
+        g.gather([0, 5], 10, out, labels=np.empty((2, 8), np.int64), mask=m, label_shift=2)
+    with pytest.raises(ConfigError, match="ignore_id"):
+        g.gather([0, 5], 10, np.empty((2, 10), np.int32), labels=np.empty((2, 9), np.int32), mask=m,
+                 ignore_id=2**31)
+    with pytest.raises(ConfigError, match="mask_fds"):
+        g.gather([0, 5], 10, out, labels=np.empty((2, 9), np.int64),
+                 mask=mod.WindowGather(None, ds.cum, 2, 2, 2, num_shards=2))
+    lab = np.empty((2, 9), np.int64)
+    g.gather([0, 295], 10, out, labels=lab, mask=m)         # across the shards
+    assert (lab == np.stack([ds.labels(0, 10, 1), ds.labels(295, 10, 1)])).all()

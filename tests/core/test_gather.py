@@ -259,3 +259,27 @@ def test_gather_async_reports_errors_on_wait_and_cancels():
     for t in kept:
         assert t.wait().shape == (3, 256, 1024)
     pool.stop()
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_pad_rows_takes_label_values_in_place_or_from_another_array(dtype):
+    rng = np.random.default_rng(3)
+    lengths = np.array([0, 5, 9, 3])
+    src = rng.integers(0, 50_000, size=(4, 9)).astype(dtype)
+    values = np.where(rng.integers(0, 2, (4, 9)) != 0, src, -100).astype(dtype)
+    inside = np.arange(9)[None, :] < lengths[:, None]
+    want = np.where(inside, values, -100)
+    for impl in (pad_rows, R.pad_rows):
+        tokens, labels = src.copy(), np.full((4, 9), 11, dtype)
+        impl(tokens, lengths, 0, None, labels, -100, label_values=values)
+        assert (labels == want).all() and (tokens == np.where(inside, src, 0)).all()
+        tokens, labels = src.copy(), values.copy()
+        impl(tokens, lengths, 0, None, labels, -100, label_values=labels)         # in place: padding only
+        assert (labels == want).all()
+        with pytest.raises(ConfigError, match="label_values"):
+            impl(src.copy(), lengths, 0, None, None, -100, label_values=values)
+        with pytest.raises(ConfigError, match="label_values"):
+            impl(src.copy(), lengths, 0, None, labels, -100, label_values=values[:, :5])
+        with pytest.raises(ConfigError, match="label_values overlaps"):
+            big = np.zeros(40, dtype)
+            impl(src.copy(), lengths, 0, None, big[:36].reshape(4, 9), -100, label_values=big[4:].reshape(4, 9))

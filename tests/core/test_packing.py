@@ -149,3 +149,58 @@ def test_the_compiled_flat_layout_equals_its_twin(lengths, dtype, pos_dtype, lab
         assert np.array_equal(got[0][1], want)
     with pytest.raises(ConfigError):
         _packing.flat_layout(tokens, [*lengths, 1], np.empty(tokens.size, np.int64))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 90), min_size=1, max_size=40), st.integers(2, 40), st.integers(1, 9),
+       st.sampled_from(ALGORITHMS), st.sampled_from([np.int64, np.int32]), st.booleans(), st.booleans(),
+       st.booleans())
+def test_labels_from_label_values_in_both_layouts_equal_the_twin_and_the_masked_tokens(
+        lengths, capacity, buffer, algorithm, dtype, hf, boundaries, values):
+    # label values (the tokens, -100 where a loss mask is off) laid out as next-token labels or
+    # in Hugging Face's layout: the labels of the tokens, then masked where the values are -100
+    row_ptr, doc, off, n = _packing.pack_plan(lengths, capacity, buffer, algorithm)
+    rows = row_ptr.size - 1
+    if rows == 0:
+        return
+    which = np.repeat(np.arange(rows), np.diff(row_ptr))
+    flat = np.arange(int(n.sum()), dtype=dtype) + 5
+    keep = np.random.default_rng(int(n.sum())).integers(0, 2, flat.size)
+    lv = np.where(keep != 0, flat, -100).astype(dtype) if values else None
+    outs = []
+    for mod in (_packing, twin):
+        arrays = (np.empty((rows, capacity), dtype), np.empty((rows, capacity), np.int32),
+                  np.empty((rows, capacity), np.int64), np.empty((rows, capacity), np.bool_),
+                  np.empty((rows, capacity if hf else capacity - 1), dtype))
+        mod.pack_rows(flat, n, which, capacity - 1, *arrays, mask_boundaries=boundaries, label_values=lv)
+        outs.append(arrays)
+    for x, y in zip(*outs, strict=True):
+        assert np.array_equal(x, y)
+    tokens, seg, _, mask, labels = outs[0]
+    if hf:
+        want = np.where(mask, tokens, -100)
+        if boundaries:
+            want[(seg != np.roll(seg, 1, axis=1)) | (np.arange(capacity) == 0)] = -100
+    else:
+        plain = np.empty((rows, capacity - 1), dtype)
+        _packing.pack_rows(flat, n, which, capacity - 1, np.empty_like(tokens), np.empty_like(seg),
+                           np.empty((rows, capacity), np.int64), np.empty_like(mask), plain,
+                           mask_boundaries=boundaries)
+        want = plain
+    if values:
+        k = np.zeros(mask.shape, np.int64)
+        k[mask] = keep
+        want = want.copy()
+        want[(k if hf else k[:, 1:]) == 0] = -100
+    assert np.array_equal(labels, want)
+
+
+@pytest.mark.parametrize("mod", [_packing, twin])
+def test_label_values_and_labels_that_do_not_fit_are_refused(mod):
+    arrays = (np.empty((2, 6), np.int64), np.empty((2, 6), np.int32), np.empty((2, 6), np.int64),
+              np.empty((2, 6), np.bool_))
+    with pytest.raises(ConfigError, match="labels"):
+        mod.pack_rows(np.arange(10), [5, 5], [0, 1], 5, *arrays, np.empty((2, 4), np.int64))
+    with pytest.raises(ConfigError, match="label_values"):
+        mod.pack_rows(np.arange(10), [5, 5], [0, 1], 5, *arrays, np.empty((2, 5), np.int64),
+                      label_values=np.arange(9))

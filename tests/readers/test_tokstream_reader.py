@@ -790,3 +790,133 @@ print("OK", len(r.manifest.shards), w.shape, open_fds)
     res = run_python(code)
     assert res.returncode == 0, res.stderr
     assert "OK 400" in res.stdout
+
+
+# -- labels masked by the loss mask, in the token read ----------------------------------------
+
+def build_chat(folder, n_docs=50, shard_tokens=300, vocab=50257, seed=3, max_len=120):
+    """Documents of random tokens and a loss mask of random 0/1 runs beside them."""
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, vocab, int(rng.integers(1, max_len))) for _ in range(n_docs)]
+    masks = [np.repeat(rng.integers(0, 2, d.size), rng.integers(1, 9, d.size))[:d.size].astype(np.uint16)
+             for d in docs]
+    w = TokenStreamWriter(folder, vocab_size=vocab, shard_tokens=shard_tokens)
+    m = TokenStreamWriter(folder / "loss_mask", vocab_size=2, shard_tokens=shard_tokens)
+    for d, k in zip(docs, masks, strict=True):
+        w.add_document(d)
+        m.add_document(k)
+    w.close(loss_mask=m.close())
+    return np.concatenate(docs), np.concatenate(masks)
+
+
+def two_reads(r, starts, length, shift, dtype):
+    """The labels the sources made before: the windows, a second read of the mask, a NumPy merge."""
+    tokens = r.windows(starts, length, dtype=dtype)
+    keep = r.stream("loss_mask").windows(starts, length, dtype=np.int32)
+    return np.where(keep[:, shift:] != 0, tokens[:, shift:], -100).astype(dtype)
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread", "pread-piecewise"])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_labels_masked_by_the_loss_mask_come_from_the_token_read(tmp_path, backend, dtype):
+    from zerobatch.core.pool import TaskPool
+    flat, keep = build_chat(tmp_path / "chat")
+    opts = {"backend": "mmap"} if backend == "mmap" else {"backend": "pread",
+                                                           "max_open_files": 2 if backend == "pread-piecewise" else 64}
+    with TokenStreamReader(tmp_path / "chat", **opts) as r:
+        assert len(r.manifest.shards) > 5
+        rng = np.random.default_rng(2)
+        for length in (1, 2, 33, 700):                     # 700: windows over three shards and more
+            starts = np.clip(np.concatenate([rng.integers(0, flat.size - length + 1, 20),
+                                             r.cum_tokens[1:-1] - length // 2, [0, flat.size - length]]),
+                             0, flat.size - length)
+            for shift in (1, 0):
+                want = two_reads(r, starts, length, shift, dtype)
+                assert (want == np.stack([np.where(keep[s + shift:s + length] != 0, flat[s + shift:s + length],
+                                                   -100) for s in starts])).all()
+                labels = np.full((starts.size, length - shift), 7, dtype)
+                out = r.windows(starts, length, dtype=dtype, labels=labels, label_mask="loss_mask",
+                                label_shift=shift)
+                assert out.dtype == dtype and (out == np.stack([flat[s:s + length] for s in starts])).all()
+                assert (labels == want).all(), (length, shift)
+                # the labels copy the tokens without a mask
+                plain = np.empty_like(labels)
+                r.windows(starts, length, dtype=dtype, labels=plain, label_shift=shift)
+                assert (plain == out[:, shift:]).all()
+            if length > 1:
+                labels = np.empty((starts.size, length - 1), dtype)
+                got = r.windows_with_boundaries(starts, length, dtype=dtype, labels=labels, label_mask="loss_mask")
+                ref_ = r.windows_with_boundaries(starts, length, dtype=dtype)
+                assert all(np.array_equal(a, b) for a, b in zip(got[:4], ref_[:4], strict=True)) and got[4] == ref_[4]
+                assert (labels == two_reads(r, starts, length, 1, dtype)).all()
+                out = np.empty((starts.size, length), dtype)
+                labels = np.empty((starts.size, length - 1), dtype)
+                assert r.read_into(starts, out, labels=labels, label_mask="loss_mask") is out
+                assert (labels == two_reads(r, starts, length, 1, dtype)).all()
+        # documents as ranges (one empty), next-token or own labels, with positions
+        a, b = r.document_spans([3, 0, 49, 17, 17, 30])
+        b[4] = a[4]
+        mask = r.stream("loss_mask")
+        for shift in (1, 0):
+            total = int((b - a).sum())
+            labels, pos = np.empty(total, dtype), np.empty(total, np.int64)
+            tokens = r.ranges(a, b, dtype=dtype, position_ids=pos, labels=labels, label_mask="loss_mask",
+                              label_shift=shift)
+            want = []
+            for x, y in zip(a.tolist(), b.tolist(), strict=True):
+                k = mask.ranges([x], [y], dtype=np.int32)
+                lab = np.where(k != 0, flat[x:y], -100)
+                want.append(np.append(lab[1:], -100) if shift and y > x else lab)
+            assert (tokens == np.concatenate([flat[x:y] for x, y in zip(a, b, strict=True)])).all()
+            assert (labels == np.concatenate(want)).all() and (pos == np.concatenate(
+                [np.arange(y - x) for x, y in zip(a, b, strict=True)])).all()
+            pool = TaskPool(1)
+            try:
+                out, lab2 = np.empty(total, dtype), np.empty(total, dtype)
+                assert r.ranges_async(pool, a, b, out, labels=lab2, label_mask="loss_mask",
+                                      label_shift=shift).wait() is out
+                assert (out == tokens).all() and (lab2 == labels).all()
+                starts = np.array([5, 290, 900])
+                out, lab3 = np.empty((3, 40), dtype), np.empty((3, 39), dtype)
+                assert r.read_async(pool, starts, out, labels=lab3, label_mask="loss_mask").wait() is out
+                assert (lab3 == two_reads(r, starts, 40, 1, dtype)).all()
+            finally:
+                pool.stop()
+        # refusals
+        with pytest.raises(ConfigError, match="labels"):
+            r.windows([0], 5, label_mask="loss_mask")
+        with pytest.raises(ConfigError, match="stream"):
+            r.windows([0], 5, labels=np.empty((1, 4), np.int64), label_mask="other")
+        if backend != "pread-piecewise":
+            with pytest.raises(ConfigError, match="labels"):
+                r.windows([0], 5, labels=np.empty((1, 5), np.int64), label_mask="loss_mask")
+            with pytest.raises(ConfigError, match="label_shift"):
+                r.windows([0], 5, labels=np.empty((1, 3), np.int64), label_mask="loss_mask", label_shift=2)
+
+
+def test_a_damaged_mask_is_named_by_the_read_that_masks_labels(tmp_path):
+    build_chat(tmp_path / "chat")
+    mask_shard = sorted((tmp_path / "chat" / "loss_mask").glob("*/tokens.bin"))[2]
+    with TokenStreamReader(tmp_path / "chat") as r:
+        k = 2
+        at = int(r.cum_tokens[k]) + 100                    # in shard 2, block 0 of its mask
+    with open(mask_shard, "r+b") as f:
+        f.seek(200)
+        f.write(b"\x02\x00")                               # a mask value of 2
+    with TokenStreamReader(tmp_path / "chat") as r:
+        labels = np.empty((1, 49), np.int64)
+        r.windows([at - 200], 50, labels=labels, label_mask="loss_mask")      # the mask's blocks before: fine
+        with pytest.raises(IntegrityError) as info:
+            r.windows([at - 10], 50, labels=labels, label_mask="loss_mask")
+        assert info.value.path == str(mask_shard) and info.value.field == "xxh3"
+        assert "block 0" in str(info.value)
+        r.windows([at - 10], 50)                           # the tokens alone still read
+        with pytest.raises(IntegrityError) as info:
+            r.ranges([at - 10], [at + 40], labels=np.empty(50, np.int64), label_mask="loss_mask")
+        assert info.value.path == str(mask_shard)
+    with TokenStreamReader(tmp_path / "chat", verify=False) as r:
+        with pytest.raises(CorruptError, match="vocabulary size 2") as info:
+            r.windows([at - 10], 50, labels=labels, label_mask="loss_mask")
+        assert info.value.path == str(mask_shard) and info.value.field == "token"
+        with pytest.raises(CorruptError, match="vocabulary size 2"):
+            r.ranges([at - 10], [at + 40], labels=np.empty(50, np.int64), label_mask="loss_mask", label_shift=0)

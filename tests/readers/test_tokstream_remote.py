@@ -254,3 +254,117 @@ def test_documents_fetch_their_index_entries_not_whole_indexes(dataset, tmp_path
         assert whole > 0
         # later reads that need whole indexes still get them
         np.testing.assert_array_equal(r.boundaries([int(a[0])], 50)[0], local.boundaries([int(la[0])], 50)[0])
+
+
+# -- a chat dataset's loss mask, fetched and read with the tokens -------------------------------
+
+@pytest.fixture(scope="module")
+def chat(endpoint, tmp_path_factory):
+    """(local folder, url, storage_options) of tokens and a loss mask beside them, 8+ shards."""
+    rng = np.random.default_rng(9)
+    folder = tmp_path_factory.mktemp("remotechat") / "chat"
+    w = TokenStreamWriter(folder, vocab_size=50257, shard_tokens=4000)
+    m = TokenStreamWriter(folder / "loss_mask", vocab_size=2, shard_tokens=4000)
+    for _ in range(150):
+        n = int(rng.integers(1, 500))
+        w.add_document(rng.integers(0, 50257, n))
+        m.add_document(np.repeat(rng.integers(0, 2, n), rng.integers(1, 30, n))[:n])
+    w.close(loss_mask=m.close())
+    url = f"s3://{new_bucket(endpoint)}/corpora/chat"
+    upload(folder, url, options(endpoint))
+    return folder, url, options(endpoint)
+
+
+class Rounds:
+    """Every request of every store, timed, each made 0.15 s slow (a store far away): the
+    round trips a read waits for are the longest chain of requests each started after the one
+    before it ended (requests in flight together are one round)."""
+
+    def __init__(self, monkeypatch):
+        import threading
+        import time
+        self.spans: list[tuple[float, float]] = []
+        lock = threading.Lock()
+        call = ObjectStore._call
+
+        def slow(store, *args, **kw):
+            t0 = time.monotonic()
+            time.sleep(0.15)
+            try:
+                return call(store, *args, **kw)
+            finally:
+                with lock:
+                    self.spans.append((t0, time.monotonic()))
+        monkeypatch.setattr(ObjectStore, "_call", slow)
+
+    def take(self) -> tuple[int, int]:
+        """``(rounds, requests)`` since the last call."""
+        spans, self.spans = sorted(self.spans), []
+        depth = []
+        for i, (a, _) in enumerate(spans):
+            depth.append(1 + max([depth[j] for j in range(i) if spans[j][1] <= a], default=0))
+        return max(depth, default=0), len(spans)
+
+
+def test_labels_masked_at_a_url_fetch_the_mask_in_the_tokens_round(chat, tmp_path, monkeypatch):
+    folder, url, opts = chat
+    rounds = Rounds(monkeypatch)
+    local = TokenStreamReader(folder)
+    mask = local.stream("loss_mask")
+    L = 257
+    starts = np.array([5, 9000, int(local.cum_tokens[3]) - 100, local.num_tokens - L])   # one across shards
+    docs = np.array([0, 40, 149])
+    a, b = local.document_spans(docs)
+    for dtype in (np.int64, np.int32):
+        want = local.windows(starts, L, dtype=dtype)
+        keep = mask.windows(starts, L, dtype=np.int32)[:, 1:]
+        want_labels = np.where(keep != 0, want[:, 1:], -100)
+        flat = local.ranges(a, b, dtype=dtype)
+        want_own = np.where(mask.ranges(a, b, dtype=np.int32) != 0, flat, -100)
+        got = {}
+        for what in ("tokens", "labelled", "two reads"):
+            with open_remote(url, opts, tmp_path / what / str(np.dtype(dtype)), fetch_threads=64) as r:
+                r.stream("loss_mask")                   # opened (its manifest) before the reads counted
+                rounds.take()
+                labels = np.empty((starts.size, L - 1), dtype)
+                own = np.empty(flat.size, dtype)
+                if what == "tokens":
+                    r.windows(starts, L, dtype=dtype)
+                    r.ranges(a, b, dtype=dtype)
+                elif what == "labelled":
+                    out = r.windows(starts, L, dtype=dtype, labels=labels, label_mask="loss_mask")
+                    assert (out == want).all() and (labels == want_labels).all()
+                    assert (r.ranges(a, b, dtype=dtype, labels=own, label_mask="loss_mask",
+                                     label_shift=0) == flat).all()
+                    assert (own == want_own).all()
+                else:                                   # the old way: the mask's read after the tokens'
+                    r.windows(starts, L, dtype=dtype)
+                    r.stream("loss_mask").windows(starts, L, dtype=np.int32)
+                    r.ranges(a, b, dtype=dtype)
+                    r.stream("loss_mask").ranges(a, b, dtype=np.int32)
+                got[what] = rounds.take()
+                # held now: the same read again costs no request
+                r.windows(starts, L, dtype=dtype, labels=labels, label_mask="loss_mask")
+                assert rounds.take() == (0, 0) or what == "tokens"
+        # the mask's blocks come in the tokens' round trips: no more rounds than the tokens alone
+        assert got["labelled"][0] == got["tokens"][0] < got["two reads"][0], got
+        assert got["labelled"][1] > got["tokens"][1]                      # (its requests are there)
+
+
+def test_masked_sources_at_a_url_equal_the_local_copy(chat, tmp_path):
+    # each document read exactly (no overrun) at a URL, its labels masked in the same read
+    from zerobatch.adapters.sources import FlatDocuments, PackedDocuments, TokenDocuments, TokenWindows
+    folder, url, opts = chat
+    items = np.array([[3, 0, 149, 77]])
+    with open_remote(url, opts, tmp_path) as r, TokenStreamReader(folder) as local:
+        for make in (lambda d: TokenDocuments(d, 300, loss_mask=True),
+                     lambda d: TokenWindows(d, 200, loss_mask=True, boundaries=True),
+                     lambda d: PackedDocuments(d, 256, loss_mask=True, buffer=32, layout="next-token"),
+                     lambda d: FlatDocuments(d, 512, loss_mask=True, buffer=32, layout="hf")):
+            far, near = make(r), make(local)
+            mine = items % far.num_items
+            a, b = far.read(mine, np.dtype(np.int32)), near.read(mine, np.dtype(np.int32))
+            a, b = (a[0], b[0]) if isinstance(a, list) else (a, b)
+            assert a.keys() == b.keys() and (np.asarray(a["labels"]) == -100).any()
+            for k in a:
+                assert np.array_equal(np.asarray(a[k]), np.asarray(b[k])), k

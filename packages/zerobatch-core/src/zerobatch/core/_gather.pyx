@@ -195,7 +195,7 @@ cdef bint _rows_array(object a, tuple shape, bint allow_int32, bint allow_mask) 
     return a.dtype == np.int64 or (allow_int32 and a.dtype == np.int32)
 
 
-def pad_rows(tokens, lengths, int64_t pad_id=0, mask=None, labels=None, int64_t ignore_id=-100):
+def pad_rows(tokens, lengths, int64_t pad_id=0, mask=None, labels=None, int64_t ignore_id=-100, label_values=None):
     """Finish a padded batch in one pass: padding after each row's tokens, the attention mask
     and the next-token labels (see the module comment), GIL released.
 
@@ -207,6 +207,10 @@ def pad_rows(tokens, lengths, int64_t pad_id=0, mask=None, labels=None, int64_t 
         mask: ``None`` or a writable C-contiguous ``bool`` / ``uint8`` array ``[k, w]``.
         labels: ``None`` or a writable C-contiguous array ``[k, w]`` of ``tokens``' dtype.
         ignore_id: written into ``labels`` after each row's tokens.
+        label_values: ``None`` (each row's labels are its tokens) or an array of ``labels``'
+            shape and dtype whose first ``lengths[r]`` values of each row are its labels (e.g.
+            the tokens with ``ignore_id`` where a loss mask is off); it may be ``labels``
+            itself, which then only gets its padding written.
 
     Returns:
         ``tokens``.
@@ -238,6 +242,15 @@ def pad_rows(tokens, lengths, int64_t pad_id=0, mask=None, labels=None, int64_t 
     for name, other in (("mask", mask), ("labels", labels)):
         if other is not None and np.may_share_memory(tokens, other):
             raise ConfigError(f"pad_rows: {name} shares memory with tokens", field=name)
+    cdef bint in_place = False
+    if label_values is not None:
+        if not has_labels or not isinstance(label_values, np.ndarray) or label_values.dtype != tokens.dtype \
+                or label_values.shape != shape or not label_values.flags.c_contiguous:
+            raise ConfigError(f"pad_rows: label_values must be a C-contiguous {tokens.dtype} array of shape {shape}, "
+                              "with labels", field="label_values")
+        in_place = label_values.ctypes.data == labels.ctypes.data
+        if not in_place and np.may_share_memory(labels, label_values):
+            raise ConfigError("pad_rows: label_values overlaps labels", field="label_values")
     cdef int64_t r, j, n
     for r in range(k):
         if lens[r] < 0 or lens[r] > w:
@@ -246,15 +259,20 @@ def pad_rows(tokens, lengths, int64_t pad_id=0, mask=None, labels=None, int64_t 
         return tokens
     cdef int64_t[:, ::1] t64, l64
     cdef int32_t[:, ::1] t32, l32
+    cdef const int64_t[:, ::1] v64
+    cdef const int32_t[:, ::1] v32
+    cdef bint copy_values = label_values is not None and not in_place
     cdef uint8_t[:, ::1] m
     if wide:
         t64 = tokens
         if has_labels:
             l64 = labels
+            v64 = label_values if copy_values else tokens
     else:
         t32 = tokens
         if has_labels:
             l32 = labels
+            v32 = label_values if copy_values else tokens
     if has_mask:
         m = mask.view(np.uint8)
     with nogil:
@@ -264,16 +282,16 @@ def pad_rows(tokens, lengths, int64_t pad_id=0, mask=None, labels=None, int64_t 
                 for j in range(n, w):
                     t64[r, j] = pad_id
                 if has_labels:
-                    if n:
-                        memcpy(&l64[r, 0], &t64[r, 0], n * 8)
+                    if n and not in_place:
+                        memcpy(&l64[r, 0], &v64[r, 0], n * 8)
                     for j in range(n, w):
                         l64[r, j] = ignore_id
             else:
                 for j in range(n, w):
                     t32[r, j] = <int32_t>pad_id
                 if has_labels:
-                    if n:
-                        memcpy(&l32[r, 0], &t32[r, 0], n * 4)
+                    if n and not in_place:
+                        memcpy(&l32[r, 0], &v32[r, 0], n * 4)
                     for j in range(n, w):
                         l32[r, j] = <int32_t>ignore_id
             if has_mask:

@@ -22,13 +22,16 @@ cdef int64_t zb_pack(const int64_t *lengths, int64_t n, int64_t capacity, int64_
 
 # Lay n rows of `cap` tokens out from p pieces (flat: their tokens back to back, int64 when
 # `wide`, else int32; plen, prow: each piece's length and row): tokens, segment ids, positions
-# (int64 when `pos_wide`), mask, labels (optional: NULL), cu_seqlens over rows of `seq` inputs.
+# (int64 when `pos_wide`), mask, labels (optional: NULL; n x (cap - 1) next-token labels, or
+# with `same` n x cap labels of each token itself), cu_seqlens over rows of `seq` inputs. A
+# label's value is the token's, or with `lvals` (flat's layout) the token's entry there.
 # post: the cu_seqlens entries written (*longest the longest segment); -1 when the pieces do
 #       not lay out as rows (an empty row or piece, a row over capacity, rows out of order).
 cdef int64_t zb_pack_rows(const void *flat, bint wide, const int64_t *plen, const int64_t *prow, int64_t p,
                           int64_t n, int64_t cap, int64_t seq, int64_t pad_id, void *tokens, int32_t *seg,
                           void *pos, bint pos_wide, uint8_t *mask, void *labels, int64_t ignore_id,
-                          bint mask_boundaries, int32_t *cu, int64_t *longest) noexcept nogil
+                          bint mask_boundaries, int32_t *cu, int64_t *longest, const void *lvals=*,
+                          bint same=*) noexcept nogil
 
 # Positions (pos, optional: NULL) and next-token labels (optional: NULL, ignore_id at each
 # document's last token) of k documents of lens[d] tokens laid back to back in `tokens`.

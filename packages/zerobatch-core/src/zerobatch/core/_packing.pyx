@@ -26,7 +26,11 @@
 #     post: row r of tokens holds its pieces in order, then pad_id; segment_ids the piece's
 #       number in the row (-1 on padding); position_ids the token's place in its piece (0 on
 #       padding); mask 1 on tokens; labels (capacity - 1 per row, when asked) the next token
-#       where it is a token (of the same piece, with mask_boundaries), else ignore_id;
+#       where it is a token (of the same piece, with mask_boundaries), else ignore_id; or
+#       (capacity per row: Hugging Face's layout, the model shifts) each token itself where it
+#       is a token (and, with mask_boundaries, not its piece's first), else ignore_id; with
+#       label values (flat's layout: e.g. ignore_id where a loss mask is off), a label is the
+#       token's label value instead of the token;
 #       cu_seqlens the starts, over rows of seq_len inputs flattened, of every piece starting
 #       inside them and of every row's padding when it starts inside them, then n * seq_len.
 #   zb_flat_layout(tokens, lengths, positions, labels): documents back to back
@@ -323,12 +327,15 @@ cdef inline int64_t get(const void *base, bint wide, int64_t i) noexcept nogil:
 cdef int64_t zb_pack_rows(const void *flat, bint wide, const int64_t *plen, const int64_t *prow, int64_t p,
                           int64_t n, int64_t cap, int64_t seq, int64_t pad_id, void *tokens, int32_t *seg,
                           void *pos, bint pos_wide, uint8_t *mask, void *labels, int64_t ignore_id,
-                          bint mask_boundaries, int32_t *cu, int64_t *longest) noexcept nogil:
-    cdef int64_t q = 0, f = 0, r, c, k, j, at, ncu = 0, best = 0
+                          bint mask_boundaries, int32_t *cu, int64_t *longest, const void *lvals=NULL,
+                          bint same=False) noexcept nogil:
+    cdef int64_t q = 0, f = 0, r, c, k, j, at, ncu = 0, best = 0, f0, lw
+    cdef const void *src
     for r in range(n):
         c = 0
         k = 0
         at = r * cap
+        f0 = f                            # the row's first token in flat (its tokens are consecutive there)
         while q < p and prow[q] == r:
             if plen[q] < 1 or c + plen[q] > cap:
                 return -1
@@ -356,11 +363,25 @@ cdef int64_t zb_pack_rows(const void *flat, bint wide, const int64_t *plen, cons
             mask[at + c] = 0
             c += 1
         if labels != NULL:
-            for c in range(cap - 1):
-                if mask[at + c + 1] and (not mask_boundaries or seg[at + c + 1] == seg[at + c]):
-                    put(labels, wide, r * (cap - 1) + c, get(tokens, wide, at + c + 1))
-                else:
-                    put(labels, wide, r * (cap - 1) + c, ignore_id)
+            # label values: the row's tokens, or its run of lvals (token c is flat[f0 + c])
+            if lvals == NULL:
+                src = tokens
+                lw = at
+            else:
+                src = lvals
+                lw = f0
+            if same:
+                for c in range(cap):
+                    if mask[at + c] and not (mask_boundaries and (c == 0 or seg[at + c] != seg[at + c - 1])):
+                        put(labels, wide, at + c, get(src, wide, lw + c))
+                    else:
+                        put(labels, wide, at + c, ignore_id)
+            else:
+                for c in range(cap - 1):
+                    if mask[at + c + 1] and (not mask_boundaries or seg[at + c + 1] == seg[at + c]):
+                        put(labels, wide, r * (cap - 1) + c, get(src, wide, lw + c + 1))
+                    else:
+                        put(labels, wide, r * (cap - 1) + c, ignore_id)
     if q != p:
         return -1                         # pieces of rows beyond n, or out of order
     cu[ncu] = <int32_t>(n * seq)
@@ -380,7 +401,8 @@ def _c_array(a, dtypes, ndim, name):
 
 
 def pack_rows(flat, piece_len, piece_row, int64_t seq_len, tokens, segment_ids, position_ids, mask, labels=None,
-              cu_seqlens=None, int64_t pad_id=0, int64_t ignore_id=-100, bint mask_boundaries=True):
+              cu_seqlens=None, int64_t pad_id=0, int64_t ignore_id=-100, bint mask_boundaries=True,
+              label_values=None):
     """Lay packed rows out in one pass, GIL released (see the contract above).
 
     Args:
@@ -390,8 +412,12 @@ def pack_rows(flat, piece_len, piece_row, int64_t seq_len, tokens, segment_ids, 
         seq_len: input tokens per row (``cu_seqlens`` covers them).
         tokens: ``[n, capacity]`` output; ``segment_ids`` ``int32 [n, capacity]``;
             ``position_ids`` ``int64`` / ``int32 [n, capacity]``; ``mask`` ``bool [n, capacity]``;
-            ``labels`` ``None`` or ``[n, capacity - 1]`` of ``tokens``' dtype.
+            ``labels`` ``None``, ``[n, capacity - 1]`` (next-token labels) or ``[n, capacity]``
+            (Hugging Face's layout: each token's own label) of ``tokens``' dtype.
         cu_seqlens: ``int32`` output of at least ``pieces + n + 1`` entries (default: made).
+        label_values: ``None`` (a label is its token) or the label value of every token of
+            ``flat``, laid out as ``flat`` (e.g. the tokens with ``ignore_id`` where a loss
+            mask is off: :meth:`TokenStreamReader.ranges` with ``label_shift=0``).
 
     Returns:
         ``(cu_seqlens[:count], max_seqlen)``.
@@ -407,11 +433,18 @@ def pack_rows(flat, piece_len, piece_row, int64_t seq_len, tokens, segment_ids, 
     for name, a in (("segment_ids", segment_ids), ("position_ids", position_ids), ("mask", mask)):
         if a.shape != (n, cap):
             raise ConfigError(f"pack_rows: {name} is {a.shape}, not {(n, cap)}", field=name)
+    cdef bint same = False
     if labels is not None:
         _c_array(labels, (tokens.dtype,), 2, "labels")
-        if labels.shape != (n, cap - 1):
-            raise ConfigError(f"pack_rows: labels is {labels.shape}, not {(n, cap - 1)}", field="labels")
+        same = labels.shape == (n, cap)
+        if labels.shape != (n, cap - 1) and not same:
+            raise ConfigError(f"pack_rows: labels is {labels.shape}, not {(n, cap - 1)} or {(n, cap)}", field="labels")
     f = np.ascontiguousarray(flat, dtype=tokens.dtype).reshape(-1)
+    lv = None
+    if label_values is not None:
+        lv = np.ascontiguousarray(label_values, dtype=tokens.dtype).reshape(-1)
+        if lv.size != f.size:
+            raise ConfigError(f"pack_rows: label_values holds {lv.size} values, flat {f.size}", field="label_values")
     cdef const int64_t[::1] plen = np.ascontiguousarray(piece_len, dtype=np.int64).reshape(-1)
     cdef const int64_t[::1] prow = np.ascontiguousarray(piece_row, dtype=np.int64).reshape(-1)
     cdef int64_t p = plen.shape[0]
@@ -435,13 +468,14 @@ def pack_rows(flat, piece_len, piece_row, int64_t seq_len, tokens, segment_ids, 
     cdef Py_ssize_t flat_addr = f.ctypes.data, tok_addr = tokens.ctypes.data, pos_addr = position_ids.ctypes.data
     cdef Py_ssize_t seg_addr = segment_ids.ctypes.data, mask_addr = mask.ctypes.data, cu_addr = cu_seqlens.ctypes.data
     cdef Py_ssize_t lab_addr = 0 if labels is None else labels.ctypes.data
+    cdef Py_ssize_t lv_addr = 0 if lv is None or labels is None else lv.ctypes.data
     cdef int64_t count = 0, longest = 0
     cdef int64_t nn = n, cc = cap
     with nogil:
         count = zb_pack_rows(<const void *>flat_addr, wide, &plen[0] if p else NULL, &prow[0] if p else NULL, p,
                              nn, cc, seq_len, pad_id, <void *>tok_addr, <int32_t *>seg_addr, <void *>pos_addr,
                              pos_wide, <uint8_t *>mask_addr, <void *>lab_addr, ignore_id, mask_boundaries,
-                             <int32_t *>cu_addr, &longest)
+                             <int32_t *>cu_addr, &longest, <const void *>lv_addr, same)
     if count < 0:
         raise ConfigError("pack_rows: the pieces do not lay out as rows (a row empty or over capacity, rows out "
                           "of order, or an empty piece)", field="piece_row")

@@ -116,6 +116,51 @@ ZB_TS_COPY(zb_ts_copy_u16_i32, zb_ts_u16, int32_t)
 ZB_TS_COPY(zb_ts_copy_u32_i64, zb_ts_u32, int64_t)
 ZB_TS_COPY(zb_ts_copy_u32_i32, zb_ts_u32, int32_t)
 
+/* ---- labels under a 0/1 stream --------------------------------------------------------- */
+
+/* dst[k] = tok[k] where the stream's value at record k is non-zero, else `ignore` (a loss
+ * mask turning labels off), returning the largest stream value (checked by the caller against
+ * the stream's vocabulary). The stream's records are laid out as a token stream's (a u16 or
+ * u32 value, then with metadata a u32 id); the select is branch-free, so the loop vectorizes. */
+#define ZB_TS_MASK_LOOP(SRC_T, STEP)                                                         \
+    do {                                                                                    \
+        const SRC_T *restrict s = (const SRC_T *)src;                                       \
+        for (int64_t b = 0; b < n; b += ZB_TS_BLOCK) {                                      \
+            int64_t e = b + ZB_TS_BLOCK < n ? b + ZB_TS_BLOCK : n;                          \
+            zb_ts_prefetchw(dst + e, ZB_TS_BLOCK * (int64_t)sizeof *dst);                   \
+            for (int64_t k = b; k < e; k++) {                                               \
+                uint32_t v = s[(STEP) * k];                                                 \
+                m = v > m ? v : m;                                                          \
+                dst[k] = v ? tok[k] : ignore;                                               \
+            }                                                                               \
+        }                                                                                   \
+    } while (0)
+
+#define ZB_TS_MASK(NAME, SRC_T, DST_T)                                                       \
+    ZB_TS_CLONES static uint32_t NAME(const uint8_t *src, int64_t stride, const DST_T *restrict tok, \
+                                      DST_T *restrict dst, int64_t n, DST_T ignore) {       \
+        uint32_t m = 0;                                                                     \
+        if (stride == (int64_t)sizeof(SRC_T))                                               \
+            ZB_TS_MASK_LOOP(SRC_T, 1);                                                      \
+        else if (sizeof(SRC_T) == 2 && stride == 6)                                         \
+            ZB_TS_MASK_LOOP(SRC_T, 3);                                                      \
+        else if (sizeof(SRC_T) == 4 && stride == 8)                                         \
+            ZB_TS_MASK_LOOP(SRC_T, 2);                                                      \
+        else                                                                                \
+            for (int64_t k = 0; k < n; k++) {                                               \
+                SRC_T v;                                                                    \
+                memcpy(&v, src + k * stride, sizeof v);                                     \
+                m = v > m ? v : m;                                                          \
+                dst[k] = v ? tok[k] : ignore;                                               \
+            }                                                                               \
+        return m;                                                                           \
+    }
+
+ZB_TS_MASK(zb_ts_mask_u16_i64, zb_ts_u16, int64_t)
+ZB_TS_MASK(zb_ts_mask_u16_i32, zb_ts_u16, int32_t)
+ZB_TS_MASK(zb_ts_mask_u32_i64, zb_ts_u32, int64_t)
+ZB_TS_MASK(zb_ts_mask_u32_i32, zb_ts_u32, int32_t)
+
 /* ---- metadata ids ------------------------------------------------------------------- */
 
 #define ZB_TS_NO_METADATA 0xFFFFFFFFu

@@ -11,6 +11,14 @@ cdef extern from "_tokstream.h" nogil:
     uint32_t zb_ts_copy_u16_i32(const uint8_t *src, int64_t stride, int32_t *dst, int64_t n)
     uint32_t zb_ts_copy_u32_i64(const uint8_t *src, int64_t stride, int64_t *dst, int64_t n)
     uint32_t zb_ts_copy_u32_i32(const uint8_t *src, int64_t stride, int32_t *dst, int64_t n)
+    uint32_t zb_ts_mask_u16_i64(const uint8_t *src, int64_t stride, const int64_t *tok, int64_t *dst, int64_t n,
+                                int64_t ignore)
+    uint32_t zb_ts_mask_u16_i32(const uint8_t *src, int64_t stride, const int32_t *tok, int32_t *dst, int64_t n,
+                                int32_t ignore)
+    uint32_t zb_ts_mask_u32_i64(const uint8_t *src, int64_t stride, const int64_t *tok, int64_t *dst, int64_t n,
+                                int64_t ignore)
+    uint32_t zb_ts_mask_u32_i32(const uint8_t *src, int64_t stride, const int32_t *tok, int32_t *dst, int64_t n,
+                                int32_t ignore)
     # The distinct (shard, metadata id) pairs of a batch, in order of first appearance.
     ctypedef struct zb_ts_distinct:
         int64_t n
@@ -73,22 +81,39 @@ cdef struct zb_ts_bounds:
     int64_t nseg
     int64_t maxlen
 
+# The labels of a batch of windows, written right after each window's tokens: window w's
+# labels are its tokens [shift, length) (count x (length - shift) values of the tokens'
+# width, at `out`), set to `ignore` where the 0/1 stream `m` is 0 at their positions. `m` is
+# the geometry of a second dataset of the same cum (a loss mask: a value per token), read in
+# the same pass: its checksum blocks checked as the tokens' are, its values checked against
+# its vocabulary; NULL for labels that copy the tokens.
+cdef struct zb_ts_labels:
+    zb_ts_geometry *m
+    void *out
+    int64_t shift               # 0 or 1 (the next token)
+    int64_t ignore
+    uint8_t *scratch            # the stream's pread buffer (set by zb_ts_windows)
+    int failed                  # set on failure: the error fields are m's, not the tokens'
+
 # Copy the windows [starts[w], starts[w] + length) into out64 or out32 (count * length values;
 # one of them non-NULL, or both NULL with `ids` to number metadata only), reading across as
 # many shards as a window spans.
 # pre:  the geometry is consistent (the wrapper checked it); with `ids` (count * length
 #       int32) and `d`, each token's metadata id is numbered in the same pass: the index of
 #       its (shard, id) among d's distinct pairs in order of first appearance, -1 for none;
-#       with `bounds`, each window's boundary outputs are written right after its tokens.
+#       with `bounds`, each window's boundary outputs are written right after its tokens;
+#       with `labels`, each window's labels (zb_ts_labels) right after its tokens (out64 or
+#       out32 non-NULL).
 #       With g.checks, every checksum block under a piece not yet marked is hashed and
 #       compared with its digest before the piece is copied (and marked when it matches).
 # post: ZB_OK; ZB_E_INDEX (a window outside [0, total): out unspecified); ZB_E_FIELD (bad_pos,
 #       bad_field); ZB_E_IO (err_errno, err_shard) or ZB_E_TRUNCATED (err_shard) from a
 #       pread; ZB_E_CHECKSUM (err_shard, bad_block, bad_got, bad_want: the block stays
-#       unmarked); ZB_E_NOMEM.
+#       unmarked); ZB_E_NOMEM. An error of the labels' stream sets labels.failed and the
+#       error fields of labels.m instead of g's.
 cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, int64_t length,
                        int64_t *out64, int32_t *out32, int32_t *ids=*, zb_ts_distinct *d=*,
-                       zb_ts_bounds *bounds=*) noexcept nogil
+                       zb_ts_bounds *bounds=*, zb_ts_labels *labels=*) noexcept nogil
 
 # The document boundaries inside windows whose range was checked: each window is cut at every
 # document start inside it (a shard start is a document start); positions restart at 0 at

@@ -10,7 +10,12 @@
 #     map the status through raise_for_status:
 #       gather / gather_ranges / gather_with_boundaries / boundaries / metadata_ids: windows,
 #         ranges, boundary outputs and metadata ids (fds=: the caller's per-shard descriptor
-#         table, for a descriptor-backed read);
+#         table, for a descriptor-backed read); the first three (and their async variants)
+#         also write labels= (the tokens label_shift places on), set to ignore_id where a
+#         second WindowGather of the same cum (mask=: a loss mask, one 0/1 per token; mask_fds=
+#         its descriptors) is 0, reading the mask's records in the same GIL-free pass: its
+#         unchecked blocks checked with its own BlockChecks, its values against its vocabulary,
+#         an error of the mask named with the mask's file;
 #       unchecked_chunks(starts, length, stops, checked): the (shard, chunk) pairs of
 #         tokens.bin a batch touches that the caller's bitmaps do not mark as checked.
 #     It holds no verification state, lock, descriptor or callback: those are the reader's
@@ -68,6 +73,10 @@ __all__ = ["BlockChecks", "WindowGather", "WindowTicket", "gather_windows"]
 #: Windows loaded ahead of the one being copied.
 cdef enum:
     PREFETCH_AHEAD = 4
+
+#: Buffers a ticket holds at most (out, labels, position_ids, two descriptor tables).
+cdef enum:
+    MAX_VIEWS = 6
 
 _INT64 = np.dtype(np.int64)
 _INT32 = np.dtype(np.int32)
@@ -157,13 +166,17 @@ cdef inline void _prefetch_window(const zb_ts_geometry *g, int64_t pos, int64_t 
 
 cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, int64_t length,
                        int64_t *out64, int32_t *out32, int32_t *ids=NULL, zb_ts_distinct *d=NULL,
-                       zb_ts_bounds *bounds=NULL) noexcept nogil:
+                       zb_ts_bounds *bounds=NULL, zb_ts_labels *labels=NULL) noexcept nogil:
     cdef int status = ZB_OK
     cdef uint8_t *scratch = NULL
-    cdef int64_t size = max(length, 1) * g.itemsize
+    cdef int64_t size = max(length, 1) * g.itemsize, msize
     cdef zb_ts_checks *checks = g.checks
+    cdef zb_ts_geometry *m = NULL if labels == NULL else labels.m
+    cdef zb_ts_checks *mchecks = NULL if m == NULL else m.checks
     if checks != NULL and zb_ts_count_get(checks.pending) == 0:
         g.checks = NULL                 # every block checked: nothing to look up
+    if mchecks != NULL and zb_ts_count_get(mchecks.pending) == 0:
+        m.checks = NULL
     if g.fds != NULL:
         # pread backend: each shard piece is read whole into one buffer, then widened (and a
         # block to check, read into the same buffer before it)
@@ -171,17 +184,110 @@ cdef int zb_ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, 
             size = max(size, <int64_t>1 << g.checks.shift)
         scratch = <uint8_t *>malloc(size)
         if scratch == NULL:
-            g.checks = checks
-            return ZB_E_NOMEM
-    status = _ts_windows(g, starts, count, length, out64, out32, scratch, ids, d, bounds)
+            status = ZB_E_NOMEM
+    if status == ZB_OK and m != NULL and m.fds != NULL:
+        # the labels' stream read through descriptors too: a buffer of its own
+        msize = max(length, 1) * m.itemsize
+        if m.checks != NULL:
+            msize = max(msize, <int64_t>1 << m.checks.shift)
+        labels.scratch = <uint8_t *>malloc(msize)
+        if labels.scratch == NULL:
+            status = ZB_E_NOMEM
+    if status == ZB_OK:
+        status = _ts_windows(g, starts, count, length, out64, out32, scratch, ids, d, bounds, labels)
     g.checks = checks
     free(scratch)
+    if m != NULL:
+        m.checks = mchecks
+        free(labels.scratch)
+        labels.scratch = NULL
     return status
+
+
+cdef int _labels_span(zb_ts_labels *lab, int64_t pos, int64_t n, const int64_t *tok64, const int32_t *tok32,
+                      int64_t *d64, int32_t *d32) noexcept nogil:
+    # d[k] = tok[k] where the stream lab.m is non-zero at global position pos + k, else
+    # lab.ignore (k < n), reading the stream shard piece by shard piece as the tokens are read:
+    # its unchecked blocks checked first, its values checked against its vocabulary
+    cdef zb_ts_geometry *m = lab.m
+    cdef int64_t isz = m.itemsize, s, take, local, k, done = 0
+    cdef const uint8_t *src
+    cdef uint32_t vmax
+    cdef uint64_t v
+    cdef int st
+    s = _find_shard(m.cum, m.num_shards, pos)
+    while done < n:
+        while m.cum[s + 1] <= pos:
+            s += 1
+        take = min(m.cum[s + 1] - pos, n - done)
+        local = pos - m.cum[s]
+        if m.checks != NULL:
+            st = _check_blocks(m, s, local * isz, (local + take) * isz, lab.scratch)
+            if st != ZB_OK:
+                lab.failed = 1
+                return st
+        if m.bases != NULL:
+            src = m.bases[s] + local * isz
+        else:
+            st = _pread_full(m.fds[s], lab.scratch, take * isz, local * isz, &m.err_errno)
+            if st != ZB_OK:
+                m.err_shard = s
+                lab.failed = 1
+                return st
+            src = lab.scratch
+        if m.token_size == 2:
+            if d64 != NULL:
+                vmax = zb_ts_mask_u16_i64(src, isz, tok64 + done, d64 + done, take, lab.ignore)
+            else:
+                vmax = zb_ts_mask_u16_i32(src, isz, tok32 + done, d32 + done, take, <int32_t>lab.ignore)
+        else:
+            if d64 != NULL:
+                vmax = zb_ts_mask_u32_i64(src, isz, tok64 + done, d64 + done, take, lab.ignore)
+            else:
+                vmax = zb_ts_mask_u32_i32(src, isz, tok32 + done, d32 + done, take, <int32_t>lab.ignore)
+        if vmax >= m.vocab:
+            for k in range(take):
+                if m.token_size == 2:
+                    v = (<const uint16_t *>(src + k * isz))[0]
+                else:
+                    v = (<const uint32_t *>(src + k * isz))[0]
+                if v >= m.vocab:
+                    m.bad_pos = pos + k
+                    break
+            m.bad_field = 0
+            lab.failed = 1
+            return ZB_E_FIELD
+        pos += take
+        done += take
+    return ZB_OK
+
+
+cdef inline int _labels_window(zb_ts_labels *lab, int64_t w, int64_t pos, int64_t length, const int64_t *row64,
+                               const int32_t *row32) noexcept nogil:
+    # window w's labels (its row of tokens at row64 / row32): tokens [shift, length), masked
+    cdef int64_t n = length - lab.shift
+    cdef int64_t *d64 = NULL
+    cdef int32_t *d32 = NULL
+    if n <= 0:
+        return ZB_OK
+    if row64 != NULL:
+        d64 = <int64_t *>lab.out + w * n
+        row64 = row64 + lab.shift
+    else:
+        d32 = <int32_t *>lab.out + w * n
+        row32 = row32 + lab.shift
+    if lab.m == NULL:
+        if d64 != NULL:
+            memcpy(d64, row64, n * 8)
+        else:
+            memcpy(d32, row32, n * 4)
+        return ZB_OK
+    return _labels_span(lab, pos + lab.shift, n, row64, row32, d64, d32)
 
 
 cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, int64_t length,
                      int64_t *out64, int32_t *out32, uint8_t *scratch, int32_t *ids,
-                     zb_ts_distinct *d, zb_ts_bounds *bounds=NULL) noexcept nogil:
+                     zb_ts_distinct *d, zb_ts_bounds *bounds, zb_ts_labels *labels) noexcept nogil:
     cdef int64_t total = g.cum[g.num_shards]
     cdef int st
     cdef int64_t w, pos, s, take, k, done, row
@@ -190,6 +296,10 @@ cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, in
     cdef uint32_t vmax32 = 0
     cdef int64_t r
     cdef int64_t isz = g.itemsize
+    # the labels' stream, when mapped, is asked for ahead as the tokens are
+    cdef const zb_ts_geometry *mp = NULL
+    if labels != NULL and labels.m != NULL and labels.m.bases != NULL and length > labels.shift:
+        mp = labels.m
     for w in range(count):
         pos = starts[w]
         if pos < 0 or pos > total - length:
@@ -197,12 +307,17 @@ cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, in
     # random windows are memory-latency bound and the hardware prefetcher only follows a
     # window once it has started: the first PREFETCH_AHEAD windows are requested up front,
     # then each step requests the window PREFETCH_AHEAD rows on while this one is copied
-    if scratch == NULL:
-        for w in range(min(count, PREFETCH_AHEAD)):
+    for w in range(min(count, PREFETCH_AHEAD)):
+        if scratch == NULL:
             _prefetch_window(g, starts[w], length)
+        if mp != NULL:
+            _prefetch_window(mp, starts[w] + labels.shift, length - labels.shift)
     for w in range(count):
-        if w + PREFETCH_AHEAD < count and scratch == NULL:
-            _prefetch_window(g, starts[w + PREFETCH_AHEAD], length)
+        if w + PREFETCH_AHEAD < count:
+            if scratch == NULL:
+                _prefetch_window(g, starts[w + PREFETCH_AHEAD], length)
+            if mp != NULL:
+                _prefetch_window(mp, starts[w + PREFETCH_AHEAD] + labels.shift, length - labels.shift)
         pos = starts[w]
         row = w * length
         done = 0
@@ -260,6 +375,12 @@ cdef int _ts_windows(zb_ts_geometry *g, const int64_t *starts, int64_t count, in
                 return ZB_E_FIELD
             pos += take
             done += take
+        if labels != NULL:
+            # this window's labels while its tokens are in the cache
+            st = _labels_window(labels, w, starts[w], length, NULL if out64 == NULL else out64 + row,
+                                NULL if out32 == NULL else out32 + row)
+            if st != ZB_OK:
+                return st
         if bounds != NULL:
             # this window's boundary outputs while the next windows' loads are in flight
             _bounds_window(g, bounds, w, starts[w])
@@ -397,18 +518,40 @@ cdef struct zb_ts_job:
     int64_t length
     int64_t *out64
     int32_t *out32
+    bint has_labels             # labels: lab (lab.m points at mg when masked)
+    zb_ts_labels lab
+    zb_ts_geometry mg
+
+
+cdef inline void _job_labels(zb_ts_job *j, const zb_ts_labels *lab, int64_t first) noexcept nogil:
+    # job j's labels: the windows of `lab` from window `first` on (its own copy of the stream's
+    # geometry, whose error fields it may set)
+    j.has_labels = lab != NULL
+    if lab == NULL:
+        return
+    j.lab = lab[0]
+    j.lab.scratch = NULL
+    j.lab.failed = 0
+    if j.out64 != NULL:
+        j.lab.out = <int64_t *>lab.out + first * (j.length - lab.shift)
+    else:
+        j.lab.out = <int32_t *>lab.out + first * (j.length - lab.shift)
+    if lab.m != NULL:
+        j.mg = lab.m[0]
+        j.lab.m = &j.mg
 
 
 cdef int _ts_job_run(void *arg) noexcept nogil:
     cdef zb_ts_job *j = <zb_ts_job *>arg
-    return zb_ts_windows(&j.g, j.starts, j.count, j.length, j.out64, j.out32)
+    return zb_ts_windows(&j.g, j.starts, j.count, j.length, j.out64, j.out32, NULL, NULL, NULL,
+                         &j.lab if j.has_labels else NULL)
 
 
 cdef int _ts_ticket_run(void *arg) noexcept nogil:
     cdef zb_ts_job *j = <zb_ts_job *>arg
     if j.count == 0:
         return ZB_OK
-    return zb_ts_windows(&j.g, j.starts, j.count, j.length, j.out64, j.out32)
+    return _ts_job_run(arg)
 
 
 cdef struct zb_ts_ranges:
@@ -419,8 +562,11 @@ cdef struct zb_ts_ranges:
     int32_t *out32
     int64_t *pos64              # optional: each token's place in its range
     int32_t *pos32
-    void *labels                # optional (out's width): the next token of the same range,
-    int64_t ignore              #   ignore at each range's last token
+    void *labels                # optional (out's width): the token `shift` places on in the
+    int64_t ignore              #   same range (ignore past its end), ignore where the stream
+    int64_t shift               #   m is 0 (m NULL: no stream)
+    zb_ts_geometry *m
+    int failed                  # set on failure: the error fields are m's
     int64_t cur                 # set on failure: the length of the range being read
 
 
@@ -430,14 +576,26 @@ cdef int zb_ts_ranges_run(zb_ts_geometry *g, zb_ts_ranges *r) noexcept nogil:
     cdef int64_t i, j, n, at = 0
     cdef int st
     cdef bint wide = r.out64 != NULL
+    cdef zb_ts_labels lab
+    memset(&lab, 0, sizeof(lab))
+    lab.m = r.m
+    lab.shift = r.shift
+    lab.ignore = r.ignore
     for i in range(r.count):
         n = r.b[i] - r.a[i]
         if n <= 0:
             continue
         r.cur = n
+        if r.labels != NULL:
+            if wide:
+                lab.out = <int64_t *>r.labels + at
+            else:
+                lab.out = <int32_t *>r.labels + at
         st = zb_ts_windows(g, &r.a[i], 1, n, NULL if r.out64 == NULL else r.out64 + at,
-                           NULL if r.out32 == NULL else r.out32 + at)
+                           NULL if r.out32 == NULL else r.out32 + at, NULL, NULL, NULL,
+                           &lab if r.labels != NULL else NULL)
         if st != ZB_OK:
+            r.failed = lab.failed
             return st
         if r.pos64 != NULL:
             for j in range(n):
@@ -445,12 +603,11 @@ cdef int zb_ts_ranges_run(zb_ts_geometry *g, zb_ts_ranges *r) noexcept nogil:
         elif r.pos32 != NULL:
             for j in range(n):
                 r.pos32[at + j] = <int32_t>j
-        if r.labels != NULL:
+        if r.labels != NULL and r.shift == 1:
+            # the range's last token: no next token in it
             if wide:
-                memcpy(<int64_t *>r.labels + at, r.out64 + at + 1, (n - 1) * 8)
                 (<int64_t *>r.labels)[at + n - 1] = r.ignore
             else:
-                memcpy(<int32_t *>r.labels + at, r.out32 + at + 1, (n - 1) * 4)
                 (<int32_t *>r.labels)[at + n - 1] = <int32_t>r.ignore
         at += n
     return ZB_OK
@@ -459,6 +616,7 @@ cdef int zb_ts_ranges_run(zb_ts_geometry *g, zb_ts_ranges *r) noexcept nogil:
 cdef struct zb_ts_ranges_job:
     zb_ts_geometry g
     zb_ts_ranges r
+    zb_ts_geometry mg           # the labels' stream (r.m points here when masked)
 
 
 cdef int _ts_ranges_task(void *arg) noexcept nogil:
@@ -485,13 +643,15 @@ cdef inline void _copy_errors(zb_ts_geometry *to, const zb_ts_geometry *frm) noe
 
 
 cdef int _run_split(TaskPool pool, zb_ts_geometry *g, const int64_t *starts, int64_t count,
-                    int64_t length, int64_t *out64, int32_t *out32, int64_t parts) except -2:
+                    int64_t length, int64_t *out64, int32_t *out32, int64_t parts,
+                    zb_ts_labels *lab=NULL) except -2:
     """Split the windows in `parts` runs and run them as one batch on `pool` (zb_run_parts).
     Returns the first non-OK status (the last run's, then the others' in order, an index
-    error first), with its error fields copied into g."""
+    error first), with its error fields copied into g (or, for an error of the labels'
+    stream, into lab.m, with lab.failed set)."""
     cdef zb_ts_job *jobs
     cdef zb_task *tasks = zb_parts_new(parts, sizeof(zb_ts_job), <void **>&jobs)
-    cdef int64_t p, first = 0, n
+    cdef int64_t p, first = 0, n, q
     cdef int status = ZB_OK
     try:
         for p in range(parts):
@@ -502,17 +662,24 @@ cdef int _run_split(TaskPool pool, zb_ts_geometry *g, const int64_t *starts, int
             jobs[p].length = length
             jobs[p].out64 = NULL if out64 == NULL else out64 + first * length
             jobs[p].out32 = NULL if out32 == NULL else out32 + first * length
+            _job_labels(&jobs[p], lab, first)
             tasks[p].fn = _ts_job_run
             tasks[p].arg = &jobs[p]
             first += n
         zb_run_parts(pool, tasks, parts)
+        q = -1
         if tasks[parts - 1].status != ZB_OK:
             status = tasks[parts - 1].status
-            _copy_errors(g, &jobs[parts - 1].g)
+            q = parts - 1
         for p in range(parts - 1):
             if tasks[p].status != ZB_OK and (status == ZB_OK or tasks[p].status == ZB_E_INDEX):
                 status = tasks[p].status
-                _copy_errors(g, &jobs[p].g)
+                q = p
+        if q >= 0:
+            _copy_errors(g, &jobs[q].g)
+            if jobs[q].has_labels and jobs[q].lab.failed:
+                lab.failed = 1
+                _copy_errors(lab.m, &jobs[q].mg)
     finally:
         PyMem_Free(tasks)
     return status
@@ -726,7 +893,7 @@ cdef class WindowGather:
     """
 
     cdef object _bases, _cum, _docs, _doc_ptrs, _doc_counts, _meta_counts, _meta_indexes, _meta_index_ptrs
-    cdef object _cum_docs
+    cdef object _cum_docs, _mask_ok
     cdef const int64_t[::1] _cum_docs_view
     cdef readonly object paths
     cdef readonly BlockChecks checks
@@ -825,6 +992,45 @@ cdef class WindowGather:
         g.bases = NULL
         return 1
 
+    cdef int _labels(self, zb_ts_labels *lab, zb_ts_geometry *mg, object labels, object mask, object mask_fds,
+                     Py_buffer *views, int *nviews, bint wide, int64_t n, int64_t shift,
+                     int64_t ignore_id) except -1:
+        """A read's labels: `labels` (n values of the tokens' width) held in views[nviews],
+        and with `mask` its geometry in `mg` (its descriptor table held after it); the caller
+        releases views[:nviews]."""
+        memset(lab, 0, sizeof(lab[0]))
+        if labels is None:
+            if mask is not None:
+                raise ConfigError("mask: it masks labels; pass labels too", field="labels")
+            return 0
+        if shift != 0 and shift != 1:
+            raise ConfigError(f"label_shift must be 0 or 1, got {shift}", field="label_shift")
+        if n < 0:
+            raise ConfigError(f"label_shift {shift}: the windows are shorter than it", field="label_shift")
+        if not wide and not -2**31 <= ignore_id < 2**31:
+            raise ConfigError("ignore_id does not fit int32 labels", field="ignore_id")
+        lab.out = _acquire(labels, &views[nviews[0]], _INT64 if wide else _INT32, n, -1, "labels")
+        nviews[0] += 1
+        lab.shift = shift
+        lab.ignore = ignore_id
+        if mask is None:
+            return 0
+        if type(mask) is not WindowGather:
+            raise ConfigError("mask: a WindowGather of the labels' stream", field="mask")
+        cdef WindowGather m = <WindowGather>mask
+        if m is not self._mask_ok:
+            if m.num_shards != self.num_shards or not np.array_equal(m._cum, self._cum):
+                raise ConfigError("mask: the stream's shards do not hold the tokens' counts (a stream of another "
+                                  "dataset)", field="mask")
+            self._mask_ok = m
+        if mask_fds is None and m.g.bases == NULL:
+            raise ConfigError("mask_fds: the labels' stream is read through descriptors; pass its table",
+                              field="mask_fds")
+        if m._geometry(mg, mask_fds, &views[nviews[0]]):
+            nviews[0] += 1
+        lab.m = mg
+        return 0
+
     def unchecked_chunks(self, starts, length=None, stops=None, checked=None, int64_t chunk_bytes=1 << 24,
                          int64_t cap=256):
         """The (shard, chunk) pairs of ``tokens.bin`` that the windows ``[starts[i], starts[i] +
@@ -862,8 +1068,10 @@ cdef class WindowGather:
                                     &miss[0, 0], cap)
         return out[:n]
 
-    def gather(self, starts, length, out, TaskPool pool=None, fds=None):
-        """Copy the windows ``[starts[w], starts[w] + length)`` into the rows of ``out``.
+    def gather(self, starts, length, out, TaskPool pool=None, fds=None, *, labels=None, mask=None, mask_fds=None,
+               int64_t label_shift=1, int64_t ignore_id=-100):
+        """Copy the windows ``[starts[w], starts[w] + length)`` into the rows of ``out`` (and,
+        optionally, their labels in the same pass).
 
         Args:
             starts: integer array-like of global token positions.
@@ -873,6 +1081,14 @@ cdef class WindowGather:
                 and the calling thread (each part runs without the GIL).
             fds: the caller's ``intc`` table of each shard's ``tokens.bin`` descriptor (read
                 with ``pread``; every descriptor a window needs must be open).
+            labels: optional output of ``out``'s dtype, ``len(starts) * (length - label_shift)``
+                elements: window ``w``'s tokens ``[label_shift, length)`` (``label_shift=1``:
+                the next-token targets ``w[1:]``), ``ignore_id`` where ``mask`` is 0.
+            mask: the :class:`WindowGather` of a stream of one value per token over the same
+                shards (a loss mask: 0 turns a label off), read in the same pass as the
+                tokens: its blocks read for the first time checked against their digests
+                (with its ``checks``), its values against its vocabulary.
+            mask_fds: ``mask``'s descriptor table, when it is read through descriptors.
 
         Returns:
             ``out``.
@@ -880,9 +1096,12 @@ cdef class WindowGather:
         Raises:
             OutOfRangeError: a window outside ``[0, total)``.
             CorruptError: a token id at or above ``vocab`` (field ``token``, naming the
-                shard's file when ``paths`` was given).
+                shard's file when ``paths`` was given); a mask value at or above the mask's
+                vocabulary (naming the mask's file).
+            IntegrityError: a block of the tokens or of the mask that does not match its digest.
             ReadError, TruncatedError: a ``pread`` failed or came short.
-            ConfigError: an unfit ``out`` or non-integer starts.
+            ConfigError: an unfit ``out`` or ``labels``, a mask of other shards, or
+                non-integer starts.
         """
         cdef int64_t L = length if type(length) is int and length >= 0 else check_count(length, "length")
         cdef const int64_t[::1] st = _starts(starts)
@@ -890,7 +1109,11 @@ cdef class WindowGather:
         cdef int64_t *p64 = NULL
         cdef int32_t *p32 = NULL
         cdef Py_buffer view, fview
-        cdef zb_ts_geometry g
+        cdef Py_buffer lviews[2]
+        cdef int nl = 0
+        cdef zb_ts_geometry g, mg
+        cdef zb_ts_labels lab
+        cdef zb_ts_labels *labp = NULL
         cdef bint held = self._geometry(&g, fds, &fview)
         cdef void *data
         try:
@@ -902,6 +1125,10 @@ cdef class WindowGather:
         cdef int status = ZB_OK
         cdef int64_t parts = 1
         try:
+            if labels is not None or mask is not None:
+                self._labels(&lab, &mg, labels, mask, mask_fds, lviews, &nl, view.itemsize == 8,
+                             count * (L - label_shift), label_shift, ignore_id)
+                labp = &lab
             if count == 0 or L == 0:
                 for i in range(count):
                     if st[i] < 0 or st[i] > self.total:
@@ -914,14 +1141,19 @@ cdef class WindowGather:
             if pool is not None:
                 parts = min(pool.num_threads + 1, count // MIN_WINDOWS_PER_PART, count * L // MIN_TOKENS_PER_PART)
             if parts > 1:
-                status = _run_split(pool, &g, &st[0], count, L, p64, p32, parts)
+                status = _run_split(pool, &g, &st[0], count, L, p64, p32, parts, labp)
             else:
                 with nogil:
-                    status = zb_ts_windows(&g, &st[0], count, L, p64, p32)
+                    status = zb_ts_windows(&g, &st[0], count, L, p64, p32, NULL, NULL, NULL, labp)
         finally:
             PyBuffer_Release(&view)
             if held:
                 PyBuffer_Release(&fview)
+            while nl > 0:
+                nl -= 1
+                PyBuffer_Release(&lviews[nl])
+        if status != ZB_OK and labp != NULL and lab.failed:
+            (<WindowGather>mask)._raise_status(status, &mg, L)
         self._raise_status(status, &g, L)
         return out
 
@@ -979,9 +1211,11 @@ cdef class WindowGather:
                                os.path.join(os.path.dirname(self.paths[sh]), "documents.index"))
         return a, b
 
-    def gather_async(self, TaskPool pool, starts, length, out):
-        """:meth:`gather` queued on ``pool`` as one compiled task (mapped files only); returns
-        a :class:`WindowTicket` whose ``wait()`` returns ``out``.
+    def gather_async(self, TaskPool pool, starts, length, out, *, labels=None, mask=None, int64_t label_shift=1,
+                     int64_t ignore_id=-100):
+        """:meth:`gather` queued on ``pool`` as one compiled task (mapped files only; with
+        ``labels`` and ``mask``, the mask's too); returns a :class:`WindowTicket` whose
+        ``wait()`` returns ``out``.
 
         The arguments are checked now (``ConfigError``); a window outside the stream, a token
         id at or above the vocabulary or a block that does not match its checksum is raised by
@@ -1005,6 +1239,14 @@ cdef class WindowGather:
         t.job.length = L
         t.job.out64 = <int64_t *>data if t.views[0].itemsize == 8 else NULL
         t.job.out32 = <int32_t *>data if t.views[0].itemsize == 4 else NULL
+        t.job.has_labels = False
+        if labels is not None or mask is not None:
+            self._labels(&t.job.lab, &t.job.mg, labels, mask, None, t.views, &t.nviews, t.views[0].itemsize == 8,
+                         count * (L - label_shift), label_shift, ignore_id)
+            t.job.has_labels = True
+            if mask is not None:
+                t.job.lab.m = &t.job.mg
+                t.mask = <WindowGather>mask
         if count == 0 or L == 0:
             t.job.count = 0
         t.task.fn = _ts_ticket_run
@@ -1125,7 +1367,8 @@ cdef class WindowGather:
             PyBuffer_Release(&view)
         return 0
 
-    def gather_ranges(self, starts, stops, out, fds=None, position_ids=None, labels=None, int64_t ignore_id=-100):
+    def gather_ranges(self, starts, stops, out, fds=None, position_ids=None, labels=None, int64_t ignore_id=-100, *,
+                      mask=None, mask_fds=None, int64_t label_shift=1):
         """Copy the token ranges ``[starts[i], stops[i])`` back to back into the flat ``out``
         (and, optionally, each token's place in its range and the next-token labels, in the
         same pass).
@@ -1136,8 +1379,11 @@ cdef class WindowGather:
             fds: as for :meth:`gather`.
             position_ids: optional ``int64`` / ``int32`` output of ``out``'s size: 0, 1, ...
                 restarting at each range.
-            labels: optional output of ``out``'s size and dtype: the next token of the same
-                range, ``ignore_id`` at each range's last token.
+            labels: optional output of ``out``'s size and dtype: the token ``label_shift``
+                places on in the same range (1, the default: the next token, ``ignore_id`` at
+                each range's last token; 0: the token itself), ``ignore_id`` where ``mask``
+                is 0.
+            mask, mask_fds: the labels' stream, as for :meth:`gather`.
 
         Returns:
             ``out``.
@@ -1147,7 +1393,8 @@ cdef class WindowGather:
             CorruptError, ReadError, TruncatedError, IntegrityError: as :meth:`gather`.
             ConfigError: an unfit output.
         """
-        cdef WindowTicket t = self._ranges_job(starts, stops, out, fds, position_ids, labels, ignore_id)
+        cdef WindowTicket t = self._ranges_job(starts, stops, out, fds, position_ids, labels, ignore_id, mask,
+                                               mask_fds, label_shift)
         cdef int status
         try:
             with nogil:
@@ -1156,17 +1403,21 @@ cdef class WindowGather:
             t.finished = True
             t._release()
         if status != ZB_OK:
+            if t.rjob.r.failed:
+                t.mask._raise_status(status, &t.rjob.mg, t.rjob.r.cur)
             self._raise_status(status, &t.rjob.g, t.rjob.r.cur)
         return out
 
     def gather_ranges_async(self, TaskPool pool, starts, stops, out, position_ids=None, labels=None,
-                            int64_t ignore_id=-100):
-        """:meth:`gather_ranges` queued on ``pool`` as one compiled task (mapped files only);
-        returns a :class:`WindowTicket` whose ``wait()`` returns ``out``. The arguments are
-        checked now; the errors of the read itself are raised by ``wait()``."""
+                            int64_t ignore_id=-100, *, mask=None, int64_t label_shift=1):
+        """:meth:`gather_ranges` queued on ``pool`` as one compiled task (mapped files only;
+        with ``mask``, the mask's too); returns a :class:`WindowTicket` whose ``wait()``
+        returns ``out``. The arguments are checked now; the errors of the read itself are
+        raised by ``wait()``."""
         if self.g.bases == NULL:
             raise ConfigError("gather_ranges_async: this dataset is read through descriptors", field="fds")
-        cdef WindowTicket t = self._ranges_job(starts, stops, out, None, position_ids, labels, ignore_id)
+        cdef WindowTicket t = self._ranges_job(starts, stops, out, None, position_ids, labels, ignore_id, mask, None,
+                                               label_shift)
         t.pool = pool
         t.task.fn = _ts_ranges_task
         t.task.arg = &t.rjob
@@ -1174,7 +1425,8 @@ cdef class WindowGather:
         t.submitted = True
         return t
 
-    cdef WindowTicket _ranges_job(self, starts, stops, out, fds, position_ids, labels, int64_t ignore_id):
+    cdef WindowTicket _ranges_job(self, starts, stops, out, fds, position_ids, labels, int64_t ignore_id,
+                                  mask=None, mask_fds=None, int64_t label_shift=1):
         # a ticket holding a checked ranges job (its buffers acquired; released by the ticket)
         cdef WindowTicket t = WindowTicket.__new__(WindowTicket)
         cdef const int64_t[::1] a = as_positions(starts, "starts")
@@ -1189,7 +1441,7 @@ cdef class WindowGather:
         t.is_ranges = True
         t.gather = self
         t.out = out
-        t.keep = (a, b, fds)
+        t.keep = (a, b, fds, mask_fds)
         memset(&t.rjob, 0, sizeof(t.rjob))
         cdef Py_buffer fview
         cdef bint held = self._geometry(&t.rjob.g, fds, &fview)
@@ -1215,11 +1467,15 @@ cdef class WindowGather:
                 t.rjob.r.pos64 = <int64_t *>p
             else:
                 t.rjob.r.pos32 = <int32_t *>p
-        if labels is not None:
-            if not wide and not -2**31 <= ignore_id < 2**31:
-                raise ConfigError("ignore_id does not fit int32 labels", field="ignore_id")
-            t.rjob.r.labels = _acquire(labels, &t.views[t.nviews], _INT64 if wide else _INT32, total, -1, "labels")
-            t.nviews += 1
+        cdef zb_ts_labels lab
+        if labels is not None or mask is not None:
+            self._labels(&lab, &t.rjob.mg, labels, mask, mask_fds, t.views, &t.nviews, wide, total, label_shift,
+                         ignore_id)
+            t.rjob.r.labels = lab.out
+            t.rjob.r.shift = label_shift
+            if mask is not None:
+                t.rjob.r.m = &t.rjob.mg
+                t.mask = <WindowGather>mask
         return t
 
     cdef int _raise_status(self, int status, zb_ts_geometry *g, int64_t L) except -1:
@@ -1303,10 +1559,11 @@ cdef class WindowGather:
 
     def gather_with_boundaries(self, starts, length, out, bounds_length=None, position_ids=None,
                                segment_ids=None, cu_seqlens=None, *, position_dtype=np.int64, segments=True,
-                               fds=None):
+                               fds=None, labels=None, mask=None, mask_fds=None, int64_t label_shift=1,
+                               int64_t ignore_id=-100):
         """:meth:`gather` and :meth:`boundaries` in one pass on the calling thread: each
-        window's boundary outputs are computed right after its tokens are copied, while the
-        next windows' loads are in flight.
+        window's boundary outputs (and labels) are computed right after its tokens are
+        copied, while the next windows' loads are in flight.
 
         Args:
             starts, length, out: as for :meth:`gather`.
@@ -1314,6 +1571,7 @@ cdef class WindowGather:
                 the inputs of next-token pairs; at most ``length``).
             position_ids, segment_ids, cu_seqlens, position_dtype, segments: as for
                 :meth:`boundaries`, shaped by ``bounds_length``.
+            labels, mask, mask_fds, label_shift, ignore_id: as for :meth:`gather`.
 
         Returns:
             ``(out, position_ids, segment_ids, cu_seqlens, max_seqlen)``.
@@ -1331,11 +1589,12 @@ cdef class WindowGather:
         cdef const int64_t[::1] st = _starts(starts)
         cdef int64_t count = st.shape[0]
         return self._bounded(st, count, L, BL, out, position_ids, segment_ids, cu_seqlens, position_dtype,
-                             segments, fds)
+                             segments, fds, labels, mask, mask_fds, label_shift, ignore_id)
 
     cdef object _bounded(self, const int64_t[::1] st, int64_t count, int64_t L, int64_t BL, object out,
                          object position_ids, object segment_ids, object cu_seqlens, object position_dtype,
-                         bint segments, object fds):
+                         bint segments, object fds, object labels=None, object mask=None, object mask_fds=None,
+                         int64_t label_shift=1, int64_t ignore_id=-100):
         # boundaries over BL tokens of each window, and with `out` the windows' L tokens too
         cdef int64_t i
         if count * BL >= 2**31:
@@ -1373,6 +1632,11 @@ cdef class WindowGather:
         cdef int64_t *t64 = NULL
         cdef int32_t *t32 = NULL
         cdef zb_ts_geometry g = self.g
+        cdef zb_ts_geometry mg
+        cdef zb_ts_labels lab
+        cdef zb_ts_labels *labp = NULL
+        cdef Py_buffer lviews[2]
+        cdef int nl = 0
         cdef int status = ZB_OK
         try:
             if out is not None:
@@ -1396,6 +1660,10 @@ cdef class WindowGather:
                     t64 = <int64_t *>tp
                 else:
                     t32 = <int32_t *>tp
+                if labels is not None or mask is not None:
+                    self._labels(&lab, &mg, labels, mask, mask_fds, lviews, &nl, tv.itemsize == 8,
+                                 count * (L - label_shift), label_shift, ignore_id)
+                    labp = &lab
             if count == 0:
                 b.cu[0] = 0
             elif out is None:
@@ -1403,8 +1671,11 @@ cdef class WindowGather:
                     zb_ts_boundaries(&g, &st[0], count, &b)
             else:
                 with nogil:
-                    status = zb_ts_windows(&g, &st[0], count, L, t64, t32, NULL, NULL, &b)
+                    status = zb_ts_windows(&g, &st[0], count, L, t64, t32, NULL, NULL, &b, labp)
         finally:
+            while nl > 0:
+                nl -= 1
+                PyBuffer_Release(&lviews[nl])
             if have_p:
                 PyBuffer_Release(&pv)
             if have_s:
@@ -1415,25 +1686,30 @@ cdef class WindowGather:
                 PyBuffer_Release(&tv)
             if held:
                 PyBuffer_Release(&fview)
+        if status != ZB_OK and labp != NULL and lab.failed:
+            (<WindowGather>mask)._raise_status(status, &mg, L)
         self._raise_status(status, &g, L)
         return out, pos_ids, seg_ids, cu[:b.nseg + 1], b.maxlen
 
 
 cdef class WindowTicket:
     """A window or range gather queued on a :class:`~zerobatch.core.TaskPool` as one compiled
-    task (no Python and no GIL from start to finish: the checks of unchecked blocks, and the
-    positions and labels of ranges, included); :meth:`wait` returns its output. Holds the
-    gatherer, the positions and every buffer alive until the task has run."""
+    task (no Python and no GIL from start to finish: the checks of unchecked blocks, the
+    positions and labels of ranges, and the labels' stream, included); :meth:`wait` returns
+    its output. Holds the gatherers, the positions and every buffer alive until the task has
+    run."""
 
     cdef zb_task task
     cdef zb_ts_job job
     cdef zb_ts_ranges_job rjob
     cdef bint is_ranges
-    cdef Py_buffer views[3]
+    # out, labels, position_ids, and (a synchronous read) two descriptor tables
+    cdef Py_buffer views[MAX_VIEWS]
     cdef int nviews
     cdef bint submitted, finished, cancelled
     cdef object keep
     cdef WindowGather gather
+    cdef WindowGather mask
     cdef TaskPool pool
     cdef object out
 
@@ -1451,7 +1727,11 @@ cdef class WindowTicket:
             self._release()
         if self.task.status != ZB_OK:
             if self.is_ranges:
+                if self.rjob.r.failed:
+                    self.mask._raise_status(self.task.status, &self.rjob.mg, self.rjob.r.cur)
                 self.gather._raise_status(self.task.status, &self.rjob.g, self.rjob.r.cur)
+            if self.job.has_labels and self.job.lab.failed:
+                self.mask._raise_status(self.task.status, &self.job.mg, self.job.length)
             self.gather._raise_status(self.task.status, &self.job.g, self.job.length)
         return self.out
 

@@ -48,7 +48,7 @@ import numpy as np
 from zerobatch.core import BlockChecks, WindowGather, flat_layout, xxh3_64
 from zerobatch.core.checks import as_positions, check_count
 from zerobatch.core.io import read_document
-from zerobatch.core.pool import shared_pool
+from zerobatch.core.pool import run_io, shared_pool
 from zerobatch.core.remote import ObjectStore, is_url, local_path, open_store, redact
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import (ConfigError, CorruptError, LimitExceededError, NotFoundError, OutOfRangeError,
@@ -368,12 +368,33 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                 streams[name] = open_loss_mask(self)
         return streams[name]
 
-    def _fetch_tokens(self, starts: np.ndarray, stops: np.ndarray) -> None:
+    def _fetch_tokens(self, starts: np.ndarray, stops: np.ndarray,
+                      streams: tuple[TokenStreamReader, ...] = ()) -> None:
         """A remote dataset: every ``tokens.bin`` block the ranges touch held in the local
-        copies, checked. The blocks no read checked are listed, claimed and marked in compiled
-        calls (no Python per block); blocks another thread claimed are waited for, not fetched
-        twice; runs of blocks of different shards are fetched in parallel. (Under the shared
-        lock.)"""
+        copies, checked, and with ``streams`` (read in the same kernel call: a loss mask) the
+        streams' blocks under the same ranges too, fetched at the same time (each reader with
+        blocks to fetch on a thread of its own: one round trip, not one per stream). (Under
+        the shared lock of each.)"""
+        if streams:
+            todo = [r for r in (self, *streams) if r._store is not None and r._unfetched(starts, stops)]
+            if len(todo) > 1:
+                run_io(lambda r: r._fetch_tokens(starts, stops), todo, len(todo), "zerobatch-stream-fetch")
+            elif todo:
+                todo[0]._fetch_tokens(starts, stops)
+            return
+        self._fetch_own(starts, stops)
+
+    def _unfetched(self, starts: np.ndarray, stops: np.ndarray) -> bool:
+        """Whether a block of ``tokens.bin`` under the ranges was never checked here (a remote
+        dataset: not held in the local copies yet)."""
+        return bool(len(self._ready().unchecked_chunks(starts, None, stops, self._checks.addresses,
+                                                       self.manifest.block, cap=1)))
+
+    def _fetch_own(self, starts: np.ndarray, stops: np.ndarray) -> None:
+        """:meth:`_fetch_tokens` of this reader's blocks. The blocks no read checked are listed,
+        claimed and marked in compiled calls (no Python per block); blocks another thread
+        claimed are waited for, not fetched twice; runs of blocks of different shards are
+        fetched in parallel."""
         checks, shards, gather = self._checks, self._remote_shards(), self._ready()
         block = self.manifest.block
         while True:
@@ -465,25 +486,117 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                                      f"({getattr(backend, 'limit', 0)})", path=self.folder, field="max_open_files")
         return piecewise()
 
-    def windows(self, starts: Any, length: int, *, out: np.ndarray | None = None,
-                dtype: Any = np.int64) -> np.ndarray:
-        """Token windows ``[start, start + length)`` at global positions, as rows of ``out``.
+    def _label_stream(self, label_mask: str | None, labels: Any) -> TokenStreamReader | None:
+        """The stream masking a read's labels (:meth:`stream`), or ``None``."""
+        if label_mask is None:
+            return None
+        if labels is None:
+            raise ConfigError("label_mask: it masks labels; pass labels too", path=self.folder, field="labels")
+        return self.stream(label_mask)
+
+    def _read_with(self, stream: TokenStreamReader | None, starts: np.ndarray, stops: np.ndarray,
+                   gather: Callable[[Any, Any], Any], piecewise: Callable[[], Any] | None) -> Any:
+        """:meth:`_read` of the tokens and of ``stream`` (a loss mask read in the same kernel
+        call): ``gather(fds, stream_fds)`` with both held (their descriptor tables, or
+        ``None`` for mapped files); a dataset at a URL fetches both's missing blocks together
+        first (:meth:`_fetch_tokens`); ``piecewise()`` when either touches more files than
+        may be open at once."""
+        if stream is None:
+            return self._read(starts, stops, lambda fds: gather(fds, None), piecewise)
+        readers = (self, stream)
+        if all(r._tokens.kernel_access == "address" for r in readers):
+            return gather(None, None)
+        remote = [r._remote_shards() for r in readers if r._store is not None]
+        touched = self._shards_of(starts, stops) if starts.size else ()
+        try:
+            with contextlib.ExitStack() as held:
+                for shards in remote:
+                    held.enter_context(shards.lock.shared())
+                if remote:
+                    self._fetch_tokens(starts, stops, (stream,))
+                with contextlib.ExitStack() as pins:
+                    tables = [None if r._tokens.kernel_access == "address" else
+                              pins.enter_context(r._tokens.pinned(touched)) for r in readers]
+                    if all(t is not None or r._tokens.kernel_access == "address"
+                           for r, t in zip(readers, tables, strict=True)):
+                        return gather(*tables)
+                if piecewise is None:
+                    raise LimitExceededError(f"one read touches more shards than max_open_files allows "
+                                             f"({getattr(self._tokens, 'limit', 0)})", path=self.folder,
+                                             field="max_open_files")
+                return piecewise()
+        finally:
+            for shards in remote:
+                shards.maybe_evict()
+
+    def _labels_piecewise(self, stream: TokenStreamReader | None, flat: np.ndarray, starts: np.ndarray,
+                          stops: np.ndarray, labels: np.ndarray, shift: int, ignore_id: int, *,
+                          windows: bool) -> None:
+        """The labels of a read whose tokens were read piecewise (more shards than
+        descriptors): the one place labels are masked outside the kernels. ``flat``: the
+        tokens of the ranges ``[starts, stops)`` back to back; the labels are each range's
+        tokens ``[shift, n)``, ``ignore_id`` where ``stream`` is 0 (read piecewise too, at the
+        same positions the kernel reads), written as windows' rows (``windows``: ``n - shift``
+        per range) or in the tokens' layout (each range's last ``shift`` labels ``ignore_id``)."""
+        lens = stops - starts
+        want = int((lens - shift).sum()) if windows else flat.size
+        if shift not in (0, 1):
+            raise ConfigError(f"label_shift must be 0 or 1, got {shift}", field="label_shift")
+        if not isinstance(labels, np.ndarray) or labels.dtype != flat.dtype or labels.size != want \
+                or not labels.flags.c_contiguous or not labels.flags.writeable:
+            raise ConfigError(f"labels must be a writable C-contiguous {flat.dtype} array of {want} elements",
+                              field="labels")
+        first = np.minimum(starts + shift, stops)
+        inner = np.ones(flat.size, bool)            # the labelled tokens: each range's but its first `shift`
+        if shift:
+            at = (np.cumsum(lens) - lens)[lens > 0]
+            inner[at] = False
+        values = flat[inner]
+        if stream is not None:
+            keep = np.empty(values.size, flat.dtype)
+            stream._ranges_piecewise(first.tolist(), stops.tolist(), keep)
+            values = np.where(keep != 0, values, ignore_id)
+        out = labels.reshape(-1)
+        if windows or not shift:
+            out[:] = values
+        else:
+            last = np.zeros(flat.size, bool)
+            last[(np.cumsum(lens) - 1)[lens > 0]] = True
+            out[~last] = values
+            out[last] = ignore_id
+
+    def windows(self, starts: Any, length: int, *, out: np.ndarray | None = None, dtype: Any = np.int64,
+                labels: np.ndarray | None = None, label_mask: str | None = None, label_shift: int = 1,
+                ignore_id: int = -100) -> np.ndarray:
+        """Token windows ``[start, start + length)`` at global positions, as rows of ``out``
+        (and their labels in the same pass).
 
         Windows may cross shard boundaries (each becomes several reads); the gather runs in
         ``zerobatch.core`` with the GIL released. For next-token training ask for
-        ``seq_len + 1`` tokens and use ``w[:, :-1]`` / ``w[:, 1:]``.
+        ``seq_len + 1`` tokens and use ``w[:, :-1]`` / ``w[:, 1:]`` (or ``labels``).
 
         Args:
             starts: integer array-like of global token positions.
             length: tokens per window.
             out: a caller's C-contiguous ``int64`` or ``int32`` buffer of
                 ``(len(starts), length)``; else one is allocated with ``dtype``.
+            labels: optional C-contiguous output of ``out``'s dtype and
+                ``len(starts) * (length - label_shift)`` elements: each window's tokens
+                ``[label_shift, length)`` (``w[:, 1:]``, the next-token targets, by default),
+                ``ignore_id`` where the ``label_mask`` stream is 0.
+            label_mask: the name of the stream (:meth:`stream`: ``"loss_mask"``) masking
+                ``labels``, read in the same compiled pass as the tokens (its blocks read for
+                the first time checked; at a URL, fetched with the tokens' blocks).
+            label_shift: 1 (next-token labels) or 0 (each token's own label).
 
         Raises:
             OutOfRangeError: a window outside ``[0, num_tokens)``.
-            CorruptError: a token id at or above the vocabulary (field ``token``).
-            IntegrityError: a chunk the windows touch does not match its checksum.
-            ConfigError: an unfit ``out``.
+            CorruptError: a token id at or above the vocabulary (field ``token``), or a mask
+                value above 1 (naming the mask's file).
+            IntegrityError: a chunk the windows touch does not match its checksum (the
+                tokens' or the mask's, naming the file).
+            ConfigError: an unfit ``out`` or ``labels``; a ``label_mask`` without ``labels``.
+            NotFoundError: the dataset has no such stream.
         """
         if self.closed:
             self._check_open()
@@ -499,6 +612,8 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             return out
         gather = self._gather
         pool = shared_pool(self.num_threads - 1) if self.num_threads > 1 else None
+        if labels is not None or label_mask is not None:
+            return self._labelled_windows(starts, length, out, pool, labels, label_mask, label_shift, ignore_id)
         if self._tokens.kernel_access == "address":
             # mapped files: one compiled call, which also checks the blocks no read checked
             # before (the common path of every batch: kept free of closures and copies)
@@ -512,25 +627,60 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         return self._read(starts, starts + length, lambda fds: gather.gather(starts, length, out, pool, fds=fds),
                           piecewise)
 
-    def read_into(self, items: Any, out: np.ndarray) -> np.ndarray:
+    def _labelled_windows(self, starts: Any, length: int, out: np.ndarray, pool: Any, labels: Any,
+                          label_mask: str | None, shift: int, ignore_id: int) -> np.ndarray:
+        """:meth:`windows` with labels: one compiled call reads the tokens, the labels' stream
+        and writes the labels."""
+        gather = self._ready()
+        stream = self._label_stream(label_mask, labels)
+        mask = None if stream is None else stream._ready()
+        if self._tokens.kernel_access == "address" and (stream is None or stream._tokens.kernel_access == "address"):
+            return gather.gather(starts, length, out, pool, labels=labels, mask=mask, label_shift=shift,
+                                 ignore_id=ignore_id)
+        starts = as_positions(starts, "starts")
+
+        def piecewise() -> np.ndarray:
+            for w, st in enumerate(starts.tolist()):
+                self._ranges_piecewise([st], [st + length], out[w].reshape(-1))
+            self._labels_piecewise(stream, out.reshape(-1), starts, starts + length, labels, shift, ignore_id,
+                                   windows=True)
+            return out
+        return self._read_with(stream, starts, starts + length,
+                               lambda fds, mfds: gather.gather(starts, length, out, pool, fds=fds, labels=labels,
+                                                               mask=mask, mask_fds=mfds, label_shift=shift,
+                                                               ignore_id=ignore_id), piecewise)
+
+    def read_into(self, items: Any, out: np.ndarray, *, labels: np.ndarray | None = None,
+                  label_mask: str | None = None, ignore_id: int = -100) -> np.ndarray:
         """The batch read sources call: the windows starting at the global positions ``items``
         into the rows of ``out`` (``int64`` or ``int32``; the window length is ``out``'s row
-        length); as :meth:`windows`."""
+        length), with their next-token ``labels`` masked by ``label_mask`` when given; as
+        :meth:`windows`."""
         if not isinstance(out, np.ndarray) or out.ndim != 2:
             raise ConfigError("out must be a 2-D int64 or int32 array: one row per window", field="out")
-        return self.windows(items, out.shape[1], out=out)
+        if labels is None and label_mask is None:
+            return self.windows(items, out.shape[1], out=out)
+        return self.windows(items, out.shape[1], out=out, labels=labels, label_mask=label_mask, ignore_id=ignore_id)
 
     def read_async(self, pool: Any, items: Any, out: Any, **options: Any) -> Any:
         """:meth:`read_into` queued on ``pool``: from mapped files, one compiled task (the
-        checks of blocks read for the first time included) that holds no GIL from start to
-        finish; otherwise the read as a Python call. ``wait()`` returns ``out``.
+        checks of blocks read for the first time, and the labels and their mask, included)
+        that holds no GIL from start to finish; otherwise the read as a Python call.
+        ``wait()`` returns ``out``.
 
         Raises:
             ConfigError: an unfit ``out`` (now); the errors of :meth:`windows` (from ``wait()``).
         """
         if self._tokens.kernel_access == "address" and self._gather is not None and not self.closed \
-                and isinstance(out, np.ndarray) and out.ndim == 2 and not options:
-            return self._gather.gather_async(pool, items, out.shape[1], out)
+                and isinstance(out, np.ndarray) and out.ndim == 2:
+            if not options:
+                return self._gather.gather_async(pool, items, out.shape[1], out)
+            if set(options) <= {"labels", "label_mask", "ignore_id"}:
+                stream = self._label_stream(options.get("label_mask"), options.get("labels"))
+                if stream is None or stream._tokens.kernel_access == "address":
+                    return self._gather.gather_async(pool, items, out.shape[1], out, labels=options.get("labels"),
+                                                     mask=None if stream is None else stream._ready(),
+                                                     ignore_id=options.get("ignore_id", -100))
         return super().read_async(pool, items, out, **options)
 
     def _ranges_piecewise(self, starts: list[int], stops: list[int], flat: np.ndarray) -> None:
@@ -681,11 +831,13 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                                 dtype: Any = np.int64, boundaries_length: int | None = None,
                                 position_ids: np.ndarray | None = None, segment_ids: np.ndarray | None = None,
                                 cu_seqlens: np.ndarray | None = None, position_dtype: Any = np.int64,
-                                segments: bool = True) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None,
+                                segments: bool = True, labels: np.ndarray | None = None,
+                                label_mask: str | None = None, label_shift: int = 1,
+                                ignore_id: int = -100) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None,
                                                                 np.ndarray, int]:
         """:meth:`windows` and :meth:`boundaries` in one compiled pass: each window's
-        boundary outputs are written right after its tokens, while the next windows' loads
-        are in flight (the cheaper way to get both; on the calling thread).
+        boundary outputs (and labels) are written right after its tokens, while the next
+        windows' loads are in flight (the cheaper way to get both; on the calling thread).
 
         Args:
             starts, length, out, dtype: as for :meth:`windows` (``seq_len + 1`` tokens for
@@ -694,6 +846,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                 ``length - 1``, the inputs ``w[:, :-1]`` of next-token pairs.
             position_ids, segment_ids, cu_seqlens, position_dtype, segments: as for
                 :meth:`boundaries`, shaped by ``boundaries_length``.
+            labels, label_mask, label_shift, ignore_id: as for :meth:`windows`.
 
         Returns:
             ``(tokens, position_ids, segment_ids, cu_seqlens, max_seqlen)``.
@@ -709,17 +862,22 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                 raise ConfigError(f"dtype must be int64 or int32, got {out.dtype}", field="dtype")
         starts = as_positions(starts, "starts")
         gather = self._gather_for(starts, length)
+        stream = self._label_stream(label_mask, labels)
+        mask = None if stream is None else stream._ready()
+        extra: dict[str, Any] = {} if labels is None else {"labels": labels, "label_mask": label_mask,
+                                                           "label_shift": label_shift, "ignore_id": ignore_id}
 
         def piecewise() -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray, int]:
-            self.windows(starts, length, out=out)
+            self.windows(starts, length, out=out, **extra)
             bl = length - 1 if boundaries_length is None else boundaries_length
             return (out, *self.boundaries(starts, bl, position_ids=position_ids, segment_ids=segment_ids,
                                           cu_seqlens=cu_seqlens, position_dtype=position_dtype, segments=segments))
-        return self._read(starts, starts + length,
-                          lambda fds: gather.gather_with_boundaries(starts, length, out, boundaries_length,
-                                                                    position_ids, segment_ids, cu_seqlens,
-                                                                    position_dtype=position_dtype,
-                                                                    segments=segments, fds=fds), piecewise)
+        return self._read_with(stream, starts, starts + length,
+                               lambda fds, mfds: gather.gather_with_boundaries(
+                                   starts, length, out, boundaries_length, position_ids, segment_ids, cu_seqlens,
+                                   position_dtype=position_dtype, segments=segments, fds=fds, labels=labels,
+                                   mask=mask, mask_fds=mfds, label_shift=label_shift, ignore_id=ignore_id),
+                               piecewise)
 
     def window_metadata(self, start: int, length: int, *, decode: bool = True) -> WindowMetadata:
         """The metadata of the window ``[start, start + length)`` (see :meth:`windows_metadata`).
@@ -823,7 +981,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
 
     def ranges(self, starts: Any, stops: Any, *, dtype: Any = np.int64, out: np.ndarray | None = None,
                position_ids: np.ndarray | None = None, labels: np.ndarray | None = None,
-               ignore_id: int = -100) -> np.ndarray:
+               ignore_id: int = -100, label_mask: str | None = None, label_shift: int = 1) -> np.ndarray:
         """The tokens of the ranges ``[starts[i], stops[i])`` back to back (any lengths; a range
         may cross shards), in one compiled gather: exactly these tokens are read (and, at a
         URL, fetched), nothing around them.
@@ -835,24 +993,34 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                 ``sum(stops - starts)`` elements instead.
             position_ids: optional output of the same size (``int64`` / ``int32``): each token's
                 place in its range, written in the same pass.
-            labels: optional output of the same size and dtype: the next token of the same
-                range, ``ignore_id`` at each range's last token, written in the same pass.
+            labels: optional output of the same size and dtype, written in the same pass: the
+                next token of the same range, ``ignore_id`` at each range's last token
+                (``label_shift=0``: each token itself, for a caller that lays labels out
+                itself, e.g. packing), ``ignore_id`` where the ``label_mask`` stream is 0.
+            label_mask: the name of the stream masking ``labels`` (``"loss_mask"``), read in
+                the same compiled pass as the tokens (see :meth:`windows`).
 
         Raises:
             OutOfRangeError: a range outside ``[0, num_tokens)`` or ending before it starts.
+            CorruptError, IntegrityError: as :meth:`windows`.
             ConfigError: a ``dtype`` other than ``int64`` / ``int32``, or an unfit output.
         """
         self._check_open()
         a, b, flat = self._ranges_args(starts, stops, dtype, out)
+        stream = self._label_stream(label_mask, labels)
         if self._gather is not None and flat.size:
             gather = self._gather
+            mask = None if stream is None else stream._ready()
 
             def piecewise() -> None:
                 self._ranges_piecewise(a.tolist(), b.tolist(), flat)
-                if position_ids is not None or labels is not None:
-                    flat_layout(flat, b - a, position_ids, labels, ignore_id)
-            self._read(a, b, lambda fds: gather.gather_ranges(a, b, flat, fds=fds, position_ids=position_ids,
-                                                              labels=labels, ignore_id=ignore_id), piecewise)
+                if position_ids is not None:
+                    flat_layout(flat, b - a, position_ids)
+                if labels is not None:
+                    self._labels_piecewise(stream, flat, a, b, labels, label_shift, ignore_id, windows=False)
+            self._read_with(stream, a, b, lambda fds, mfds: gather.gather_ranges(
+                a, b, flat, fds=fds, position_ids=position_ids, labels=labels, ignore_id=ignore_id, mask=mask,
+                mask_fds=mfds, label_shift=label_shift), piecewise)
         return flat
 
     def _ranges_args(self, starts: Any, stops: Any, dtype: Any, out: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -874,22 +1042,26 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
 
     def ranges_async(self, pool: Any, starts: Any, stops: Any, out: np.ndarray, *,
                      position_ids: np.ndarray | None = None, labels: np.ndarray | None = None,
-                     ignore_id: int = -100) -> Any:
+                     ignore_id: int = -100, label_mask: str | None = None, label_shift: int = 1) -> Any:
         """:meth:`ranges` into ``out`` queued on ``pool``: from mapped files, one compiled task
-        (the checks of blocks read for the first time, and the positions and labels, included)
-        that holds no GIL from start to finish; otherwise the read as a Python call.
-        ``wait()`` returns ``out``.
+        (the checks of blocks read for the first time, the positions and labels, and the
+        labels' stream, included) that holds no GIL from start to finish; otherwise the read
+        as a Python call. ``wait()`` returns ``out``.
 
         Raises:
             OutOfRangeError, ConfigError: now; the errors of the read: from ``wait()``.
         """
         self._check_open()
         a, b, flat = self._ranges_args(starts, stops, None, out)
-        if self._tokens.kernel_access == "address" and self._gather is not None:
+        stream = self._label_stream(label_mask, labels)
+        if self._tokens.kernel_access == "address" and self._gather is not None and \
+                (stream is None or stream._tokens.kernel_access == "address"):
             return self._gather.gather_ranges_async(pool, a, b, flat, position_ids=position_ids, labels=labels,
-                                                    ignore_id=ignore_id)
+                                                    ignore_id=ignore_id,
+                                                    mask=None if stream is None else stream._ready(),
+                                                    label_shift=label_shift)
         return pool.call(lambda: self.ranges(a, b, out=flat, position_ids=position_ids, labels=labels,
-                                             ignore_id=ignore_id))
+                                             ignore_id=ignore_id, label_mask=label_mask, label_shift=label_shift))
 
     @staticmethod
     def _stride(length: int, stride: int | None) -> tuple[int, int]:
@@ -1044,7 +1216,9 @@ def open_loss_mask(reader: TokenStreamReader) -> TokenStreamReader:
     remote = reader._store is not None
     base = reader._store.root if reader._store is not None else reader.folder
     path = f"{base.rstrip('/')}/{LOSS_MASK_DIR}" if remote else os.path.join(base, LOSS_MASK_DIR)
-    options = {k: v for k, v in reader._remote_options.items() if v is not None} if remote else {}
+    # a local mask read through the dataset's backend (pread on a network filesystem, as its tokens)
+    options = {k: v for k, v in reader._remote_options.items() if v is not None} if remote else \
+        {"backend": reader.backend}
     bound = reader.manifest.loss_mask
     try:
         mask = TokenStreamReader(path, verify=reader.verify_checksums, **options)

@@ -13,7 +13,7 @@ included).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from zerobatch.formats.errors import ConfigError
 from zerobatch.readers.base import Documents
 from zerobatch.readers.llmchnk import RecordDocuments
 from zerobatch.samplers import GlobalRandomOrder
+
+if TYPE_CHECKING:
+    from zerobatch.readers.tokstream import TokenStreamReader
 
 __all__ = ["FlatDocuments", "PackedDocuments", "RecordDocuments"]
 
@@ -183,7 +186,7 @@ class PackedDocuments(Source):
         self.layout = resolve_layout(layout, bool(next_token), "PackedDocuments")
         self.reader: Documents = open_documents(reader, verify, "PackedDocuments")
         _no_mask_in_records(self.reader, loss_mask, split_at_turns)
-        self.mask_reader = _loss_mask(self.reader, loss_mask, next_token)
+        self.label_mask = _loss_mask(self.reader, loss_mask, next_token)
         self.seq_len = check_seq_len(seq_len)
         self.next_token = bool(next_token)
         # Hugging Face's layout: rows of seq_len tokens whose labels are their own tokens
@@ -258,7 +261,8 @@ class PackedDocuments(Source):
         from zerobatch.readers.tokstream import open_loss_mask
         cap = self.capacity
         long_docs = np.flatnonzero(lengths > cap)
-        mask = self.mask_reader if self.mask_reader is not None else open_loss_mask(self.reader)
+        reader = cast("TokenStreamReader", self.reader)        # (a chat dataset: _no_mask_in_records)
+        mask = reader.stream(self.label_mask) if self.label_mask is not None else open_loss_mask(reader)
         cuts: dict[int, list[int]] = {}
         try:
             first = 0
@@ -276,7 +280,7 @@ class PackedDocuments(Source):
                     cuts[d] = _greedy_cuts(ends, n, cap)
                 first = last
         finally:
-            if mask is not self.mask_reader:
+            if self.label_mask is None:
                 mask.close()
         if long_docs.size == 0:
             return starts, lengths, np.arange(starts.size, dtype=np.int64)
@@ -339,30 +343,28 @@ class PackedDocuments(Source):
     def _step(self, rows: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
         cap, n = self.capacity, rows.size
         starts, lens, which = self.pieces(rows)
-        flat = self.reader.ranges(starts, starts + lens, dtype=dtype)
+        values = None
+        if self.label_mask is not None:
+            # each token's label value (-100 where the loss mask is off) read in the same
+            # compiled pass as the tokens; pack_rows lays the labels out from them
+            values = np.empty(int(lens.sum()), dtype)
+            flat = cast("TokenStreamReader", self.reader).ranges(starts, starts + lens, dtype=dtype, labels=values,
+                                                                 label_mask=self.label_mask, label_shift=0,
+                                                                 ignore_id=IGNORE_INDEX)
+        else:
+            flat = self.reader.ranges(starts, starts + lens, dtype=dtype)
         tokens = self._buffer((n, cap), dtype)
         seg = self._buffer((n, cap), np.dtype(np.int32))
         pos = self._buffer((n, cap), self.position_dtype)
         mask = self._buffer((n, cap), np.dtype(np.bool_))
-        hf = self.layout == "hf"
-        labels = self._buffer((n, cap - 1), dtype) if self.next_token and not hf else None
+        # next-token labels (cap - 1 a row), or Hugging Face's: the tokens themselves (the model
+        # shifts them), -100 on padding and where a piece starts (no piece is trained to
+        # continue the one before it), laid out by the same compiled pass
+        labels = None
+        if self.next_token:
+            labels = self._buffer((n, cap) if self.layout == "hf" else (n, cap - 1), dtype)
         cu, longest = pack_rows(flat, lens, which, self.seq_len, tokens, seg, pos, mask, labels, pad_id=self.pad_id,
-                                ignore_id=IGNORE_INDEX, mask_boundaries=self.mask_boundaries)
-        if hf:
-            # the tokens themselves (the model shifts them), -100 on padding and where a
-            # piece starts (no piece is trained to continue the one before it)
-            labels = self._buffer((n, cap), dtype)
-            np.copyto(labels, tokens)
-            labels[~mask] = IGNORE_INDEX
-            if self.mask_boundaries:
-                labels[(seg != np.roll(seg, 1, axis=1)) | (np.arange(cap) == 0)] = IGNORE_INDEX
-        if self.mask_reader is not None and labels is not None:
-            keep = np.zeros((n, cap), np.int32)
-            keep[mask] = self.mask_reader.ranges(starts, starts + lens, dtype=np.int32)
-            if hf:
-                labels[keep == 0] = IGNORE_INDEX
-            else:
-                labels[keep[:, 1:] == 0] = IGNORE_INDEX
+                                ignore_id=IGNORE_INDEX, mask_boundaries=self.mask_boundaries, label_values=values)
         out: dict[str, Any] = {"tokens": tokens, "segment_ids": seg, "position_ids": pos, "mask": mask,
                                "cu_seqlens": cu.copy(), "max_seqlen": longest}
         if labels is not None:
@@ -433,7 +435,7 @@ class FlatDocuments(Source):
         self.reader: Documents = open_documents(reader, verify, "FlatDocuments")
         _no_mask_in_records(self.reader, loss_mask, split_at_turns)
         self.next_token = bool(next_token)
-        self.mask_reader = _loss_mask(self.reader, loss_mask, self.next_token)
+        self.label_mask = _loss_mask(self.reader, loss_mask, self.next_token)
         self.position_ids = bool(position_ids)
         self.position_dtype = check_position_dtype(position_dtype)
         self.stacked = False
@@ -493,16 +495,21 @@ class FlatDocuments(Source):
         return [self._step(items[s], dtype) for s in range(items.shape[0])]
 
     def read_async(self, pool: Any, items: np.ndarray, dtype: np.dtype) -> Any:
-        """One step queued on ``pool`` as one compiled task (a local TOKSTREAM dataset without a
-        loss mask): the tokens gathered, their unchecked blocks checked, and the positions and
-        labels written in one GIL-free pass over each document; ``None`` otherwise (the step
-        is then read as a Python call)."""
-        if items.shape[0] != 1 or self.mask_reader is not None or not self.reader.access.tasks:
+        """One step queued on ``pool`` as one compiled task (a local dataset): the tokens
+        gathered, their unchecked blocks checked, and the positions and labels (masked by the
+        loss mask, read in the same task) written in one GIL-free pass over each document;
+        ``None`` otherwise (the step is then read as a Python call)."""
+        if items.shape[0] != 1 or not self.reader.access.tasks:
             return None
         starts, lens, step, tokens, pos, labels = self._outputs(items[0], dtype)
         ticket = self.reader.ranges_async(pool, starts, starts + lens, tokens, position_ids=pos, labels=labels,
-                                          ignore_id=IGNORE_INDEX)
+                                          ignore_id=IGNORE_INDEX, **self._masked(labels))
         return ReadTicket(ticket, [step])
+
+    def _masked(self, labels: Any) -> dict[str, Any]:
+        """The reader's arguments masking ``labels`` with the loss mask (none without it: an
+        LLMCHNK file's records take none)."""
+        return {} if self.label_mask is None or labels is None else {"label_mask": self.label_mask}
 
     def _outputs(self, items: np.ndarray, dtype: np.dtype) -> tuple[Any, ...]:
         """A step's pieces and its outputs, allocated (pooled) but not filled."""
@@ -534,12 +541,10 @@ class FlatDocuments(Source):
     def _step(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
         starts, lens, step, tokens, pos, labels = self._outputs(items, dtype)
         if tokens.size:
-            # one compiled pass: tokens, checks, positions and labels
+            # one compiled pass: tokens, checks, positions and labels (masked by the loss mask,
+            # read in the same pass: both layouts, see _outputs)
             self.reader.ranges(starts, starts + lens, out=tokens, position_ids=pos, labels=labels,
-                               ignore_id=IGNORE_INDEX)
-        if labels is not None and self.mask_reader is not None and tokens.size:
-            keep = self.mask_reader.ranges(starts, starts + lens, dtype=np.int32)
-            labels[:-1][keep[1:] == 0] = IGNORE_INDEX      # (both layouts: see _outputs)
+                               ignore_id=IGNORE_INDEX, **self._masked(labels))
         return step
 
     def close(self) -> None:

@@ -53,7 +53,7 @@ class TokenWindows(Source):
         from zerobatch.readers.tokstream import TokenStreamReader
         check_dataset(reader, "TokenWindows", ("tokstream",))
         self.reader = open_reader(reader, TokenStreamReader, verify=verify)
-        self.mask_reader = _loss_mask(self.reader, loss_mask, next_token)
+        self.label_mask = _loss_mask(self.reader, loss_mask, next_token)
         self.seq_len = check_seq_len(seq_len)
         self.next_token = bool(next_token)
         self.length = self.seq_len + 1 if self.next_token else self.seq_len
@@ -61,7 +61,7 @@ class TokenWindows(Source):
         self.boundaries = bool(boundaries)
         self.metadata = bool(metadata)
         self.position_dtype = check_position_dtype(position_dtype)
-        self.stacked = not (self.boundaries or self.metadata or self.mask_reader is not None)
+        self.stacked = not (self.boundaries or self.metadata or self.label_mask is not None)
         self.output = self._output()
         self.num_items = self.reader.num_windows(self.length, self.stride)
         self.fingerprint = self.reader.manifest.build_id
@@ -84,7 +84,7 @@ class TokenWindows(Source):
         if self.metadata:
             out.update(metadata_ids=Array("metadata_ids"), metadata=Value("metadata"))
         if self.next_token:
-            out.update(input_ids=tokens[0], labels=Array("labels") if self.mask_reader is not None else tokens[1])
+            out.update(input_ids=tokens[0], labels=Array("labels") if self.label_mask is not None else tokens[1])
         else:
             out["input_ids"] = tokens
         return out
@@ -116,18 +116,19 @@ class TokenWindows(Source):
         for s in range(steps):
             st = starts[s * per:(s + 1) * per]
             step: dict[str, Any] = {}
+            # with the loss mask, the labels w[:, 1:] (-100 where it is off) come from the same
+            # compiled read as the tokens
+            extra: dict[str, Any] = {}
+            if self.label_mask is not None:
+                step["labels"] = np.empty((st.size, length - 1), dtype)
+                extra = {"labels": step["labels"], "label_mask": self.label_mask, "ignore_id": IGNORE_INDEX}
             if self.boundaries:
                 tokens, pos, seg, cu, longest = reader.windows_with_boundaries(
-                    st, length, dtype=dtype, boundaries_length=inputs, position_dtype=self.position_dtype)
+                    st, length, dtype=dtype, boundaries_length=inputs, position_dtype=self.position_dtype, **extra)
                 step.update(tokens=tokens, position_ids=pos, segment_ids=seg, cu_seqlens=cu,
                             max_seqlen=int(longest))
             else:
-                step["tokens"] = reader.windows(st, length, dtype=dtype)
-            if self.mask_reader is not None:
-                keep = self.mask_reader.windows(st, length, dtype=np.int32)[:, 1:]
-                labels = step["tokens"][:, 1:].copy()
-                labels[keep == 0] = IGNORE_INDEX
-                step["labels"] = labels
+                step["tokens"] = reader.windows(st, length, dtype=dtype, **extra)
             if self.metadata:
                 meta = reader.windows_metadata(st, inputs)
                 step.update(metadata_ids=meta.ids, metadata=meta.objects)
@@ -151,14 +152,17 @@ class TokenWindows(Source):
 
 
 
-def _loss_mask(reader: Any, loss_mask: bool, next_token: bool) -> Any:
-    """The loss-mask stream of ``reader``'s chat dataset when ``loss_mask``, else None (the
-    reader keeps it: hinted with the tokens, closed with the reader)."""
+def _loss_mask(reader: Any, loss_mask: bool, next_token: bool) -> str | None:
+    """``"loss_mask"``, the stream masking the labels of ``reader``'s chat dataset, when
+    ``loss_mask`` (the dataset is checked to have it: the reader opens it now and keeps it,
+    hinted and fetched with the tokens, read in the same compiled calls, closed with the
+    reader); else None."""
     if not loss_mask:
         return None
     if not next_token:
         raise ConfigError("loss_mask: the mask turns off labels; it needs next_token=True", field="loss_mask")
-    return reader.stream("loss_mask")
+    reader.stream("loss_mask")
+    return "loss_mask"
 
 
 class TokenDocuments(Source):
@@ -186,7 +190,7 @@ class TokenDocuments(Source):
         from zerobatch.readers.tokstream import TokenStreamReader
         check_dataset(reader, "TokenDocuments", ("tokstream",))
         self.reader = open_reader(reader, TokenStreamReader, verify=verify)
-        self.mask_reader = _loss_mask(self.reader, loss_mask, next_token)
+        self.label_mask = _loss_mask(self.reader, loss_mask, next_token)
         self.width = check_count(width, "width", minimum=2 if next_token else 1)
         self.pad_id = check_pad_id(pad_id)
         self.next_token = bool(next_token)
@@ -216,6 +220,12 @@ class TokenDocuments(Source):
         starts, stops = reader.document_spans(flat)
         lengths = np.minimum(stops - starts, width)
         tokens = self._buffer((flat.size, width), dtype)
+        labels = self._buffer((flat.size, width), dtype) if self.next_token else None
+        # with the loss mask, the reads write each token's label (-100 where the mask is off)
+        # in the same compiled pass as the tokens, and pad_rows only their padding
+        own = labels if self.label_mask is not None else None
+        extra: dict[str, Any] = {} if own is None else {"label_mask": self.label_mask, "label_shift": 0,
+                                                         "ignore_id": IGNORE_INDEX}
         # One compiled gather of width tokens from every document's start (a short document's
         # row runs on into the next documents), then one compiled pass writing the padding over
         # the overrun, the mask and the labels. Rows of documents too near the end for a whole
@@ -224,25 +234,30 @@ class TokenDocuments(Source):
         if reader.access.exact:
             # where a read costs its bytes (fetched ones), the overrun would cost too: each
             # document's own tokens, exactly
-            flat_tokens = reader.ranges(starts, starts + lengths, dtype=dtype)
-            tokens[np.arange(width)[None, :] < lengths[:, None]] = flat_tokens
+            inside = np.arange(width)[None, :] < lengths[:, None]
+            values = None if own is None else np.empty(int(lengths.sum()), dtype)
+            flat_tokens = reader.ranges(starts, starts + lengths, dtype=dtype, labels=values, **extra)
+            tokens[inside] = flat_tokens
+            if own is not None:
+                own[inside] = values
         elif fits.all():
-            reader.windows(starts, width, out=tokens)
+            reader.windows(starts, width, out=tokens, labels=own, **extra)
         else:
             rows = np.flatnonzero(fits)
             if rows.size:
-                tokens[rows] = reader.windows(starts[rows], width, dtype=dtype)
+                part = None if own is None else np.empty((rows.size, width), dtype)
+                tokens[rows] = reader.windows(starts[rows], width, dtype=dtype, labels=part, **extra)
+                if own is not None:
+                    own[rows] = part
             for r in np.flatnonzero(~fits).tolist():
                 n = int(lengths[r])
-                tokens[r, :n] = reader.window(int(starts[r]), n, dtype=dtype)
+                if own is None:
+                    tokens[r, :n] = reader.window(int(starts[r]), n, dtype=dtype)
+                else:
+                    reader.ranges([int(starts[r])], [int(starts[r]) + n], out=tokens[r, :n], labels=own[r, :n],
+                                  **extra)
         mask = self._buffer((flat.size, width), np.dtype(np.bool_))
-        labels = self._buffer((flat.size, width), dtype) if self.next_token else None
-        pad_rows(tokens, lengths, self.pad_id, mask, labels, IGNORE_INDEX)
-        if self.mask_reader is not None and labels is not None:
-            keep = np.zeros((flat.size, width), np.int32)
-            keep[np.arange(width)[None, :] < lengths[:, None]] = self.mask_reader.ranges(starts, starts + lengths,
-                                                                                       dtype=np.int32)
-            labels[keep == 0] = IGNORE_INDEX
+        pad_rows(tokens, lengths, self.pad_id, mask, labels, IGNORE_INDEX, label_values=own)
         out = {"tokens": tokens.reshape(steps, per, width), "mask": mask.reshape(steps, per, width)}
         if labels is not None:
             out["labels"] = labels.reshape(steps, per, width)

@@ -65,7 +65,7 @@ def _rows_fit(a: Any, shape: tuple[int, ...], dtypes: tuple[Any, ...]) -> bool:
 
 
 def pad_rows(tokens: Any, lengths: Any, pad_id: int = 0, mask: Any = None, labels: Any = None,
-             ignore_id: int = -100) -> Any:
+             ignore_id: int = -100, label_values: Any = None) -> Any:
     """Padding after each row's first ``lengths[r]`` tokens, the mask and the labels."""
     if not isinstance(tokens, np.ndarray) or tokens.ndim != 2 or not _rows_fit(tokens, tokens.shape,
                                                                                 (np.int64, np.int32)):
@@ -87,6 +87,13 @@ def pad_rows(tokens: Any, lengths: Any, pad_id: int = 0, mask: Any = None, label
     for name, other in (("mask", mask), ("labels", labels)):
         if other is not None and np.may_share_memory(tokens, other):
             raise ConfigError(f"pad_rows: {name} shares memory with tokens", field=name)
+    if label_values is not None:
+        if labels is None or not isinstance(label_values, np.ndarray) or label_values.dtype != tokens.dtype \
+                or label_values.shape != tokens.shape or not label_values.flags.c_contiguous:
+            raise ConfigError(f"pad_rows: label_values must be a C-contiguous {tokens.dtype} array of shape "
+                              f"{tokens.shape}, with labels", field="label_values")
+        if label_values.ctypes.data != labels.ctypes.data and np.may_share_memory(labels, label_values):
+            raise ConfigError("pad_rows: label_values overlaps labels", field="label_values")
     bad = np.flatnonzero((lens < 0) | (lens > w))
     if bad.size:
         r = int(bad[0])
@@ -96,7 +103,7 @@ def pad_rows(tokens: Any, lengths: Any, pad_id: int = 0, mask: Any = None, label
     if mask is not None:
         mask[...] = inside
     if labels is not None:
-        labels[...] = np.where(inside, tokens, ignore_id)
+        labels[...] = np.where(inside, tokens if label_values is None else label_values, ignore_id)
     return tokens
 
 

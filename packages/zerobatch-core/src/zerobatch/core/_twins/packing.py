@@ -99,7 +99,7 @@ def _c_array(a: Any, dtypes: tuple, ndim: int, name: str) -> None:
 def pack_rows(flat: Any, piece_len: Any, piece_row: Any, seq_len: int, tokens: np.ndarray, segment_ids: np.ndarray,
               position_ids: np.ndarray, mask: np.ndarray, labels: np.ndarray | None = None,
               cu_seqlens: np.ndarray | None = None, pad_id: int = 0, ignore_id: int = -100,
-              mask_boundaries: bool = True) -> tuple[np.ndarray, int]:
+              mask_boundaries: bool = True, label_values: Any = None) -> tuple[np.ndarray, int]:
     """Lay packed rows out (see the compiled twin)."""
     _c_array(tokens, (np.int64, np.int32), 2, "tokens")
     n, cap = tokens.shape
@@ -111,9 +111,14 @@ def pack_rows(flat: Any, piece_len: Any, piece_row: Any, seq_len: int, tokens: n
             raise ConfigError(f"pack_rows: {name} is {a.shape}, not {(n, cap)}", field=name)
     if labels is not None:
         _c_array(labels, (tokens.dtype,), 2, "labels")
-        if labels.shape != (n, cap - 1):
-            raise ConfigError(f"pack_rows: labels is {labels.shape}, not {(n, cap - 1)}", field="labels")
+        if labels.shape not in ((n, cap - 1), (n, cap)):
+            raise ConfigError(f"pack_rows: labels is {labels.shape}, not {(n, cap - 1)} or {(n, cap)}", field="labels")
     f = np.ascontiguousarray(flat, dtype=tokens.dtype).reshape(-1)
+    lv = None
+    if label_values is not None:
+        lv = np.ascontiguousarray(label_values, dtype=tokens.dtype).reshape(-1)
+        if lv.size != f.size:
+            raise ConfigError(f"pack_rows: label_values holds {lv.size} values, flat {f.size}", field="label_values")
     lens = np.ascontiguousarray(piece_len, dtype=np.int64).reshape(-1)
     rows = np.ascontiguousarray(piece_row, dtype=np.int64).reshape(-1)
     p = lens.size
@@ -149,10 +154,21 @@ def pack_rows(flat: Any, piece_len: Any, piece_row: Any, seq_len: int, tokens: n
     position_ids[m] = np.arange(f.size) - np.repeat(at, lens)
     mask[...] = m
     if labels is not None:
-        keep = m[:, 1:].copy()
-        if mask_boundaries:
-            keep &= segment_ids[:, 1:] == segment_ids[:, :-1]
-        labels[...] = np.where(keep, tokens[:, 1:], ignore_id)
+        values = tokens.copy()
+        if lv is not None:
+            values[m] = lv
+        if labels.shape == (n, cap):
+            # Hugging Face's layout: each token's own label, none at a piece's first token
+            keep = m.copy()
+            if mask_boundaries:
+                keep[:, 1:] &= segment_ids[:, 1:] == segment_ids[:, :-1]
+                keep[:, 0] = False
+            labels[...] = np.where(keep, values, ignore_id)
+        else:
+            keep = m[:, 1:].copy()
+            if mask_boundaries:
+                keep &= segment_ids[:, 1:] == segment_ids[:, :-1]
+            labels[...] = np.where(keep, values[:, 1:], ignore_id)
     # piece starts within their rows, and each row's padding start, inside the inputs
     in_row = at - np.repeat(np.cumsum(row_len) - row_len, np.bincount(rows, minlength=n))
     cuts = [rows[in_row < seq_len] * seq_len + in_row[in_row < seq_len]]

@@ -268,26 +268,30 @@ class WindowGather:
         return np.array(out, dtype=np.int64).reshape(-1, 2)
 
     def gather_ranges(self, starts: Any, stops: Any, out: Any, fds: Any = None, position_ids: Any = None,
-                      labels: Any = None, ignore_id: int = -100) -> np.ndarray:
-        a, b = self._check_ranges(starts, stops, out, position_ids, labels, ignore_id)
+                      labels: Any = None, ignore_id: int = -100, *, mask: Any = None, mask_fds: Any = None,
+                      label_shift: int = 1) -> np.ndarray:
+        a, b = self._check_ranges(starts, stops, out, position_ids, labels, ignore_id, mask, mask_fds, label_shift)
         flat = out.reshape(-1)
+        lab = None if labels is None else labels.reshape(-1)
         shards = self._shards(fds)
+        mshards = None if mask is None else mask._shards(mask_fds)
         at = 0
         for x, y in zip(a.tolist(), b.tolist(), strict=True):
             if y > x:
                 n = y - x
-                gather_windows(shards, self.cum, self.itemsize, self.token_size, self.vocab, [x], n,
-                               flat[at:at + n], paths=self.paths, checks=self.checks)
+                _gather(shards, self.cum, self.itemsize, self.token_size, self.vocab, [x], n, flat[at:at + n],
+                        self.paths, self.checks, None if lab is None else lab[at:at + n - label_shift], mask,
+                        mshards, label_shift, ignore_id)
                 if position_ids is not None:
                     position_ids[at:at + n] = np.arange(n)
-                if labels is not None:
-                    labels[at:at + n - 1] = flat[at + 1:at + n]
-                    labels[at + n - 1] = ignore_id
+                if lab is not None and label_shift == 1:
+                    lab[at + n - 1] = ignore_id
                 at += n
         return out
 
     def _check_ranges(self, starts: Any, stops: Any, out: Any, position_ids: Any, labels: Any,
-                      ignore_id: int) -> tuple[np.ndarray, np.ndarray]:
+                      ignore_id: int, mask: Any = None, mask_fds: Any = None,
+                      label_shift: int = 1) -> tuple[np.ndarray, np.ndarray]:
         a, b = as_positions(starts, "starts"), as_positions(stops, "stops")
         if a.size != b.size:
             raise ConfigError("stops: one per start", field="stops")
@@ -301,19 +305,44 @@ class WindowGather:
                 raise ConfigError(f"position_ids must be a writable C-contiguous int32 array of {total} elements",
                                   field="position_ids")
             _check_buffer(position_ids, position_ids.dtype, (total,), "position_ids")
-        if labels is not None:
-            _check_buffer(labels, out.dtype, (total,), "labels")
-            if out.dtype == np.int32 and not -2**31 <= ignore_id < 2**31:
-                raise ConfigError("ignore_id does not fit int32 labels", field="ignore_id")
+        self._check_labels(labels, mask, mask_fds, out.dtype, total, label_shift, ignore_id)
         return a, b
 
+    def _check_labels(self, labels: Any, mask: Any, mask_fds: Any, dtype: Any, n: int, shift: int,
+                      ignore_id: int) -> None:
+        """A read's labels (``n`` values of ``dtype``) and the stream masking them, as the
+        compiled ``_labels``."""
+        if labels is None:
+            if mask is not None:
+                raise ConfigError("mask: it masks labels; pass labels too", field="labels")
+            return
+        if shift not in (0, 1):
+            raise ConfigError(f"label_shift must be 0 or 1, got {shift}", field="label_shift")
+        if n < 0:
+            raise ConfigError(f"label_shift {shift}: the windows are shorter than it", field="label_shift")
+        if dtype == np.int32 and not -2**31 <= ignore_id < 2**31:
+            raise ConfigError("ignore_id does not fit int32 labels", field="ignore_id")
+        _check_buffer(labels, dtype, (n,), "labels")
+        if mask is None:
+            return
+        if not isinstance(mask, WindowGather):
+            raise ConfigError("mask: a WindowGather of the labels' stream", field="mask")
+        if mask.num_shards != self.num_shards or not np.array_equal(mask.cum, self.cum):
+            raise ConfigError("mask: the stream's shards do not hold the tokens' counts (a stream of another "
+                              "dataset)", field="mask")
+        if mask_fds is None and mask.bases is None:
+            raise ConfigError("mask_fds: the labels' stream is read through descriptors; pass its table",
+                              field="mask_fds")
+
     def gather_ranges_async(self, pool: Any, starts: Any, stops: Any, out: Any, position_ids: Any = None,
-                            labels: Any = None, ignore_id: int = -100) -> WindowTicket:
+                            labels: Any = None, ignore_id: int = -100, *, mask: Any = None,
+                            label_shift: int = 1) -> WindowTicket:
         if self.bases is None:
             raise ConfigError("gather_ranges_async: this dataset is read through descriptors", field="fds")
-        a, b = self._check_ranges(starts, stops, out, position_ids, labels, ignore_id)
+        a, b = self._check_ranges(starts, stops, out, position_ids, labels, ignore_id, mask, None, label_shift)
         return WindowTicket(pool.call(lambda: self.gather_ranges(a, b, out, position_ids=position_ids, labels=labels,
-                                                                 ignore_id=ignore_id)))
+                                                                 ignore_id=ignore_id, mask=mask,
+                                                                 label_shift=label_shift)))
 
     def boundaries(self, starts: Any, length: Any, position_ids: Any = None, segment_ids: Any = None,
                    cu_seqlens: Any = None, *, position_dtype: Any = np.int64,
@@ -367,17 +396,31 @@ class WindowGather:
             cu_arr = cu_seqlens[:cu_arr.size]
         return pos, seg, cu_arr, maxlen
 
-    def gather(self, starts: Any, length: Any, out: Any, pool: Any = None, fds: Any = None) -> np.ndarray:
-        return gather_windows(self._shards(fds), self.cum, self.itemsize, self.token_size, self.vocab, starts,
-                              length, out, paths=self.paths, checks=self.checks)
+    def gather(self, starts: Any, length: Any, out: Any, pool: Any = None, fds: Any = None, *, labels: Any = None,
+               mask: Any = None, mask_fds: Any = None, label_shift: int = 1, ignore_id: int = -100) -> np.ndarray:
+        if labels is None and mask is None:
+            return gather_windows(self._shards(fds), self.cum, self.itemsize, self.token_size, self.vocab, starts,
+                                  length, out, paths=self.paths, checks=self.checks)
+        L = check_count(length, "length")
+        st = as_positions(starts, "starts")
+        shards = self._shards(fds)
+        _check_out(out, st.size * L)
+        self._check_labels(labels, mask, mask_fds, out.dtype, st.size * (L - label_shift), label_shift, ignore_id)
+        return _gather(shards, self.cum, self.itemsize, self.token_size, self.vocab, st, L, out, self.paths,
+                       self.checks, labels, mask, None if mask is None else mask._shards(mask_fds), label_shift,
+                       ignore_id)
 
-    def gather_async(self, pool: Any, starts: Any, length: Any, out: Any) -> WindowTicket:
+    def gather_async(self, pool: Any, starts: Any, length: Any, out: Any, *, labels: Any = None, mask: Any = None,
+                     label_shift: int = 1, ignore_id: int = -100) -> WindowTicket:
         if self.bases is None:
             raise ConfigError("gather_async: this dataset is read through descriptors", field="fds")
         L = check_count(length, "length")
         st = as_positions(starts, "starts")
         _check_out(out, st.size * L)
-        return WindowTicket(pool.call(lambda: self.gather(st, L, out)))
+        if labels is not None or mask is not None:
+            self._check_labels(labels, mask, None, out.dtype, st.size * (L - label_shift), label_shift, ignore_id)
+        return WindowTicket(pool.call(lambda: self.gather(st, L, out, labels=labels, mask=mask,
+                                                          label_shift=label_shift, ignore_id=ignore_id)))
 
     def metadata_ids(self, starts: Any, length: Any, ids: Any = None, out: Any = None,
                      fds: Any = None) -> tuple[np.ndarray, np.ndarray]:
@@ -431,7 +474,9 @@ class WindowGather:
 
     def gather_with_boundaries(self, starts: Any, length: Any, out: Any, bounds_length: Any = None,
                                position_ids: Any = None, segment_ids: Any = None, cu_seqlens: Any = None, *,
-                               position_dtype: Any = np.int64, segments: bool = True, fds: Any = None) -> tuple:
+                               position_dtype: Any = np.int64, segments: bool = True, fds: Any = None,
+                               labels: Any = None, mask: Any = None, mask_fds: Any = None, label_shift: int = 1,
+                               ignore_id: int = -100) -> tuple:
         if self.doc_starts is None:
             raise ConfigError("boundaries: this gatherer has no document indexes", field="documents")
         L = check_count(length, "length", minimum=1)
@@ -441,7 +486,8 @@ class WindowGather:
         st = as_positions(starts, "starts")
         if st.size and (st.min() < 0 or st.max() > self.total - L):
             raise OutOfRangeError(f"a window of {L} tokens falls outside [0, {self.total})", field="starts")
-        self.gather(st, L, out, fds=fds)
+        self.gather(st, L, out, fds=fds, labels=labels, mask=mask, mask_fds=mask_fds, label_shift=label_shift,
+                    ignore_id=ignore_id)
         return (out, *self.boundaries(st, BL, position_ids, segment_ids, cu_seqlens,
                                       position_dtype=position_dtype, segments=segments))
 
@@ -519,6 +565,47 @@ def _window_tokens(shards: Any, c: np.ndarray, itemsize: int, token_size: int, p
     return np.concatenate(parts) if parts else np.zeros(0, np.uint32)
 
 
+def _checked_tokens(shards: Any, c: np.ndarray, itemsize: int, token_size: int, vocab: int, pos: int, L: int,
+                    checks: BlockChecks | None, paths: Any) -> np.ndarray:
+    """The ids of ``[pos, pos + L)`` (as :func:`_window_tokens`), refused at or above ``vocab``."""
+    win = _window_tokens(shards, c, itemsize, token_size, pos, L, checks, paths)
+    if win.size and int(win.max()) >= vocab:
+        bad = pos + int(np.argmax(win >= vocab))
+        shard = int(np.searchsorted(c, bad, side="right") - 1)
+        raise CorruptError(f"token: the id at global position {bad} (record {bad - int(c[shard])} of shard "
+                           f"{shard}) is not below the vocabulary size {vocab}",
+                           path=None if paths is None else paths[shard], field="token")
+    return win
+
+
+def _gather(shards: Any, c: np.ndarray, itemsize: int, token_size: int, vocab: int, starts: Any, L: int, out: Any,
+            paths: Any, checks: BlockChecks | None, labels: Any = None, mask: Any = None, mshards: Any = None,
+            shift: int = 1, ignore_id: int = -100) -> Any:
+    """The windows into ``out`` and, with ``labels``, each window's labels right after its
+    tokens (as the kernel: tokens ``[shift, L)``, ``ignore_id`` where ``mask``'s stream, read
+    from ``mshards``, is 0)."""
+    st = as_positions(starts, "starts")
+    total = int(c[-1])
+    if st.size and (st.min() < 0 or st.max() > total - L):
+        raise OutOfRangeError(f"a window of {L} tokens falls outside [0, {total})", field="starts")
+    if out.dtype == np.int32 and vocab > 2**31:
+        raise ConfigError("out: int32 cannot hold every id of this vocabulary", field="out")
+    flat = out.reshape(-1)
+    lab = None if labels is None else labels.reshape(-1)
+    n = L - shift
+    for w, pos in enumerate(st.tolist()):
+        win = _checked_tokens(shards, c, itemsize, token_size, vocab, pos, L, checks, paths)
+        flat[w * L:(w + 1) * L] = win
+        if lab is not None and n > 0:
+            vals = flat[w * L + shift:(w + 1) * L]
+            if mask is not None:
+                keep = _checked_tokens(mshards, mask.cum, mask.itemsize, mask.token_size, mask.vocab, pos + shift, n,
+                                       mask.checks, mask.paths)
+                vals = np.where(keep != 0, vals, ignore_id)
+            lab[w * n:(w + 1) * n] = vals
+    return out
+
+
 def gather_windows(bases: Any, cum: Any, itemsize: int, token_size: int, vocab: int, starts: Any,
                    length: Any, out: Any, paths: Any = None, checks: BlockChecks | None = None) -> np.ndarray:
     """Twin of :func:`zerobatch.core._tokstream.gather_windows`; ``bases`` may also be a list
@@ -532,19 +619,4 @@ def gather_windows(bases: Any, cum: Any, itemsize: int, token_size: int, vocab: 
     L = check_count(length, "length")
     st = as_positions(starts, "starts")
     _check_out(out, st.size * L)
-    total = int(c[-1])
-    if st.size and (st.min() < 0 or st.max() > total - L):
-        raise OutOfRangeError(f"a window of {L} tokens falls outside [0, {total})", field="starts")
-    if out.dtype == np.int32 and vocab > 2**31:
-        raise ConfigError("out: int32 cannot hold every id of this vocabulary", field="out")
-    flat = out.reshape(-1)
-    for w, pos in enumerate(st.tolist()):
-        win = _window_tokens(bases, c, itemsize, token_size, pos, L, checks, paths)
-        if win.size and int(win.max()) >= vocab:
-            bad = pos + int(np.argmax(win >= vocab))
-            shard = int(np.searchsorted(c, bad, side="right") - 1)
-            raise CorruptError(f"token: the id at global position {bad} (record {bad - int(c[shard])} of shard "
-                               f"{shard}) is not below the vocabulary size {vocab}",
-                               path=None if paths is None else paths[shard], field="token")
-        flat[w * L:(w + 1) * L] = win
-    return out
+    return _gather(bases, c, itemsize, token_size, vocab, st, L, out, paths, checks)
