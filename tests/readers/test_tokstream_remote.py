@@ -149,6 +149,16 @@ def test_the_cache_stays_under_its_limit(endpoint, tmp_path):
         # evicted shards come back: read everything once more
         starts = np.arange(0, r.num_tokens - 700, 6007)
         assert np.array_equal(r.windows(starts, 700), local.windows(starts, 700))
+    # a read over more shards than descriptors is read piece by piece inside the outer read's
+    # hold on the copies: its inner reads neither wait for that hold nor evict under it (an
+    # inner read used to evict at its end, waiting for the outer read's shared hold: a hang)
+    with TokenStreamReader(url, storage_options=options(endpoint), cache_dir=tmp_path / "cache2",
+                           cache_limit=limit, max_open_files=2) as r:
+        width = int(r.cum_tokens[3] - r.cum_tokens[0]) + 10        # every window touches 4 shards
+        for a in range(0, r.num_tokens - width, width // 2):
+            got = r.windows_with_boundaries([a], width)
+            want = local.windows_with_boundaries([a], width)
+            assert all(np.array_equal(x, y) for x, y in zip(got[:4], want[:4], strict=True)), a
 
 
 def test_a_byte_flipped_in_flight_is_fetched_again_and_a_wrong_object_is_refused(dataset, endpoint, tmp_path):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,6 +31,7 @@ from zerobatch.readers.remote import open_sparse
 from zerobatch.readers.remote import runs as _runs
 
 if TYPE_CHECKING:
+    from zerobatch.core import WindowGather
     from zerobatch.readers.backends import Backend
 
 __all__ = ["FETCH_TRIES", "RemoteShard", "RemoteShards"]
@@ -468,8 +469,91 @@ class RemoteShards:
         self._open: dict[int, RemoteShard] = {}
         self._locks = [threading.Lock() for _ in range(min(len(manifest.shards), 4096))]
         self.lock = RWLock()
+        self._depth = threading.local()         # reads this thread holds (held() nests)
         self._used: set[int] = set()
         self._scan_due = False
+        self._indexed: frozenset[int] | set[int] = frozenset()     # shards whose indexes the kernels have
+
+    # -- the read path's calls (as LocalShards') ---------------------------------------------
+
+    @property
+    def all_indexed(self) -> bool:
+        """Whether the window kernels have every shard's indexes."""
+        return len(self._indexed) == len(self)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """A read's hold on the local copies: shared with other reads, never with eviction,
+        which runs when the outermost hold of the thread ends (a read made inside another,
+        as a piecewise read is, neither waits for itself nor evicts under it)."""
+        depth = getattr(self._depth, "n", 0)
+        self._depth.n = depth + 1
+        try:
+            if depth:
+                yield
+            else:
+                with self.lock.shared():
+                    yield
+        finally:
+            self._depth.n = depth
+            if not depth:
+                self.maybe_evict()
+
+    def unfetched(self, gather: WindowGather, starts: np.ndarray, stops: np.ndarray) -> bool:
+        """Whether a ``tokens.bin`` block under the ranges was never checked here (not held
+        in the local copies yet)."""
+        return bool(len(gather.unchecked_chunks(starts, None, stops, self.checks.addresses, self.manifest.block,
+                                                cap=1)))
+
+    def fetch(self, gather: WindowGather, starts: np.ndarray, stops: np.ndarray) -> None:
+        """Every ``tokens.bin`` block the ranges touch held in the local copies, checked
+        (under :meth:`held`). The blocks no read checked are listed, claimed and marked in
+        compiled calls (no Python per block); blocks another thread claimed are waited for,
+        not fetched twice; runs of blocks of different shards are fetched in parallel."""
+        checks, block = self.checks, self.manifest.block
+        while True:
+            with checks.lock:
+                todo = gather.unchecked_chunks(starts, None, stops, checks.addresses, block, cap=1 << 16)
+                if not len(todo):
+                    return
+                mine = todo[checks.claim(todo)]
+                if not len(mine):
+                    checks.lock.wait()          # other threads fetch them: woken when they are done
+                    continue
+            try:
+                mine = mine[np.lexsort((mine[:, 1], mine[:, 0]))]
+                cut = np.flatnonzero(np.diff(mine[:, 0])) + 1
+                self.fetch_blocks({int(part[0, 0]): part[:, 1].tolist() for part in np.split(mine, cut)})
+                with checks.lock:
+                    checks.mark_pairs(mine)
+            finally:
+                with checks.lock:
+                    checks.release(mine)
+                    checks.lock.notify_all()
+
+    def ahead(self, call: Callable[[], Any]) -> Any:
+        """``call()`` on the read-ahead pool (a hint: its errors are left to the read)."""
+        return self.fetcher.ahead(call)
+
+    def indexed(self, gather: WindowGather, touched: Any,
+                make: Callable[[list[Any], list[Any] | None], WindowGather]) -> WindowGather:
+        """The window kernels with the indexes of every shard in ``touched`` (fetched now when
+        not yet, in parallel; the kernels are made again, ``make(documents, metadata)``, when
+        a shard was added)."""
+        need = [k for k in touched if k not in self._indexed]
+        if not need:
+            return gather
+        self.load_indexes(need)
+        loaded = {sh.index: sh for sh in self.opened() if sh.indexes_loaded}
+        m = self.manifest
+        docs = [loaded[k].documents if k in loaded else placeholder_documents(e.num_tokens)
+                for k, e in enumerate(m.shards)]
+        meta = None
+        if m.metadata:
+            meta = [loaded[k].metadata_index if k in loaded else np.zeros(1, np.uint64) for k in range(len(m.shards))]
+        gather = make(docs, meta)
+        self._indexed = self._indexed | set(loaded)
+        return gather
 
     def __len__(self) -> int:
         return len(self.manifest.shards)

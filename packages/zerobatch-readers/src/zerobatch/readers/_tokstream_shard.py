@@ -5,6 +5,7 @@ reader's storage backend (:mod:`zerobatch.readers.backends`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -19,10 +20,10 @@ from zerobatch.formats.errors import (CorruptError, IntegrityError, NotFoundErro
 from zerobatch.readers.backends import DataFile
 
 if TYPE_CHECKING:
-    from zerobatch.core import BlockChecks
+    from zerobatch.core import BlockChecks, WindowGather
     from zerobatch.readers.backends import Backend
 
-__all__ = ["FULL_INDEX_CHECK_BYTES", "VERIFY_BYTES", "Shard", "block_digests"]
+__all__ = ["FULL_INDEX_CHECK_BYTES", "VERIFY_BYTES", "LocalShards", "Shard", "block_digests"]
 
 #: Index files up to this size are validated in full at open (monotonic offsets); larger
 #: ones are checked at their ends at open and in full by ``TokenStreamReader.verify``.
@@ -399,3 +400,48 @@ class Shard:
             except BufferError:
                 pass  # a caller's array still views it; it is unmapped with the last view
         self._maps.clear()
+
+
+class LocalShards(list[Shard]):
+    """The shards of a dataset in a local (or network) folder, every one opened and checked
+    when the reader opens: a local file is a copy that is always whole. The methods the
+    reader's one read path calls on its shards, whichever storage holds them (those of
+    :class:`~zerobatch.readers._tokstream_remote.RemoteShards` fetch, wait and evict), so
+    here there is nothing to hold, fetch or make ready."""
+
+    #: every shard's indexes are in the window kernels from the start
+    all_indexed = True
+
+    def held(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing to hold: local files are not evicted under a read."""
+        return contextlib.nullcontext()
+
+    def unfetched(self, gather: WindowGather, starts: np.ndarray, stops: np.ndarray) -> bool:
+        """Whether a block under the ranges is still to be fetched: never, here."""
+        return False
+
+    def fetch(self, gather: WindowGather, starts: np.ndarray, stops: np.ndarray) -> None:
+        """Nothing to fetch."""
+
+    def indexed(self, gather: WindowGather, touched: Any, make: Callable[..., WindowGather]) -> WindowGather:
+        """The kernels with the indexes of the shards ``touched``: as opened."""
+        return gather
+
+    def ahead(self, call: Callable[[], Any]) -> None:
+        """Nothing is read ahead: the files are where the kernels read them."""
+
+    def document_bounds(self, shard: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, stops)`` in each shard's tokens of the documents ``local`` of shards
+        ``shard`` (from the mapped document indexes)."""
+        starts, stops = np.empty(local.size, np.int64), np.empty(local.size, np.int64)
+        for k in np.unique(shard).tolist():
+            sel = shard == k
+            docs = self[k].documents
+            starts[sel] = docs[local[sel]].astype(np.int64)
+            stops[sel] = docs[local[sel] + 1].astype(np.int64)
+        return starts, stops
+
+    def close(self) -> None:
+        for sh in self:
+            sh.close()
+        self.clear()

@@ -54,8 +54,8 @@ from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import (ConfigError, CorruptError, LimitExceededError, NotFoundError, OutOfRangeError,
                                      ZerobatchError)
 from zerobatch.readers._tokstream_metadata import MetadataObjects, WindowMetadata, decoder
-from zerobatch.readers._tokstream_shard import Shard
-from zerobatch.readers._tokstream_remote import RemoteShards, placeholder_documents
+from zerobatch.readers._tokstream_shard import LocalShards, Shard
+from zerobatch.readers._tokstream_remote import RemoteShards
 from zerobatch.readers.backends import Backend, open_backend
 from zerobatch.readers.remote import DEFAULT_CACHE_LIMIT, DEFAULT_FETCH_THREADS, CacheDir, Fetcher, RemoteBackend, \
     cache_root
@@ -162,9 +162,10 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         self.token_dtype = np.dtype(m.token_dtype)
         self.itemsize = T.record_itemsize(m.token_dtype, m.metadata)
         self._decode = decoder(m.codec, self.folder)
-        self._shards: list[Shard] | RemoteShards = []
+        # the shards, whichever storage holds them: the one read path calls the same methods
+        # of both (held, fetch, indexed, document_bounds, ahead, close)
+        self._shards: LocalShards | RemoteShards = LocalShards()
         self._gather: WindowGather | None = None
-        self._gather_indexes: frozenset[int] | set[int] = frozenset()
         self._backends: dict[str, Backend] = {}
         counts = [e.num_tokens for e in m.shards]
         self.cum_tokens = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
@@ -255,12 +256,6 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                                         self.vocab_size, [store.name(f"{e.name}/tokens.bin") for e in m.shards],
                                         num_shards=n)
 
-    def _remote_shards(self) -> RemoteShards:
-        shards = self._shards
-        if not isinstance(shards, RemoteShards):
-            raise ConfigError("the dataset is not read from a URL", path=self.folder, field="backend")
-        return shards
-
     @property
     def build_id(self) -> str:
         """The dataset's build id (its manifest's): its identity in a loader's state."""
@@ -283,55 +278,45 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         return self._store
 
     def _gather_for(self, starts: Any, length: int) -> WindowGather:
-        """The window kernels ready for windows ``[start, start + length)``: a local dataset's
-        as opened (every index mapped); a dataset at a URL's with the indexes of every shard
-        the windows touch (fetched now when not yet)."""
-        if self._store is None:
-            return self._ready()
-        st = as_positions(starts, "starts")
-        return self._remote_gather(st, st + check_count(length, "length"))
-
-    def _remote_gather(self, starts: np.ndarray, stops: np.ndarray) -> WindowGather:
-        """A remote dataset's window kernels with the indexes of every shard the ranges touch
-        (fetched now when not yet; the kernels are made again when a shard was added)."""
-        shards = self._remote_shards()
-        touched = self._shards_of(starts, stops).tolist() if starts.size else []
+        """The window kernels ready for windows ``[start, start + length)``: with the indexes
+        of every shard the windows touch (those of a dataset at a URL fetched on first use;
+        a local dataset's are all mapped at open)."""
         gather = self._ready()
-        need = [k for k in touched if k not in self._gather_indexes]
-        if need:
-            shards.load_indexes(need)
-            loaded = {sh.index: sh for sh in shards.opened() if sh.indexes_loaded}
-            m = self.manifest
-            docs = [loaded[k].documents if k in loaded else placeholder_documents(e.num_tokens)
-                    for k, e in enumerate(m.shards)]
-            meta = None
-            if m.metadata:
-                meta = [loaded[k].metadata_index if k in loaded else np.zeros(1, np.uint64)
-                        for k in range(len(m.shards))]
-            gather = WindowGather(None, self.cum_tokens, self.itemsize, self.token_dtype.itemsize, self.vocab_size,
-                                  gather.paths, docs, meta, num_shards=len(m.shards))
-            self._gather = gather
-            self._gather_indexes = self._gather_indexes | set(loaded)
+        if self._shards.all_indexed:
+            return gather
+        st = as_positions(starts, "starts")
+        return self._indexed(st, st + check_count(length, "length"))
+
+    def _indexed(self, starts: np.ndarray, stops: np.ndarray) -> WindowGather:
+        """:meth:`_gather_for` of the ranges ``[starts, stops)``."""
+        touched = self._shards_of(starts, stops).tolist() if starts.size else []
+        self._gather = gather = self._shards.indexed(self._ready(), touched, self._make_gather)
         return gather
+
+    def _make_gather(self, documents: list[Any], metadata: list[Any] | None) -> WindowGather:
+        """The window kernels again, over these document (and metadata) indexes."""
+        m = self.manifest
+        return WindowGather(None, self.cum_tokens, self.itemsize, self.token_dtype.itemsize, self.vocab_size,
+                            self._ready().paths, documents, metadata, num_shards=len(m.shards))
 
     def prefetch(self, starts: Any = None, length: int | None = None, stops: Any = None, *,
                  documents: Any = None) -> None:
         """Read-ahead hint: fetch, in the background, the blocks a later read will ask for:
         of the windows ``[start, start + length)``, the ranges ``[start, stop)``, or the
-        ``documents`` (their first ``length`` tokens when given). Local datasets: nothing.
-        Errors are left to that read.
+        ``documents`` (their first ``length`` tokens when given). Data read where it lies
+        (:attr:`access` not ``fetched``): nothing. Errors are left to that read.
 
         Args:
             starts, length, stops: windows or ranges, as for :meth:`windows`.
             documents: document indices instead.
         """
-        if self._store is None or self._gather is None or self.closed:
+        if not self.access.fetched or self._gather is None or self.closed:
             return
         for stream in list(self.__dict__.get("_streams", {}).values()):
             # the streams read with the tokens (a loss mask): their blocks hinted with these,
             # fetched at the same time on their own read-ahead pool (no second round trip)
             stream.prefetch(starts, length, stops, documents=documents)
-        shards = self._remote_shards()
+        shards = self._shards
         if documents is not None:
             docs = as_positions(documents, "documents")
             width = None if length is None else check_count(length, "length")
@@ -346,9 +331,9 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                     span = (a, b if width is None else np.minimum(b, a + width))
                 else:
                     span = (first, last)
-                with shards.lock.shared():
+                with shards.held():
                     self._fetch_tokens(*span)
-        shards.fetcher.ahead(run)
+        shards.ahead(run)
 
     def stream(self, name: str) -> TokenStreamReader:
         """The dataset's named stream read alongside its tokens, one value per token: today
@@ -370,69 +355,19 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
 
     def _fetch_tokens(self, starts: np.ndarray, stops: np.ndarray,
                       streams: tuple[TokenStreamReader, ...] = ()) -> None:
-        """A remote dataset: every ``tokens.bin`` block the ranges touch held in the local
-        copies, checked, and with ``streams`` (read in the same kernel call: a loss mask) the
-        streams' blocks under the same ranges too, fetched at the same time (each reader with
-        blocks to fetch on a thread of its own: one round trip, not one per stream). (Under
-        the shared lock of each.)"""
-        if streams:
-            todo = [r for r in (self, *streams) if r._store is not None and r._unfetched(starts, stops)]
-            if len(todo) > 1:
-                run_io(lambda r: r._fetch_tokens(starts, stops), todo, len(todo), "zerobatch-stream-fetch")
-            elif todo:
-                todo[0]._fetch_tokens(starts, stops)
+        """Every ``tokens.bin`` block the ranges touch held where the kernels read it (at a
+        URL: fetched into the local copies and checked; locally: there already), and with
+        ``streams`` (read in the same kernel call: a loss mask) the streams' blocks under the
+        same ranges too, fetched at the same time (each reader with blocks to fetch on a thread
+        of its own: one round trip, not one per stream). (Under :meth:`held` of each.)"""
+        if not streams:
+            self._shards.fetch(self._ready(), starts, stops)
             return
-        self._fetch_own(starts, stops)
-
-    def _unfetched(self, starts: np.ndarray, stops: np.ndarray) -> bool:
-        """Whether a block of ``tokens.bin`` under the ranges was never checked here (a remote
-        dataset: not held in the local copies yet)."""
-        return bool(len(self._ready().unchecked_chunks(starts, None, stops, self._checks.addresses,
-                                                       self.manifest.block, cap=1)))
-
-    def _fetch_own(self, starts: np.ndarray, stops: np.ndarray) -> None:
-        """:meth:`_fetch_tokens` of this reader's blocks. The blocks no read checked are listed,
-        claimed and marked in compiled calls (no Python per block); blocks another thread
-        claimed are waited for, not fetched twice; runs of blocks of different shards are
-        fetched in parallel."""
-        checks, shards, gather = self._checks, self._remote_shards(), self._ready()
-        block = self.manifest.block
-        while True:
-            with checks.lock:
-                todo = gather.unchecked_chunks(starts, None, stops, checks.addresses, block, cap=1 << 16)
-                if not len(todo):
-                    return
-                mine = todo[checks.claim(todo)]
-                if not len(mine):
-                    checks.lock.wait()          # other threads fetch them: woken when they are done
-                    continue
-            try:
-                mine = mine[np.lexsort((mine[:, 1], mine[:, 0]))]
-                cut = np.flatnonzero(np.diff(mine[:, 0])) + 1
-                shards.fetch_blocks({int(part[0, 0]): part[:, 1].tolist() for part in np.split(mine, cut)})
-                with checks.lock:
-                    checks.mark_pairs(mine)
-            finally:
-                with checks.lock:
-                    checks.release(mine)
-                    checks.lock.notify_all()
-
-    def _remote_read(self, starts: np.ndarray, stops: np.ndarray, gather: Callable[[Any], Any],
-                     piecewise: Callable[[], Any] | None) -> Any:
-        shards = self._remote_shards()
-        try:
-            with shards.lock.shared():
-                self._fetch_tokens(starts, stops)
-                with self._tokens.pinned(self._shards_of(starts, stops) if starts.size else ()) as table:
-                    if table is not None:
-                        return gather(table)
-                if piecewise is None:
-                    raise LimitExceededError(f"one read touches more shards than max_open_files allows "
-                                             f"({getattr(self._tokens, 'limit', 0)})", path=self.folder,
-                                             field="max_open_files")
-                return piecewise()
-        finally:
-            shards.maybe_evict()
+        todo = [r for r in (self, *streams) if r._shards.unfetched(r._ready(), starts, stops)]
+        if len(todo) > 1:
+            run_io(lambda r: r._shards.fetch(r._ready(), starts, stops), todo, len(todo), "zerobatch-stream-fetch")
+        elif todo:
+            todo[0]._shards.fetch(todo[0]._ready(), starts, stops)
 
     def __len__(self) -> int:
         """Tokens in the dataset."""
@@ -466,26 +401,6 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                                                                                      strict=True)]))
         return touched[(touched >= 0) & (touched < n)]
 
-    def _read(self, starts: np.ndarray, stops: np.ndarray, gather: Callable[[Any], Any],
-              piecewise: Callable[[], Any] | None = None) -> Any:
-        """Run ``gather(fds)`` over the ranges ``[starts, stops)``, their files held open for
-        the kernel (``fds``: the descriptor table of a descriptor backend, else ``None``);
-        ``piecewise()`` instead when they touch more files than may be open at once. (The
-        kernel checks the blocks it reads that were never checked; a dataset at a URL fetches
-        and checks them first.)"""
-        backend = self._tokens
-        if backend.kernel_access == "address":
-            return gather(None)
-        if self._store is not None:
-            return self._remote_read(starts, stops, gather, piecewise)
-        with backend.pinned(self._shards_of(starts, stops) if starts.size else ()) as table:
-            if table is not None:
-                return gather(table)
-        if piecewise is None:
-            raise LimitExceededError(f"one read touches more shards than max_open_files allows "
-                                     f"({getattr(backend, 'limit', 0)})", path=self.folder, field="max_open_files")
-        return piecewise()
-
     def _label_stream(self, label_mask: str | None, labels: Any) -> TokenStreamReader | None:
         """The stream masking a read's labels (:meth:`stream`), or ``None``."""
         if label_mask is None:
@@ -494,40 +409,35 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             raise ConfigError("label_mask: it masks labels; pass labels too", path=self.folder, field="labels")
         return self.stream(label_mask)
 
-    def _read_with(self, stream: TokenStreamReader | None, starts: np.ndarray, stops: np.ndarray,
-                   gather: Callable[[Any, Any], Any], piecewise: Callable[[], Any] | None) -> Any:
-        """:meth:`_read` of the tokens and of ``stream`` (a loss mask read in the same kernel
-        call): ``gather(fds, stream_fds)`` with both held (their descriptor tables, or
-        ``None`` for mapped files); a dataset at a URL fetches both's missing blocks together
-        first (:meth:`_fetch_tokens`); ``piecewise()`` when either touches more files than
-        may be open at once."""
-        if stream is None:
-            return self._read(starts, stops, lambda fds: gather(fds, None), piecewise)
-        readers = (self, stream)
+    def _read(self, starts: np.ndarray, stops: np.ndarray, gather: Callable[..., Any],
+              piecewise: Callable[[], Any] | None = None, stream: TokenStreamReader | None = None) -> Any:
+        """The one read path: ``gather(fds)`` (``gather(fds, stream_fds)`` with ``stream``, a
+        loss mask read in the same kernel call) over the ranges ``[starts, stops)``, with
+        every file they touch held for the kernel: the blocks where the kernel reads them
+        (at a URL: the missing ones fetched and checked first, both datasets' at once), the
+        shards' copies held against eviction, the descriptors pinned (``fds``: a descriptor
+        backend's table, else ``None`` for mapped files); ``piecewise()`` instead when they
+        touch more files than may be open at once. (The kernel checks the blocks it reads
+        that were never checked.)"""
+        readers = (self,) if stream is None else (self, stream)
         if all(r._tokens.kernel_access == "address" for r in readers):
-            return gather(None, None)
-        remote = [r._remote_shards() for r in readers if r._store is not None]
-        touched = self._shards_of(starts, stops) if starts.size else ()
-        try:
-            with contextlib.ExitStack() as held:
-                for shards in remote:
-                    held.enter_context(shards.lock.shared())
-                if remote:
-                    self._fetch_tokens(starts, stops, (stream,))
-                with contextlib.ExitStack() as pins:
-                    tables = [None if r._tokens.kernel_access == "address" else
-                              pins.enter_context(r._tokens.pinned(touched)) for r in readers]
-                    if all(t is not None or r._tokens.kernel_access == "address"
-                           for r, t in zip(readers, tables, strict=True)):
-                        return gather(*tables)
-                if piecewise is None:
-                    raise LimitExceededError(f"one read touches more shards than max_open_files allows "
-                                             f"({getattr(self._tokens, 'limit', 0)})", path=self.folder,
-                                             field="max_open_files")
-                return piecewise()
-        finally:
-            for shards in remote:
-                shards.maybe_evict()
+            return gather(*(None for _ in readers))       # mapped: nothing to fetch, hold or pin
+        with contextlib.ExitStack() as held:
+            for r in readers:
+                held.enter_context(r._shards.held())
+            self._fetch_tokens(starts, stops, readers[1:])
+            touched = self._shards_of(starts, stops) if starts.size else ()
+            with contextlib.ExitStack() as pins:
+                tables = [None if r._tokens.kernel_access == "address" else pins.enter_context(r._tokens.pinned(touched))
+                          for r in readers]
+                if all(t is not None or r._tokens.kernel_access == "address" for r, t in zip(readers, tables,
+                                                                                            strict=True)):
+                    return gather(*tables)
+            if piecewise is None:
+                raise LimitExceededError(f"one read touches more shards than max_open_files allows "
+                                         f"({getattr(self._tokens, 'limit', 0)})", path=self.folder,
+                                         field="max_open_files")
+            return piecewise()
 
     def _labels_piecewise(self, stream: TokenStreamReader | None, flat: np.ndarray, starts: np.ndarray,
                           stops: np.ndarray, labels: np.ndarray, shift: int, ignore_id: int, *,
@@ -645,10 +555,10 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             self._labels_piecewise(stream, out.reshape(-1), starts, starts + length, labels, shift, ignore_id,
                                    windows=True)
             return out
-        return self._read_with(stream, starts, starts + length,
-                               lambda fds, mfds: gather.gather(starts, length, out, pool, fds=fds, labels=labels,
+        return self._read(starts, starts + length,
+                          lambda fds, mfds=None: gather.gather(starts, length, out, pool, fds=fds, labels=labels,
                                                                mask=mask, mask_fds=mfds, label_shift=shift,
-                                                               ignore_id=ignore_id), piecewise)
+                                                               ignore_id=ignore_id), piecewise, stream)
 
     def read_into(self, items: Any, out: np.ndarray, *, labels: np.ndarray | None = None,
                   label_mask: str | None = None, ignore_id: int = -100) -> np.ndarray:
@@ -872,12 +782,12 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             bl = length - 1 if boundaries_length is None else boundaries_length
             return (out, *self.boundaries(starts, bl, position_ids=position_ids, segment_ids=segment_ids,
                                           cu_seqlens=cu_seqlens, position_dtype=position_dtype, segments=segments))
-        return self._read_with(stream, starts, starts + length,
-                               lambda fds, mfds: gather.gather_with_boundaries(
-                                   starts, length, out, boundaries_length, position_ids, segment_ids, cu_seqlens,
-                                   position_dtype=position_dtype, segments=segments, fds=fds, labels=labels,
-                                   mask=mask, mask_fds=mfds, label_shift=label_shift, ignore_id=ignore_id),
-                               piecewise)
+        return self._read(starts, starts + length,
+                          lambda fds, mfds=None: gather.gather_with_boundaries(
+                              starts, length, out, boundaries_length, position_ids, segment_ids, cu_seqlens,
+                              position_dtype=position_dtype, segments=segments, fds=fds, labels=labels,
+                              mask=mask, mask_fds=mfds, label_shift=label_shift, ignore_id=ignore_id),
+                          piecewise, stream)
 
     def window_metadata(self, start: int, length: int, *, decode: bool = True) -> WindowMetadata:
         """The metadata of the window ``[start, start + length)`` (see :meth:`windows_metadata`).
@@ -904,33 +814,16 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             ConfigError: non-integer indices.
         """
         self._check_open()
-        if self._store is None and self._gather is not None:
+        if self._shards.all_indexed and self._gather is not None:
             return self._gather.document_spans(indices)     # one compiled pass
         idx = as_positions(indices, "indices")
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_documents):
             raise OutOfRangeError(f"a document index is outside [0, {self.num_documents})")
         shard = np.searchsorted(self.cum_documents, idx, side="right") - 1
-        if isinstance(self._shards, RemoteShards) and idx.size:
-            # the entries of these documents alone, every shard's in parallel
-            local = idx - self.cum_documents[shard]
-            a, b = self._shards.document_bounds(shard, local)
-            base = self.cum_tokens[shard]
-            return base + a, base + b
-        if idx.size and shard[0] == shard[-1] and (shard == shard[0]).all():   # one shard: no masks
-            k = int(shard[0])
-            docs, local = self._shards[k].documents, idx - self.cum_documents[k]
-            base = self.cum_tokens[k]
-            return base + docs[local].astype(np.int64), base + docs[local + 1].astype(np.int64)
-        starts = np.empty(idx.size, dtype=np.int64)
-        stops = np.empty(idx.size, dtype=np.int64)
-        for k in np.unique(shard).tolist():
-            sel = shard == k
-            local = idx[sel] - self.cum_documents[k]
-            docs = self._shards[k].documents
-            base = self.cum_tokens[k]
-            starts[sel] = base + docs[local].astype(np.int64)
-            stops[sel] = base + docs[local + 1].astype(np.int64)
-        return starts, stops
+        # the entries of these documents alone (at a URL: fetched, every shard's in parallel)
+        a, b = self._shards.document_bounds(shard, idx - self.cum_documents[shard])
+        base = self.cum_tokens[shard]
+        return base + a, base + b
 
     def document_span(self, i: int) -> tuple[int, int]:
         """``(start, stop)``: global token positions of document ``i``."""
@@ -1018,9 +911,9 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                     flat_layout(flat, b - a, position_ids)
                 if labels is not None:
                     self._labels_piecewise(stream, flat, a, b, labels, label_shift, ignore_id, windows=False)
-            self._read_with(stream, a, b, lambda fds, mfds: gather.gather_ranges(
+            self._read(a, b, lambda fds, mfds=None: gather.gather_ranges(
                 a, b, flat, fds=fds, position_ids=position_ids, labels=labels, ignore_id=ignore_id, mask=mask,
-                mask_fds=mfds, label_shift=label_shift), piecewise)
+                mask_fds=mfds, label_shift=label_shift), piecewise, stream)
         return flat
 
     def _ranges_args(self, starts: Any, stops: Any, dtype: Any, out: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -1156,13 +1049,10 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         self._gather = None
         for stream in self.__dict__.pop("_streams", {}).values():
             stream.close()
-        shards = getattr(self, "_shards", [])
-        if isinstance(shards, RemoteShards):
+        shards = getattr(self, "_shards", None)
+        if shards is not None:
             shards.close()
-        else:
-            for s in shards:
-                s.close()
-        self._shards = []
+        self._shards = LocalShards()
         for b in getattr(self, "_backends", {}).values():
             b.close()
         self.closed = True
