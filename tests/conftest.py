@@ -9,11 +9,39 @@ import pytest
 from zbtest import ForkServer, records
 
 
+#: The files that take longest on one worker (seconds on 2 idle cores, ``--durations``),
+#: collected first: the suite runs a file per worker at a time (``--dist loadfile``), and a
+#: long file dealt out last kept one worker busy for minutes after the other ran out of work.
+LONGEST_FIRST = (
+    "packaging/test_wheels.py",         # 330: nine wheels built, then installed in fresh venvs
+    "test_pure_python.py",              # 162: a slice of the suite under the twins
+    "adapters/test_torchrun.py",        # 92
+    "readers/test_zrecord_faults.py",   # 90
+    "readers/test_zrecord_remote.py",   # 90
+    "core/test_feistel.py",             # 70
+    "test_repository.py",               # 55: mypy
+)
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+    here = Path(__file__).parent
+
+    def key(item: pytest.Item) -> int:
+        try:
+            return rank.get(Path(item.path).relative_to(here).as_posix(), len(rank))
+        except ValueError:
+            return len(rank)
+    items.sort(key=key)          # stable: every file's tests keep their order
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under ``ZEROBATCH_PUREPYTHON=1`` (the pure-Python twins) the tests marked ``compiled``
-    are skipped: they bound speed or memory, or compare the compiled kernels with the twins."""
+    """The longest files first (:data:`LONGEST_FIRST`). Under ``ZEROBATCH_PUREPYTHON=1`` (the
+    pure-Python twins) the tests marked ``compiled`` are skipped: they bound speed or memory,
+    or compare the compiled kernels with the twins."""
     from zerobatch.core import PURE_PYTHON
 
+    _longest_first(items)
     if not PURE_PYTHON:
         return
     skip = pytest.mark.skip(reason="needs the compiled kernels (ZEROBATCH_PUREPYTHON=1)")
