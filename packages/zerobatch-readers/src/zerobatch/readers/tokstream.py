@@ -522,25 +522,16 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             return out
         gather = self._gather
         pool = shared_pool(self.num_threads - 1) if self.num_threads > 1 else None
-        if labels is not None or label_mask is not None:
-            return self._labelled_windows(starts, length, out, pool, labels, label_mask, label_shift, ignore_id)
-        if self._tokens.kernel_access == "address":
+        if labels is None and label_mask is None and self._tokens.kernel_access == "address":
             # mapped files: one compiled call, which also checks the blocks no read checked
             # before (the common path of every batch: kept free of closures and copies)
             return gather.gather(starts, length, out, pool)
-        starts = as_positions(starts, "starts")
+        return self._windows_read(starts, length, out, pool, labels, label_mask, label_shift, ignore_id)
 
-        def piecewise() -> np.ndarray:
-            for w, st in enumerate(starts.tolist()):
-                self._ranges_piecewise([st], [st + length], out[w].reshape(-1))
-            return out
-        return self._read(starts, starts + length, lambda fds: gather.gather(starts, length, out, pool, fds=fds),
-                          piecewise)
-
-    def _labelled_windows(self, starts: Any, length: int, out: np.ndarray, pool: Any, labels: Any,
-                          label_mask: str | None, shift: int, ignore_id: int) -> np.ndarray:
-        """:meth:`windows` with labels: one compiled call reads the tokens, the labels' stream
-        and writes the labels."""
+    def _windows_read(self, starts: Any, length: int, out: np.ndarray, pool: Any, labels: Any,
+                      label_mask: str | None, shift: int, ignore_id: int) -> np.ndarray:
+        """:meth:`windows` through the one read path: one compiled call reads the tokens and,
+        with ``labels``, the labels' stream, and writes the labels."""
         gather = self._ready()
         stream = self._label_stream(label_mask, labels)
         mask = None if stream is None else stream._ready()
@@ -552,8 +543,9 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         def piecewise() -> np.ndarray:
             for w, st in enumerate(starts.tolist()):
                 self._ranges_piecewise([st], [st + length], out[w].reshape(-1))
-            self._labels_piecewise(stream, out.reshape(-1), starts, starts + length, labels, shift, ignore_id,
-                                   windows=True)
+            if labels is not None:
+                self._labels_piecewise(stream, out.reshape(-1), starts, starts + length, labels, shift, ignore_id,
+                                       windows=True)
             return out
         return self._read(starts, starts + length,
                           lambda fds, mfds=None: gather.gather(starts, length, out, pool, fds=fds, labels=labels,
