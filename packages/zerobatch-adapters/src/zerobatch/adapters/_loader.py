@@ -134,6 +134,8 @@ class BaseLoader:
         # The pass being iterated, held weakly: the iterator owns it, so an iterator dropped
         # unfinished (or never started) closes its pass and releases the read-ahead threads.
         self._active: weakref.ref[_Pass] | None = None
+        # A pass started by start_prefetch, held until the loop iterates (then it is _active).
+        self._started: _Pass | None = None
         # Inside a DataLoader worker: this worker's share of the pass (a WORKER_STATE without
         # its kind), and whether it was loaded and not yet resumed.
         self._share: dict[str, Any] | None = None
@@ -240,11 +242,34 @@ class BaseLoader:
                                  f"(restore the DataLoader's whole state, or load it into the loader and start a new "
                                  f"DataLoader)")
             skip = share["delivered"]
-        p = _Pass(self, worker, num_workers, skip=skip, share=self._in_worker())
+        p, self._started = self._started, None
+        if p is None or p.closed or (worker, num_workers) != (0, 1) or skip:
+            if p is not None:
+                p.close()
+            p = _Pass(self, worker, num_workers, skip=skip, share=self._in_worker())
         self._active = weakref.ref(p)
         return p.batches()
 
+    def start_prefetch(self) -> None:
+        """Start reading the first batches of the next pass now, on the read-ahead threads,
+        and return at once (Grain's ``start_prefetch``): call it right after
+        :meth:`load_state_dict`, before the trainer restores the model and the optimizer, and
+        the first batch is read while they load rather than after. The next ``iter(loader)``
+        continues this pass (its batches are not delivered, so not counted, before that);
+        :meth:`load_state_dict`, :meth:`set_epoch` to another epoch or :meth:`close` drop it.
+        With ``num_threads=0`` there are no threads to read on: it does nothing."""
+        self._close_active()
+        p = _Pass(self)
+        if p.inline:
+            p.close()
+            return
+        p.prestart()
+        self._started = p
+
     def _close_active(self, wait: bool = True) -> None:
+        started, self._started = self.__dict__.get("_started"), None
+        if started is not None:
+            started.close(wait)
         p = None if self._active is None else self._active()
         self._active = None
         if p is not None:
@@ -475,6 +500,18 @@ class _Pass:
         self._first_alone = access.first_alone
         self._hint_groups = access.hint_groups
         self._plan = self._reads()
+        self._prestarted = False
+
+    def prestart(self) -> None:
+        """Queue the first reads on the pool now (:meth:`BaseLoader.start_prefetch`): the first
+        alone when the storage asks for it (``Access.first_alone``), else up to the depth."""
+        self._prestarted = True
+        plan = next(self._plan, None)
+        if plan is not None:
+            self._tickets.append(self._submit(*plan))
+        if not self._first_alone:
+            self._fill()
+        self._first_alone = False
 
     def _reads(self) -> Iterator[tuple[np.ndarray, np.ndarray | None, list[Any]]]:
         """``(items (steps, k), sources or None, position after each step)`` per read, in
@@ -536,16 +573,17 @@ class _Pass:
             return
         # the first read (one step) runs here, on the thread that waits for it: no thread to
         # start, no other read planned or queued before the first batch; read-ahead starts
-        # when the loop asks for the second
-        plan = next(self._plan, None)
-        if plan is None:
-            return
-        if self.loader.reads_here:
-            yield self._submit(*plan, here=True)
-        else:
-            self._tickets.append(self._submit(*plan))
-        self._first_alone = False
-        self._fill()
+        # when the loop asks for the second (a pass started ahead already queued it)
+        if not self._prestarted:
+            plan = next(self._plan, None)
+            if plan is None:
+                return
+            if self.loader.reads_here:
+                yield self._submit(*plan, here=True)
+            else:
+                self._tickets.append(self._submit(*plan))
+            self._first_alone = False
+            self._fill()
         tickets = self._tickets
         while tickets:
             ticket, after = tickets.popleft()
