@@ -21,7 +21,7 @@ from transformers import DataCollatorWithFlattening, LlamaConfig, LlamaForCausal
 from zbtest import token_stream  # noqa: E402
 
 from zerobatch.adapters.hf import TrainerData, ZerobatchCallback, attach, hf_batch  # noqa: E402
-from zerobatch.adapters.torch import Loader, Mixture, TokenWindows  # noqa: E402
+from zerobatch.adapters.torch import Loader, Mixture, TokenDocuments, TokenWindows  # noqa: E402
 from zerobatch.formats.errors import ConfigError, StateError  # noqa: E402
 
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -191,3 +191,37 @@ def test_the_module_imports_transformers_only_itself():
             "assert 'transformers' not in sys.modules and 'accelerate' not in sys.modules")
     import subprocess
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _in_process_run(tmp_path, name, make_loader, steps, resume=False, **kw):
+    """A Trainer run in this process on a fresh loader; the input_ids of every training call."""
+    seen = []
+    model = tiny_llama().train()
+    model.register_forward_pre_hook(lambda m, a, k: seen.append(k["input_ids"].tolist()) if m.training else None,
+                                    with_kwargs=True)
+    args = TrainingArguments(output_dir=str(tmp_path / name), use_cpu=True, report_to=[], max_steps=steps,
+                             save_steps=2, learning_rate=1e-3, disable_tqdm=True, **kw)
+    trainer = attach(Trainer(model=model, args=args), make_loader())
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["documents", "mixture"])
+def test_documents_and_mixtures_resume_exactly_in_the_trainer(stream, tmp_path, kind):
+    """Whole documents (padded rows with an attention mask) and a weighted mixture of two
+    datasets, in the Trainer: 6 steps uninterrupted equal 4 steps, then a new Trainer resumed
+    from checkpoint-4 for 2 more (in this process: the subprocess tests above kill)."""
+    other, _ = token_stream(tmp_path / "other", n_tokens=2000, seed=9, offset=5000)
+
+    def make():
+        if kind == "documents":
+            return Loader(TokenDocuments(stream[0], width=17), batch_size=3, seed=4)
+        return Loader(Mixture([(TokenWindows(stream[0], seq_len=16), 0.7), (TokenWindows(other, seq_len=16), 0.3)],
+                              seed=4), batch_size=3)
+
+    full = _in_process_run(tmp_path, "full", make, 6, gradient_accumulation_steps=2)
+    head = _in_process_run(tmp_path, "part", make, 4, gradient_accumulation_steps=2)
+    tail = _in_process_run(tmp_path, "part", make, 6, resume=True, gradient_accumulation_steps=2)
+    assert len(full) == 12 and head == full[:8] and tail == full[8:]
+    if kind == "mixture":
+        assert {row[0] >= 5000 for call in full for row in call} == {True, False}
