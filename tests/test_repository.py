@@ -72,6 +72,28 @@ def test_torch_is_imported_only_in_the_adapters():
             assert not pattern.search(src.read_text()), src
 
 
+#: each trainer's packages, and the one adapters module that may import them
+TRAINERS = {
+    "hf.py": ("transformers", "accelerate", "trl", "datasets"),
+    "lightning.py": ("lightning", "pytorch_lightning"),
+    "grain.py": ("grain",),
+    "torchtitan.py": ("torchtitan",),
+    "megatron.py": ("megatron",),
+    "olmo.py": ("olmo_core",),
+}
+
+
+def test_each_trainer_is_imported_only_by_its_own_module():
+    """A trainer integration is a small module importing its trainer there alone: nothing new
+    is imported for users who do not use it (and the rest imports without it)."""
+    for module, names in TRAINERS.items():
+        pattern = re.compile(rf"^\s*(?:import|from)\s+(?:{'|'.join(names)})\b", re.M)
+        for pkg in PACKAGES:
+            for src in (pkg / "src").rglob("*.py"):
+                if pattern.search(src.read_text()):
+                    assert src.name == module and area(pkg) == "adapters", (str(src), names)
+
+
 def test_preparation_loads_neither_a_trainer_nor_the_command_line(tmp_path):
     """zerobatch.prepare is the library under ``zerobatch convert``: a conversion through it
     imports no torch, no adapters and nothing of zerobatch.cli (the registry names each
