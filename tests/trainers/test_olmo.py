@@ -125,3 +125,24 @@ def test_fingerprint_and_refusals(same_tokens):
     with pytest.raises(ConfigError) as e:
         TokenStreamDocumentSource(folder, work_dir=same_tokens / "work", label_mask=True)
     assert e.value.field == "label_mask"
+
+
+@pytest.mark.timeout(600)
+def test_olmo_trainer_on_2_processes_killed_resumes_exactly_on_1(tmp_path):
+    """OLMo-core's own Trainer (its BasicTrainModule and CheckpointerCallback, DCP checkpoints with
+    the data loader's state) over TokenStreamDocumentSource: 8 steps on 1 process; 4 steps on 2
+    processes (gloo, 2 micro-batches each per step) killed with SIGKILL after the checkpoint of
+    step 4, resumed from it on 1 process (4 micro-batches per step): every row the model received
+    is the uninterrupted run's, in order."""
+    from trainerkit import HERE, assert_resumed_exactly, merge_ranks, recorded, rows, run
+    from zbtest import token_stream
+    data, _ = token_stream(tmp_path / "data", n_tokens=3000)
+    script = [str(HERE / "olmo_train.py"), data]
+    full, kill, res = tmp_path / "full", tmp_path / "kill", tmp_path / "res"
+    run(script + [str(tmp_path / "a"), "--steps", "8"], record=full)
+    run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *script, str(tmp_path / "b"),
+         "--steps", "8", "--die-at", "4"], record=kill, expect_killed=True)
+    run(script + [str(tmp_path / "b"), "--steps", "8"], record=res)
+    before = merge_ranks([[rows(recorded(kill, 0))], [rows(recorded(kill, 1))]])[0]
+    assert len(recorded(full)) == 32 and len(recorded(kill, 0)) == 8      # micro-batches of 2 rows
+    assert_resumed_exactly(rows(recorded(full)), before, rows(recorded(res)), 32)

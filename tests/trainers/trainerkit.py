@@ -148,3 +148,11 @@ def chat_stream(folder: str | os.PathLike[str], n_docs: int = 120, seed: int = 3
         m.add_document(mask)
     w.close(loss_mask=m.close())
     return str(folder)
+
+
+def rows(calls: list[list[Any]]) -> list[Any]:
+    """The rows of every forward call, in order: for trainers that cut a step into micro-batches
+    of a fixed number of rows per process, so that the calls of runs on different numbers of
+    processes differ while the rows of each step do not (compare ``rows`` of a 1-process run
+    with ``merge_ranks([[rows(rank0)], [rows(rank1)]])[0]`` of a 2-process one)."""
+    return [row for call in calls for row in call]
