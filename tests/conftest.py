@@ -15,7 +15,10 @@ from zbtest import ForkServer, records
 LONGEST_FIRST = (
     "packaging/test_wheels.py",         # 330: nine wheels built, then installed in fresh venvs
     "test_pure_python.py",              # 162: a slice of the suite under the twins
+    "trainers/test_hf.py",              # 110: Trainer, SFTTrainer, accelerate runs killed and resumed
     "adapters/test_torchrun.py",        # 92
+    "trainers/test_lightning.py",       # 90
+    "trainers/test_olmo.py",            # 38
     "readers/test_zrecord_faults.py",   # 90
     "readers/test_zrecord_remote.py",   # 90
     "core/test_feistel.py",             # 70
