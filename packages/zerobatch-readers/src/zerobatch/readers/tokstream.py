@@ -177,7 +177,7 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             self._open_remote(self._store, max_open_files)
         else:
             self._open_local(backend, verify, max_open_files)
-        self.closed = False
+        self.closed = False         # last: an unpickled reader's other threads wait until here
 
     def _read_manifest(self) -> T.DatasetManifest:
         """The dataset's manifest, read (or fetched: one request) and parsed, its build id
@@ -1062,8 +1062,11 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
 
     def _unpickled_attributes(self, state: dict[str, Any]) -> dict[str, Any]:
         folder = redact(state["folder"]) if is_url(state["folder"]) else state["folder"]
+        # (not ``closed``: a read checks it first, and other threads reading while one opens the
+        # reader must wait for the open rather than see attributes the open has not set yet;
+        # the open sets ``closed = False`` last)
         return {"folder": folder, "backend": state["backend"], "num_threads": state["num_threads"],
-                "verify_checksums": state["verify"], "closed": False}
+                "verify_checksums": state["verify"]}
 
     def _reopen(self, state: dict[str, Any]) -> None:
         remote = state.get("remote") or {}
