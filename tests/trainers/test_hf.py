@@ -21,7 +21,7 @@ from transformers import DataCollatorWithFlattening, LlamaConfig, LlamaForCausal
 from zbtest import token_stream  # noqa: E402
 
 from zerobatch.adapters.hf import TrainerData, ZerobatchCallback, attach, hf_batch  # noqa: E402
-from zerobatch.adapters.torch import Loader, Mixture, TokenDocuments, TokenWindows  # noqa: E402
+from zerobatch.adapters.torch import Loader, Mixture, PackedDocuments, TokenDocuments, TokenWindows  # noqa: E402
 from zerobatch.formats.errors import ConfigError, StateError  # noqa: E402
 
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -47,7 +47,7 @@ def test_trainer_on_2_processes_killed_resumes_exactly_on_1(tmp_path):
     data, _ = token_stream(tmp_path / "data", n_tokens=816)
     full, before, after = _three_runs(tmp_path, "hf_train.py", data,
                                       ["--accum", "2", "--save-every", "3"], steps=14, die_at=6)
-    assert len(full) == 28
+    assert len(full) == 28 and full == by_hand(Loader(TokenWindows(data, seq_len=16), global_batch_size=2, seed=7), 28)
     assert_resumed_exactly(full, before, after, 12)
     state = json.loads((tmp_path / "b" / "checkpoint-6" / "trainer_state.json").read_text())
     saved = state["stateful_callbacks"]["ZerobatchCallback"]["attributes"]
@@ -57,12 +57,32 @@ def test_trainer_on_2_processes_killed_resumes_exactly_on_1(tmp_path):
 @pytest.mark.timeout(600)
 def test_trl_sft_on_packed_chat_rows_with_loss_masks_resumes_exactly(tmp_path):
     """TRL's SFTTrainer on packed conversations with their loss masks (PackedDocuments,
-    layout='hf'), killed on 2 processes and resumed on 1."""
+    layout='hf'), killed after the checkpoint of step 4 and resumed. The uninterrupted reference
+    is the loader iterated by hand (the test above shows a Trainer's uninterrupted run is
+    exactly that); SFTTrainer's processes are the slowest to start, so the 2-process case is
+    the Trainer's test above (SFTTrainer is a Trainer there)."""
     data = trainerkit.chat_stream(tmp_path / "chat")
-    full, before, after = _three_runs(tmp_path, "hf_train.py", data,
-                                      ["--trainer", "trl", "--source", "packed", "--accum", "2", "--save-every", "2"],
-                                      steps=8, die_at=4)
-    assert_resumed_exactly(full, before, after, 8)
+    script = [str(HERE / "hf_train.py"), data, str(tmp_path / "b"), "--steps", "8", "--trainer", "trl",
+              "--source", "packed", "--accum", "2", "--save-every", "2"]
+    run(script + ["--die-at", "4"], record=tmp_path / "kill", expect_killed=True)
+    run(script + ["--resume"], record=tmp_path / "res")
+    full = by_hand(Loader(PackedDocuments(data, seq_len=16, layout="hf", loss_mask=True), global_batch_size=2, seed=7),
+                   16)
+    assert_resumed_exactly(full, recorded(tmp_path / "kill"), recorded(tmp_path / "res"), 8)
+
+
+def by_hand(loader, calls):
+    """The input_ids of the first ``calls`` batches of ``loader`` iterated epoch after epoch, as
+    a trainer given it by attach() receives them."""
+    out = []
+    while len(out) < calls:
+        for step in loader:
+            out.append(hf_batch(step)["input_ids"].tolist())
+            if len(out) == calls:
+                break
+        else:
+            loader.set_epoch(loader.epoch + 1)
+    return out
 
 
 @pytest.mark.timeout(600)
@@ -225,3 +245,71 @@ def test_documents_and_mixtures_resume_exactly_in_the_trainer(stream, tmp_path, 
     assert len(full) == 12 and head == full[:8] and tail == full[8:]
     if kind == "mixture":
         assert {row[0] >= 5000 for call in full for row in call} == {True, False}
+
+
+# -- found in review: int32 loaders, flattened rows, a loader started ahead ------------------------
+
+def test_an_int32_loader_trains_as_an_int64_one(stream):
+    """A loader of dtype int32 (half the memory per batch): labels reach the loss as int64 (Hugging
+    Face's cross entropy refuses int32 targets), and the loss is the int64 loader's."""
+    model = tiny_llama()
+    for source, flatten in [(TokenWindows(stream[0], seq_len=16), False),
+                            (TokenWindows(stream[0], seq_len=16, boundaries=True), True),
+                            (TokenDocuments(stream[0], width=17), False)]:
+        losses = []
+        for dtype in (torch.int64, torch.int32):
+            step = next(iter(Loader(source, batch_size=3, seed=2, dtype=dtype)))
+            batch = hf_batch(step, flatten=flatten)
+            assert all(batch[k].dtype == torch.int64 for k in ("labels", "shift_labels") if k in batch)
+            with torch.no_grad():
+                losses.append(model(**batch).loss)
+        assert torch.isfinite(losses[0]) and torch.equal(losses[0], losses[1])
+
+
+def test_flattened_rows_do_not_attend_to_one_another(stream):
+    """flatten=True on windows and padded documents (no boundaries of their own): position_ids
+    restart at each row, so a row flattened into one with the others gets, token for token, the
+    logits it gets alone (sdpa and eager; the Trainer's use_cache=False, as TrainingArguments sets it)."""
+    torch.manual_seed(0)
+    for impl in ("sdpa", "eager"):
+        config = LlamaConfig(vocab_size=trainerkit.VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                             use_cache=False, attn_implementation=impl)
+        model = LlamaForCausalLM(config).eval()
+        for source in (TokenWindows(stream[0], seq_len=8), TokenDocuments(stream[0], width=12)):
+            data = TrainerData(Loader(source, batch_size=3, seed=1), flatten=True)
+            batch = next(iter(data))
+            assert sorted(batch) == sorted(data.column_names) and "attention_mask" not in batch
+            step = next(iter(Loader(source, batch_size=3, seed=1)))
+            rows = step[0] if isinstance(step, (tuple, list)) else step["input_ids"]
+            width = rows.shape[1]
+            with torch.no_grad():
+                flat = model(**batch).logits[0]
+                for r in range(len(rows)):
+                    n = width if isinstance(step, (tuple, list)) else int(step["attention_mask"][r].sum())
+                    alone = model(input_ids=rows[r:r + 1, :n]).logits[0]
+                    assert torch.allclose(flat[r * width:r * width + n], alone, atol=1e-5), (impl, r)
+
+
+def test_a_loader_started_ahead_pickles_and_continues(stream):
+    """start_prefetch (attach calls it on resume) leaves the loader picklable (spawned DataLoader
+    workers, deepcopy): the pass started ahead is not copied; both copies continue at the state."""
+    import copy
+    import pickle
+
+    def make():
+        return Loader(TokenWindows(stream[0], seq_len=16), batch_size=4, seed=1, num_threads=1)
+
+    want = [x.tolist() for x, _ in make()]
+    loader = make()
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = loader.state_dict()
+    del it
+    loader = make()
+    loader.load_state_dict(state)
+    loader.start_prefetch()
+    for other in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
+        assert other.state_dict() == state and [x.tolist() for x, _ in other] == want[3:]
+    assert loader.state_dict() == state and [x.tolist() for x, _ in loader] == want[3:]
