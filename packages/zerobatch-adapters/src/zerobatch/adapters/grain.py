@@ -52,7 +52,7 @@ import numpy as np
 try:
     import grain
 except ImportError as exc:  # pragma: no cover - exercised only without grain
-    raise ImportError("zerobatch.adapters.grain needs grain: pip install grain") from exc
+    raise ImportError("zerobatch.adapters.grain needs grain: pip install 'zerobatch-adapters[grain]'") from exc
 
 from zerobatch.adapters._loader import BaseLoader
 from zerobatch.adapters.sources import Source, open_source

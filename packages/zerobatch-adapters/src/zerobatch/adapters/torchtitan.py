@@ -40,7 +40,7 @@ import torch
 try:
     from torchtitan.components.dataloader import BaseDataLoader
 except ImportError as exc:  # pragma: no cover - exercised only without torchtitan
-    raise ImportError("zerobatch.adapters.torchtitan needs torchtitan: pip install torchtitan") from exc
+    raise ImportError("zerobatch.adapters.torchtitan needs torchtitan: pip install 'zerobatch-adapters[torchtitan]'") from exc
 
 from zerobatch.adapters._loader import DEFAULT_PREFETCH, DEFAULT_SEED
 from zerobatch.adapters.sources import PackedDocuments, TokenWindows
