@@ -104,3 +104,80 @@ def test_low_level_dataset(data):
         docs.get(0, 0, int(docs.sequence_lengths[0]) + 1)
     assert e.value.field == "length"
     assert is_tokstream(a) and not is_tokstream(a_mg)
+
+
+# -- found in review: which paths are Megatron's, the index memory, URLs ---------------------------
+
+def test_a_folder_with_a_manifest_is_zerobatchs_even_beside_a_megatron_pair(data, tmp_path):
+    """A zerobatch folder wins over a Megatron pair of the same name beside it; a folder that is
+    also a Megatron prefix and holds no manifest is Megatron's."""
+    _, (a, a_mg), _ = data
+    import shutil
+    both = tmp_path / "web"
+    shutil.copytree(a, both)
+    for ext in (".bin", ".idx"):
+        shutil.copy(a_mg + ext, str(both) + ext)
+    assert is_tokstream(str(both)) and is_tokstream(f"file://{both}")
+    bare = tmp_path / "books"
+    bare.mkdir()
+    for ext in (".bin", ".idx"):
+        shutil.copy(a_mg + ext, str(bare) + ext)
+    assert not is_tokstream(str(bare)) and not is_tokstream(a_mg) and not is_tokstream(str(tmp_path / "nothing"))
+    # a file:// URL: Megatron's default index cache goes under the folder, not under ./file:/...
+    assert TokenStreamDocuments(f"file://{a}").path_prefix == a
+
+
+def test_object_storage_prefixes_are_told_apart_by_the_manifest(data, tmp_path, monkeypatch):
+    """s3:// holds Megatron prefixes too (Megatron reads them through its object storage config):
+    a HEAD of <url>/manifest.json tells a zerobatch dataset from one. (s3:// is served here by a
+    local folder: zerobatch's DirectoryStore registered for the scheme.) A zerobatch URL without
+    path_to_cache is refused (Megatron would make its cache in a local folder named after the URL)."""
+    pytest.importorskip("obstore")
+    from zerobatch.core import remote
+
+    objects = tmp_path / "objects"
+    objects.mkdir()
+
+    class FakeS3(remote.DirectoryStore):
+        def __init__(self, url, storage_options=None, **kw):
+            super().__init__(url, {"root": str(objects)}, **kw)
+
+    monkeypatch.setitem(remote._STORES, "s3", FakeS3)
+    monkeypatch.setenv("ZEROBATCH_CACHE_DIR", str(tmp_path / "cache"))
+    _, (a, a_mg), _ = data
+    import os
+    store = remote.open_store("s3://bucket/web")
+    for root, _, names in os.walk(a):
+        for name in names:
+            store.put(os.path.relpath(os.path.join(root, name), a).replace(os.sep, "/"), os.path.join(root, name))
+    mg = remote.open_store("s3://bucket")
+    for ext in (".bin", ".idx"):
+        mg.put("books_text_document" + ext, a_mg + ext)
+    assert is_tokstream("s3://bucket/web") and is_tokstream("s3://bucket/web/")
+    assert not is_tokstream("s3://bucket/books_text_document")
+    assert not is_tokstream("msc://profile/books_text_document")     # Megatron's multi-storage client
+    assert is_tokstream("gs://bucket/web")                            # Megatron reads no gs:// prefix
+    far, near = TokenStreamDocuments("s3://bucket/web"), TokenStreamDocuments(a)
+    assert np.array_equal(far.sequence_lengths, near.sequence_lengths) and far.get(3, 1, 4).tolist() == \
+        near.get(3, 1, 4).tolist()
+    config = GPTDatasetConfig(random_seed=1, sequence_length=32, blend=(["s3://bucket/web"], None), split="100,0,0",
+                              path_to_cache=None, tokenizer=Tok(), reset_position_ids=False,
+                              reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=False)
+    with pytest.raises(ConfigError) as e:
+        ZerobatchGPTDataset.build_low_level_dataset("s3://bucket/web", config)
+    assert e.value.field == "path_to_cache"
+
+
+def test_the_index_is_read_a_block_at_a_time(data, monkeypatch):
+    """sequence_lengths (int32) and the document starts are filled a block of documents at a
+    time (no int64 copy of the whole index); document_indices (masked-LM datasets only) is made
+    when asked for."""
+    from zerobatch.adapters import megatron
+    _, (a, a_mg), _ = data
+    whole = TokenStreamDocuments(a)
+    monkeypatch.setattr(megatron, "SPAN_BLOCK", 7)
+    blocks = TokenStreamDocuments(a)
+    assert np.array_equal(blocks.sequence_lengths, whole.sequence_lengths) and blocks.sequence_lengths.dtype == np.int32
+    assert np.array_equal(blocks.starts, whole.starts) and len(blocks) > 7
+    assert "document_indices" not in vars(blocks)
+    assert blocks.document_indices.tolist() == list(range(len(blocks) + 1))

@@ -146,3 +146,20 @@ def test_olmo_trainer_on_2_processes_killed_resumes_exactly_on_1(tmp_path):
     before = merge_ranks([[rows(recorded(kill, 0))], [rows(recorded(kill, 1))]])[0]
     assert len(recorded(full)) == 32 and len(recorded(kill, 0)) == 8      # micro-batches of 2 rows
     assert_resumed_exactly(rows(recorded(full)), before, rows(recorded(res)), 32)
+
+
+def test_eos_is_the_datasets_end_of_document_id(tmp_path):
+    """The end-of-document id the dataset recorded (convert records the one it appended) is the
+    source's eos_token_id without a tokenizer; a tokenizer whose eos_token_id is another id is
+    refused (OLMo-core's generate_doc_lengths would look for document ends that are not there)."""
+    with TokenStreamWriter(tmp_path / "zb", vocab_size=5000, shard_tokens=900, eod_token=3) as w:
+        for d in ([5, 6, 3], [7, 3], [8, 9, 10, 3]):
+            w.add_document(np.array(d))
+    src = TokenStreamDocumentSource(str(tmp_path / "zb"), work_dir=tmp_path / "work")
+    assert src.eos_token_id == 3 and src.bos_token_id is None
+    assert TokenStreamDocumentSource(str(tmp_path / "zb"), work_dir=tmp_path / "work",
+                                     tokenizer=TokenizerConfig(vocab_size=5000, eos_token_id=3, pad_token_id=0)
+                                     ).fingerprint == src.fingerprint
+    with pytest.raises(ConfigError) as e:
+        TokenStreamDocumentSource(str(tmp_path / "zb"), work_dir=tmp_path / "work", tokenizer=TOK)
+    assert e.value.field == "tokenizer" and "eod_token" in str(e.value)

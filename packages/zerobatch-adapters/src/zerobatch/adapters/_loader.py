@@ -243,7 +243,8 @@ class BaseLoader:
                                  f"DataLoader)")
             skip = share["delivered"]
         p, self._started = self._started, None
-        if p is None or p.closed or (worker, num_workers) != (0, 1) or skip:
+        # (a DataLoader worker makes its own pass: it counts its share of the steps as it goes)
+        if p is None or p.closed or (worker, num_workers) != (0, 1) or skip or self._in_worker():
             if p is not None:
                 p.close()
             p = _Pass(self, worker, num_workers, skip=skip, share=self._in_worker())
@@ -458,6 +459,7 @@ class BaseLoader:
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["_active"] = None
+        d["_started"] = None        # (a pass started ahead holds read-ahead tickets: not copied)
         return d
 
 

@@ -68,9 +68,16 @@ def _unshifted(labels: torch.Tensor) -> torch.Tensor:
     """Next-token labels (``y[i]`` the target of input ``i``) in Hugging Face's unshifted
     convention (``labels[i + 1]`` the target of input ``i``): shifted right by one, ``-100``
     first (the last target is then only in ``shift_labels``)."""
-    out = torch.full_like(labels, IGNORE_INDEX)
+    out = torch.full(labels.shape, IGNORE_INDEX, dtype=torch.long, device=labels.device)
     out[..., 1:] = labels[..., :-1]
     return out
+
+
+def _targets(labels: torch.Tensor) -> torch.Tensor:
+    """Labels as the loss takes them: ``int64`` (an ``int32`` loader's are widened; Hugging
+    Face's cross entropy refuses ``int32`` targets) and whole (the loss flattens them with
+    ``view()``)."""
+    return labels.long().contiguous()
 
 
 def hf_batch(step: Any, *, seq_idx: bool = False, flatten: bool = False) -> dict[str, Any]:
@@ -94,25 +101,31 @@ def hf_batch(step: Any, *, seq_idx: bool = False, flatten: bool = False) -> dict
 
     ``flatten``: one row of ``batch x seq_len`` tokens (``[1, total]``, as
     ``DataCollatorWithFlattening``), which attention implementations that find the documents
-    from ``position_ids`` need (sdpa and eager take them only from a single row).
+    from ``position_ids`` need (sdpa and eager take them only from a single row). Steps without
+    document boundaries (plain windows, padded documents) get ``position_ids`` that restart at
+    each row, so that no row attends to another; a padded row's padding stays at its end,
+    untrained, and its attention mask is dropped.
+
+    Labels are ``int64`` whatever the loader's ``dtype`` (the loss takes no other).
     """
     if isinstance(step, (tuple, list)):
         x, y = step
-        # (views of one buffer: the loss flattens shift_labels with view(), which needs it whole)
-        out: dict[str, Any] = {"input_ids": x, "labels": _unshifted(y), "shift_labels": y.contiguous()}
+        out: dict[str, Any] = {"input_ids": x, "labels": _unshifted(y), "shift_labels": _targets(y)}
     elif isinstance(step, dict):
         if "cu_seq_lens_q" in step or ("labels" not in step and "cu_seqlens" not in step):
             out = dict(step)
+            if isinstance(out.get("labels"), torch.Tensor):
+                out["labels"] = _targets(out["labels"])
         else:
             out = {"input_ids": step["input_ids"]}
             pos = step.get("position_ids")
             if pos is None:
                 if "labels" in step:
-                    out.update(labels=_unshifted(step["labels"]), shift_labels=step["labels"].contiguous())
+                    out.update(labels=_unshifted(step["labels"]), shift_labels=_targets(step["labels"]))
             else:
                 # as DataCollatorWithFlattening: -100 at each piece's first token, so no
                 # document is trained to predict the next one's start (the model shifts)
-                labels = _unshifted(step["labels"]) if "labels" in step else step["input_ids"].clone()
+                labels = _unshifted(step["labels"]) if "labels" in step else step["input_ids"].to(torch.long, copy=True)
                 labels[pos == 0] = IGNORE_INDEX
                 out.update(labels=labels, position_ids=pos)
             if "cu_seqlens" in step:
@@ -124,8 +137,14 @@ def hf_batch(step: Any, *, seq_idx: bool = False, flatten: bool = False) -> dict
                 out["attention_mask"] = step["attention_mask"]
         out.pop("segment_ids", None)
     else:
-        out = {"input_ids": step, "labels": step}
+        out = {"input_ids": step, "labels": _targets(step)}
     if flatten:
+        ids = out["input_ids"]
+        if "position_ids" not in out and ids.dim() == 2:
+            # each row its own sequence: positions restart at every row, which is how attention
+            # tells the rows apart once they are one (without them the rows would attend to one
+            # another, and positions would run on across them)
+            out["position_ids"] = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape)
         for key, value in list(out.items()):
             if key in ("input_ids", "labels", "shift_labels", "position_ids") and value.dim() == 2:
                 out[key] = value.reshape(1, -1)
@@ -184,6 +203,10 @@ class TrainerData:
                 keys += ["cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"]
             if "attention_mask" in output and not self.flatten:
                 keys.append("attention_mask")
+        if self.flatten:
+            keys = [k for k in keys if k != "attention_mask"]
+            if "position_ids" not in keys:
+                keys.append("position_ids")
         return keys + (["seq_idx"] if self.seq_idx else [])
 
     def as_dataset(self) -> Any:

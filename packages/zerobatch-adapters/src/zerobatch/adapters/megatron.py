@@ -45,16 +45,39 @@ from zerobatch.formats.errors import ConfigError
 __all__ = ["TokenStreamDocuments", "ZerobatchGPTDataset", "is_tokstream"]
 
 
+#: the URL schemes Megatron reads its own ``.bin``/``.idx`` prefixes from (object storage)
+MEGATRON_SCHEMES = ("s3", "msc")
+
+#: documents whose lengths are read at once when a dataset is opened
+SPAN_BLOCK = 1 << 22
+
+
 def is_tokstream(path: str) -> bool:
-    """Whether ``path`` names a TOKSTREAM dataset (a URL, or a folder with a zerobatch
-    manifest) rather than a Megatron ``.bin``/``.idx`` prefix."""
-    if "://" in path:
-        return not (path.endswith(".bin") or path.endswith(".idx")) and not _megatron_pair_at(path)
-    return os.path.isdir(path) and not _megatron_pair_at(path)
+    """Whether ``path`` names a TOKSTREAM dataset rather than a Megatron ``.bin``/``.idx``
+    prefix: a folder holding a zerobatch ``manifest.json`` (or any folder that is not itself
+    a Megatron prefix: zerobatch then says what it lacks); a URL holding one (Megatron
+    prefixes in object storage, ``s3://`` and ``msc://``, are told apart by a HEAD of
+    ``<url>/manifest.json``: a Megatron prefix has none); any other URL (Megatron reads none)."""
+    from zerobatch.core.remote import is_url, local_path, open_store, split_url
+    from zerobatch.formats.tokstream import MANIFEST_NAME
+
+    path = os.fspath(path)
+    scheme, sep, _ = path.partition("://")
+    if sep and scheme.lower() != "file":
+        if scheme.lower() not in MEGATRON_SCHEMES:
+            return True
+        if not is_url(path):           # msc://: Megatron's multi-storage client, not a zerobatch store
+            return False
+        root, key = split_url(path.rstrip("/"))
+        return open_store(root).head(f"{key}/{MANIFEST_NAME}" if key else MANIFEST_NAME) is not None
+    local = local_path(path)
+    if os.path.isfile(os.path.join(local, MANIFEST_NAME)):
+        return True
+    return os.path.isdir(local) and not _megatron_pair_at(local)
 
 
 def _megatron_pair_at(prefix: str) -> bool:
-    return "://" not in prefix and os.path.exists(prefix + ".idx") and os.path.exists(prefix + ".bin")
+    return os.path.exists(prefix + ".idx") and os.path.exists(prefix + ".bin")
 
 
 class TokenStreamDocuments:
@@ -68,23 +91,34 @@ class TokenStreamDocuments:
         sequence_lengths: ``int32`` length of every document (what Megatron's
             ``IndexedDataset.sequence_lengths`` holds); documents of 2**31 tokens or more are
             refused.
-        path_prefix: ``path`` (Megatron puts its index cache under it unless
-            ``path_to_cache`` is set; give ``path_to_cache`` for a URL).
+        path_prefix: ``path`` (a ``file://`` URL's folder; Megatron puts its index cache under
+            it unless ``path_to_cache`` is set, which a URL needs).
     """
 
     def __init__(self, path: str, *, verify: bool = True) -> None:
+        from zerobatch.core.remote import local_path
         from zerobatch.readers.tokstream import TokenStreamReader
-        self.path_prefix = path
+        # (a file:// URL's folder: Megatron makes its default index cache under it)
+        self.path_prefix = str(local_path(path))
         self.reader = TokenStreamReader(path, verify=verify)
         n = self.reader.num_documents
-        self.starts, stops = self.reader.document_spans(np.arange(n, dtype=np.int64))
-        lengths = stops - self.starts
-        if lengths.size and int(lengths.max()) >= 2**31:
-            raise ConfigError(f"{path}: a document of {int(lengths.max())} tokens: Megatron's sequence lengths are "
-                              f"int32", field="sequence_lengths")
-        self.sequence_lengths = lengths.astype(np.int32)
-        # one sequence per document: document k is sequences [k, k + 1)
-        self.document_indices = np.arange(n + 1, dtype=np.int64)
+        # 12 bytes a document, read a block at a time (no int64 copies of the whole index)
+        self.starts = np.empty(n, np.int64)
+        self.sequence_lengths = np.empty(n, np.int32)
+        for first in range(0, n, SPAN_BLOCK):
+            starts, stops = self.reader.document_spans(np.arange(first, min(n, first + SPAN_BLOCK), dtype=np.int64))
+            lengths = stops - starts
+            if int(lengths.max()) >= 2**31:
+                raise ConfigError(f"{path}: a document of {int(lengths.max())} tokens: Megatron's sequence lengths "
+                                  f"are int32", field="sequence_lengths")
+            self.starts[first:first + starts.size] = starts
+            self.sequence_lengths[first:first + starts.size] = lengths
+
+    @property
+    def document_indices(self) -> np.ndarray:
+        """One sequence per document: document ``k`` is sequences ``[k, k + 1)`` (what
+        Megatron's masked-LM datasets ask for; ``GPTDataset`` does not)."""
+        return np.arange(len(self) + 1, dtype=np.int64)
 
     def __len__(self) -> int:
         return int(self.sequence_lengths.shape[0])
@@ -122,6 +156,15 @@ class ZerobatchGPTDataset(GPTDataset):
 
     @staticmethod
     def build_low_level_dataset(dataset_path: str, config: Any) -> Any:
+        """Raises:
+            ConfigError: a dataset at a URL and no ``path_to_cache`` (Megatron would make its
+                index cache in a local folder named after the URL)."""
         if is_tokstream(dataset_path):
+            if "://" in dataset_path and not dataset_path.lower().startswith("file://") \
+                    and not getattr(config, "path_to_cache", None):
+                from zerobatch.core.remote import redact
+                raise ConfigError(f"path_to_cache: {redact(dataset_path)} is a URL; give "
+                                  f"GPTDatasetConfig(path_to_cache=...) for Megatron's index cache",
+                                  field="path_to_cache")
             return TokenStreamDocuments(dataset_path)
         return GPTDataset.build_low_level_dataset(dataset_path, config)

@@ -55,14 +55,18 @@ class TokenStreamDocumentSource(DocumentSource):
         work_dir: OLMo-core's local working folder (its sources cache indexes there).
         tokenizer: OLMo-core's ``TokenizerConfig`` of the tokenizer the dataset was made
             with (``eos_token_id`` / ``bos_token_id``, which some compositions ask a source
-            for); optional.
+            for, and OLMo-core's ``generate_doc_lengths`` finds documents by); optional: without
+            it the end-of-document id the dataset recorded (``convert`` records the one it
+            appended) is the ``eos_token_id``.
         label_mask: hand out the dataset's loss mask as ``label_mask`` (``None``: when the
             dataset has one).
         label: OLMo-core's label of the source (mixtures, visualizations).
         verify: check chunk checksums on first read.
 
     Raises:
-        ConfigError: ``label_mask=True`` and the dataset has no loss mask.
+        ConfigError: ``label_mask=True`` and the dataset has no loss mask; a ``tokenizer``
+            whose ``eos_token_id`` is not the end-of-document id the dataset recorded (OLMo-core
+            would look for document ends its documents do not have).
     """
 
     def __init__(self, path: str, *, work_dir: Any, tokenizer: Any = None, label_mask: bool | None = None,
@@ -77,16 +81,24 @@ class TokenStreamDocumentSource(DocumentSource):
                               f"(convert --chat writes one)", field="label_mask")
         self._mask = self.reader.stream("loss_mask") if (has_mask if label_mask is None else label_mask) else None
         self._tokenizer = tokenizer
+        eod = self.reader.manifest.eod_token
+        if tokenizer is not None and eod is not None and int(tokenizer.eos_token_id) != eod:
+            raise ConfigError(f"{self.path}: the tokenizer's eos_token_id is {tokenizer.eos_token_id} but the "
+                              f"dataset's documents end with {eod} (its manifest's eod_token): a tokenizer of "
+                              f"another vocabulary?", field="tokenizer")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r})"
 
     @property
     def eos_token_id(self) -> int:
-        if self._tokenizer is None:
-            raise ConfigError("eos_token_id: give TokenStreamDocumentSource(tokenizer=TokenizerConfig(...))",
-                              field="tokenizer")
-        return int(self._tokenizer.eos_token_id)
+        if self._tokenizer is not None:
+            return int(self._tokenizer.eos_token_id)
+        eod = self.reader.manifest.eod_token
+        if eod is None:
+            raise ConfigError("eos_token_id: the dataset records no end-of-document id; give "
+                              "TokenStreamDocumentSource(tokenizer=TokenizerConfig(...))", field="tokenizer")
+        return int(eod)
 
     @property
     def bos_token_id(self) -> int | None:
