@@ -153,7 +153,7 @@ def test_worker_copies_reopen_once_under_concurrent_first_use(data):
     folder, _ = data
     for source in (DataSource(TokenWindows(folder, seq_len=SEQ)), Documents(folder)):
         want = [source[i] for i in range(24)]
-        for _ in range(10):                 # (without the one-thread first read, ~half the rounds fail)
+        for _ in range(10):                 # (before the readers' first open was awaited, ~half failed)
             copy = pickle.loads(pickle.dumps(source))       # as a spawned Grain worker gets it
             assert repr(copy) == repr(source)
             got: list = [None] * 24

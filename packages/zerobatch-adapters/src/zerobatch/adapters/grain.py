@@ -43,7 +43,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -67,26 +66,6 @@ __all__ = ["DataSource", "Documents", "LoaderDataset", "LoaderIterator", "die_wi
 STATE_KEY = "zerobatch"
 
 _END = object()
-
-
-class _FirstUse:
-    """The first read of a data source unpickled in a Grain worker process, made by one thread
-    while the others wait: its reader reopens the dataset on first use, and Grain's read
-    threads all start at once."""
-
-    __slots__ = ("opened", "lock")
-
-    def __init__(self, opened: bool) -> None:
-        self.opened = opened
-        self.lock = threading.Lock()
-
-    def once(self, first_read: Callable[[], Any]) -> None:
-        if self.opened:
-            return
-        with self.lock:
-            if not self.opened:
-                first_read()
-                self.opened = True
 
 
 def _check_index(index: Any, n: int) -> int:
@@ -136,7 +115,6 @@ class DataSource:
         # a record-store field handed out unpadded is a list of records per step
         self._lists = {leaf.name for leaf in self._plan.leaves if not isinstance(leaf, Array)} \
             if src.kind == "zrecord" else set()
-        self._first_use = _FirstUse(opened=True)
 
     def __len__(self) -> int:
         return int(self.source.num_items)
@@ -158,7 +136,6 @@ class DataSource:
     def _read(self, indices: list[int]) -> list[Any]:
         if not indices:
             return []
-        self._first_use.once(lambda: self.source.read(np.zeros((1, 1), np.int64), self.dtype))
         # one step per record: a step's step-level outputs (cu_seqlens, max_seqlen) are then
         # the record's own
         items = np.asarray(indices, dtype=np.int64).reshape(-1, 1)
@@ -194,13 +171,6 @@ class DataSource:
         """Release the source's files."""
         self.source.close()
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_first_use": None}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._first_use = _FirstUse(opened=False)
-
 
 class Documents:
     """A Grain random-access data source over the whole documents of a TOKSTREAM dataset:
@@ -227,7 +197,6 @@ class Documents:
         self.max_length = None if max_length is None else check_count(max_length, "max_length", minimum=1)
         self.num_documents = int(self.reader.num_documents)
         self.fingerprint = self.reader.manifest.build_id
-        self._first_use = _FirstUse(opened=True)
 
     def __len__(self) -> int:
         return self.num_documents
@@ -246,7 +215,6 @@ class Documents:
         idx = np.asarray([_check_index(i, n) for i in indices], dtype=np.int64)
         if idx.size == 0:
             return []
-        self._first_use.once(lambda: self.reader.document_spans(idx[:1]))
         starts, stops = self.reader.document_spans(idx)
         if self.max_length is not None:
             stops = np.minimum(stops, starts + self.max_length)
@@ -261,13 +229,6 @@ class Documents:
     def close(self) -> None:
         """Release the dataset's files."""
         self.reader.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_first_use": None}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._first_use = _FirstUse(opened=False)
 
 
 class LoaderDataset(grain.IterDataset):
