@@ -140,6 +140,10 @@ class BaseLoader:
         # its kind), and whether it was loaded and not yet resumed.
         self._share: dict[str, Any] | None = None
         self._share_loaded = False
+        # provenance: the world sizes of the run from the step each began at, and what is
+        # excluded (zerobatch.adapters.provenance)
+        self._worlds: list[list[int]] = [[0, world_size]]
+        self._exclusions: Any = None
 
     def _np_dtype(self, dtype: Any) -> np.dtype:
         dt = np.dtype(dtype)
@@ -214,6 +218,94 @@ class BaseLoader:
         if epoch != self.schedule.epoch:
             self._close_active()
         self.schedule.set_epoch(epoch)
+
+    @property
+    def global_step(self) -> int:
+        """Steps of the run delivered so far, over its epochs: the number of the next step,
+        as a run card and :class:`~zerobatch.adapters.provenance.Trace` count them."""
+        return self.schedule.global_step
+
+    # ---------------------------------------------------------------------------------------
+    # provenance (zerobatch.adapters.provenance)
+
+    def describe(self, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The run card: a small JSON-able description (sources with their dataset build ids,
+        seed, order, global batch, schedules, packing, world sizes, exclusions and the state,
+        default the loader's now) that reconstructs every step of the run on every rank.
+        Save it next to the state in each checkpoint; ``zerobatch trace CARD --step N`` says
+        what a step held, ``--document D`` when a document was seen, and
+        :meth:`from_card` rebuilds the loader (:func:`~zerobatch.adapters.provenance.run_card`)."""
+        from zerobatch.adapters.provenance import run_card
+        return run_card(self, state)
+
+    @classmethod
+    def from_card(cls, card: Any, *, rank: int | None = None, world_size: int | None = None,
+                  load_state: bool = True, **kwargs: Any) -> BaseLoader:
+        """The loader a run card describes, on this rank, with its exclusions and (unless
+        ``load_state=False``) its state: the run continues exactly
+        (:func:`~zerobatch.adapters.provenance.loader_from_card`)."""
+        from zerobatch.adapters.provenance import loader_from_card
+        return loader_from_card(card, cls, rank=rank, world_size=world_size, load_state=load_state, **kwargs)
+
+    def exclude(self, documents: Any = None, *, steps: Any = None, source: str | None = None, by: str | None = None,
+                from_step: int | None = None) -> dict[str, Any]:
+        """Leave out, from ``from_step`` on (default: the next step), the rows holding any of
+        ``documents`` and every step of ``steps``: after a loss spike traced to bad data, or
+        to keep a contaminated document out.
+
+        Args:
+            documents: document indices (of ``source``, for a mixture), or with ``by`` the
+                values of that metadata field (``"id"``, ``"url"``, ``"row"`` of
+                ``--row-ids``), found in one pass over the dataset's metadata.
+            steps: global steps to skip (a ``range``, steps, or ``(first, stop)`` pairs), on
+                every rank: nothing is delivered for them.
+            from_step: the first step the exclusion applies to; steps before it were trained
+                as they were. Give it when excluding before :meth:`load_state_dict`.
+
+        A row holding an excluded document is dropped, not replaced: the step is shorter and
+        every other step of the run is exactly what it was (a step where a rank would be left
+        without rows is skipped on every rank). The state records the exclusions in force
+        before its position; a run card lists them. Returns what was excluded:
+        ``{"documents", "items", "missing"}`` (``missing``: values of ``by`` not found).
+
+        Raises:
+            ConfigError: a document out of range, a source that cannot be traced to documents,
+                steps before ``from_step``, or ``from_step`` before the next step.
+        """
+        from zerobatch.adapters.provenance import _member_index, find_documents
+        start = self.global_step if from_step is None else check_count(from_step, "from_step")
+        if start < self.global_step:
+            raise ConfigError(f"from_step: step {start} was delivered already (the next step is {self.global_step}); "
+                              f"a step already trained cannot change", field="from_step")
+        docs: dict[str, list[int]] = {}
+        missing: list[Any] = []
+        if documents is not None:
+            k = _member_index(self.source, source)
+            from zerobatch.adapters.provenance import _members
+            name, member = _members(self.source)[k]
+            values = list(documents)
+            if by is not None:
+                found = find_documents(member.units(), by, values)
+                missing = [v for v, d in found.items() if not d]
+                values = sorted({d for ds in found.values() for d in ds})
+            docs[name or ""] = [int(v) for v in values]
+        entry = {"from_step": start, "steps": [] if steps is None else steps, "documents": docs}
+        ex = self._exclusions_for()
+        ex.add_entry(entry)
+        self._apply_exclusions()
+        items = sum(int(v.size) for v in ex._items[-1].values())
+        return {"documents": sum(len(v) for v in docs.values()), "items": items, "missing": missing}
+
+    def _exclusions_for(self) -> Any:
+        if self._exclusions is None:
+            from zerobatch.adapters.provenance import Exclusions
+            self._exclusions = Exclusions(self.source)
+        return self._exclusions
+
+    def _apply_exclusions(self) -> None:
+        self._close_active()
+        ex = self._exclusions
+        self.schedule.exclude = ex.keep if ex is not None and ex.entries else None
 
     # ---------------------------------------------------------------------------------------
     # iteration
@@ -351,10 +443,18 @@ class BaseLoader:
         which the schedule ignores and :meth:`load_state_dict` reads to name what changed
         when a state does not fit (states without it, saved by earlier releases, load as
         before)."""
+        own = state is None
         state = self.schedule.state_dict() if state is None else state
         geometry = self.source.geometry()
         if geometry and "source" not in state:
             state = {**state, "source": {"kind": self.source.kind, **geometry}}
+        if own:
+            # what a run card needs besides (kept out of states that have no use for them)
+            fingerprint = "" if self._exclusions is None else self._exclusions.fingerprint(self.global_step)
+            if fingerprint:
+                state["exclusions"] = fingerprint
+            if len(self._worlds) > 1:
+                state["worlds"] = [list(w) for w in self._worlds]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -390,13 +490,52 @@ class BaseLoader:
             else:
                 state = self._unwrap_state(state)
             self._close_active()
+            before = self.schedule.state_dict()
             self.schedule.load_state_dict(state)
+            try:
+                worlds = self._check_provenance(state)
+            except StateError:
+                self.schedule.load_state_dict(before)
+                raise
         except StateError as exc:
             better = self._geometry_error(saved, exc)
             if better is None:
                 raise
             raise better from exc
         self._share, self._share_loaded = share, share is not None
+        self._worlds = worlds
+
+    def _check_provenance(self, state: dict[str, Any]) -> list[list[int]]:
+        """The exclusions of a loaded ``state`` checked against this loader's (those in force
+        before its position), and the run's world sizes with this one added.
+
+        Raises:
+            StateError: other exclusions (field ``exclusions``), or a malformed history.
+        """
+        at = self.global_step
+        saved = state.get("exclusions", "")
+        mine = "" if self._exclusions is None else self._exclusions.fingerprint(at)
+        if saved != mine:
+            have = "no exclusion" if not mine else "other exclusions"
+            had = "none" if not saved else f"exclusions {saved!r}"
+            raise StateError(f"exclusions: the state was saved at step {at} with {had}, and this loader has {have} "
+                             f"in force before that step: exclude with from_step={at} or later (steps already "
+                             f"trained cannot change), or the same exclusions as the run that saved it",
+                             field="exclusions")
+        worlds = state.get("worlds")
+        if worlds is None:
+            saved_world = state.get("world_size", self.world_size)
+            worlds = [[0, saved_world]]
+        if not isinstance(worlds, list) or not all(
+                isinstance(w, list) and len(w) == 2 and all(type(x) is int and x >= 0 for x in w) for w in worlds):
+            raise StateError(f"worlds: a list of [step, world size] pairs, got {worlds!r:.100}", field="worlds")
+        worlds = [list(w) for w in worlds]
+        if worlds[-1][1] != self.world_size:
+            if worlds[-1][0] == at:
+                worlds[-1][1] = self.world_size
+            else:
+                worlds.append([at, self.world_size])
+        return worlds
 
     def _geometry_error(self, state: dict[str, Any], exc: StateError) -> StateError | None:
         """The error to raise instead of ``exc`` (a state refused for its item count or data)

@@ -817,6 +817,34 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         base = self.cum_tokens[shard]
         return base + a, base + b
 
+    def documents_at(self, positions: Any) -> np.ndarray:
+        """The document holding each global token position (``int64``, shaped like
+        ``positions``): a binary search of each shard's document index, no token read
+        (provenance: which document a window's tokens come from). At a URL the indexes of the
+        shards touched are fetched whole, once.
+
+        Raises:
+            IndexError: a position outside ``[0, num_tokens)``.
+            ConfigError: non-integer positions.
+        """
+        self._check_open()
+        arr = np.asarray(positions)
+        pos = as_positions(arr, "positions").reshape(-1)
+        if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= self.num_tokens):
+            raise OutOfRangeError(f"a token position is outside [0, {self.num_tokens})", field="positions")
+        shard = np.searchsorted(self.cum_tokens, pos, side="right") - 1
+        out = np.empty(pos.size, np.int64)
+        ks = np.unique(shard).tolist()
+        if not isinstance(self._shards, LocalShards):
+            self._shards.load_indexes(ks)
+        for k in ks:
+            sel = shard == k
+            docs = self._shards[k].documents if isinstance(self._shards, LocalShards) else \
+                self._shards._open[k].documents
+            local = (pos[sel] - self.cum_tokens[k]).astype(np.uint64)
+            out[sel] = np.searchsorted(docs, local, side="right").astype(np.int64) - 1 + self.cum_documents[k]
+        return out.reshape(arr.shape)
+
     def document_span(self, i: int) -> tuple[int, int]:
         """``(start, stop)``: global token positions of document ``i``."""
         starts, stops = self.document_spans([i])

@@ -73,6 +73,20 @@ class BlockShuffleOrder(IndexOrder):
         return block_shuffle_items(self.block_permutation(epoch), self.block_size, self.num_items,
                                    positions, out)
 
+    def _positions_of(self, epoch: int, items: np.ndarray) -> np.ndarray:
+        """Each item's block's place in the epoch's block order, the blocks before it (all
+        whole but the dataset's last, shorter one) and its place in its block."""
+        if not self.shuffle:
+            return items.copy()
+        perm = self.block_permutation(epoch)
+        rank = np.empty_like(perm)
+        rank[perm] = np.arange(perm.size, dtype=np.int64)
+        block = items // self.block_size
+        j = rank[block]
+        short = self.num_blocks * self.block_size - self.num_items    # what the last block lacks
+        last_before = rank[self.num_blocks - 1] < j
+        return j * self.block_size - np.where(last_before, short, 0) + (items - block * self.block_size)
+
     def epoch_order(self, epoch: int) -> np.ndarray:
         """The whole order of ``epoch`` (``num_items`` int64: allocate only for small sizes)."""
         return self.items(epoch, np.arange(self.num_items, dtype=np.int64))

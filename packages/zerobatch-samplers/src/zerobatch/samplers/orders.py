@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from zerobatch.core import FeistelPermutation, epoch_seed, random_draws
-from zerobatch.formats.errors import OutOfRangeError
+from zerobatch.formats.errors import ConfigError, OutOfRangeError
 from zerobatch.core.checks import check_count, check_seed, positions_and_out
 
 __all__ = [
@@ -86,6 +86,28 @@ class IndexOrder(ABC):
     def _items(self, epoch: int, positions: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Fill the flat ``out`` with the items at the flat ``int64`` ``positions``."""
 
+    def positions_of(self, epoch: int, items: Any) -> np.ndarray:
+        """The inverse of :meth:`items`: the position of each of ``items`` in ``epoch``
+        (``int64``, shaped like ``items``), computed as the order is, in O(1) per item
+        (provenance: when was an item read). Epoch orders only: in an endless stream an item
+        comes back forever (see :meth:`SlidingOrder.positions_of`), or at random.
+
+        Raises:
+            IndexError: an item outside ``[0, num_items)``.
+            ConfigError: an order with no inverse (random draws with replacement).
+        """
+        epoch = check_count(epoch, "epoch")
+        arr = np.asarray(items)
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise ConfigError(f"items must be integers, got {arr.dtype}", field="items")
+        flat = np.ascontiguousarray(arr, dtype=np.int64).reshape(-1)
+        if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= self.num_items):
+            raise OutOfRangeError(f"an item is outside [0, {self.num_items})", field="items")
+        return self._positions_of(epoch, flat).reshape(arr.shape)
+
+    def _positions_of(self, epoch: int, items: np.ndarray) -> np.ndarray:
+        raise ConfigError(f"a {self.kind} order has no inverse: its items are not a permutation", field="order")
+
     def _check_range(self, positions: np.ndarray) -> None:
         if positions.size:
             lo, hi = int(positions.min()), int(positions.max())
@@ -116,6 +138,9 @@ class SequentialOrder(IndexOrder):
         out[...] = positions
         return out
 
+    def _positions_of(self, epoch: int, items: np.ndarray) -> np.ndarray:
+        return items.copy()
+
 
 class SlidingOrder(IndexOrder):
     """The items as a ring: position ``p`` is item ``p mod num_items``, forever.
@@ -139,6 +164,10 @@ class SlidingOrder(IndexOrder):
             raise OutOfRangeError("the index space is empty")
         np.remainder(positions, self.num_items or 1, out=out, casting="unsafe")
         return out
+
+    def _positions_of(self, epoch: int, items: np.ndarray) -> np.ndarray:
+        """The first position of each item (it comes back every ``num_items`` positions)."""
+        return items.copy()
 
 
 class RandomOrder(IndexOrder):
@@ -206,4 +235,7 @@ class GlobalRandomOrder(IndexOrder):
 
     def _items(self, epoch: int, positions: np.ndarray, out: np.ndarray) -> np.ndarray:
         return self.permutation(epoch).take(positions, out)
+
+    def _positions_of(self, epoch: int, items: np.ndarray) -> np.ndarray:
+        return self.permutation(epoch).take(items, inverse=True)
 

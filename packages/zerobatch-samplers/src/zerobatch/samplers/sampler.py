@@ -367,6 +367,9 @@ class IndexSampler(Schedule):
             if keep:
                 np.minimum(after, n, out=after)
             full = steps[:-1] if short else steps
+            if self.exclude is not None:
+                yield from self._excluding(epoch, steps, after, short)
+                continue
             if full.size:
                 items = self._items(epoch, self._positions_of(full))
                 yield Planned(items, None, after[:full.size].tolist())
@@ -374,6 +377,59 @@ class IndexSampler(Schedule):
                 pos = self._positions_of(steps[-1:])
                 pos = pos[:, pos[0] < n]
                 yield Planned(self._items(epoch, pos), None, [int(after[-1])])
+
+    def _excluding(self, epoch: int, steps: np.ndarray, after: np.ndarray, short: bool) -> Iterator[Planned]:
+        """:meth:`plan`'s page of ``steps`` under exclusions: each step's whole global batch
+        checked (:meth:`Schedule._kept`); the steps they leave as they are still go out
+        together, a changed one alone with the items kept."""
+        n, g = self.order.num_items, self.global_batch_size
+        first_global = self.epoch * (self._steps(0) or 0) if self.order.has_epochs else 0
+        run: list[int] = []
+
+        def flush() -> Iterator[Planned]:
+            if run:
+                chosen = steps[run]
+                yield Planned(self._items(epoch, self._positions_of(chosen)), None, after[run].tolist())
+                run.clear()
+
+        for i, step in enumerate(steps.tolist()):
+            whole = self._offset + step * g + np.arange(g, dtype=np.int64)
+            if self.order.has_epochs and self.tail == "pad":
+                whole %= n
+            last = short and i == steps.size - 1
+            if last:
+                whole = whole[whole < n]
+            kept = self._kept(first_global + step, self.order.items(epoch, whole), None)
+            if kept is None and not last:
+                run.append(i)
+                continue
+            yield from flush()
+            pos = self._positions_of(steps[i:i + 1])
+            if last:
+                pos = pos[:, pos[0] < n]
+            if kept is not None:
+                pos = pos[:, kept[:pos.shape[1]]]
+            yield Planned(self._items(epoch, pos), None, [int(after[i])])
+        yield from flush()
+
+    @property
+    def global_step(self) -> int:
+        """Steps of the run delivered so far: ``epoch * steps_per_epoch + step`` (a whole
+        epoch's steps from its start; the step within the epoch of an endless order)."""
+        if not self.order.has_epochs:
+            return self.step
+        return self.epoch * (self._steps(0) or 0) + self.step
+
+    def _shares(self, mask: np.ndarray) -> np.ndarray:
+        w = self.world_size
+        k = -(-mask.size // w)
+        padded = np.zeros(k * w, bool)
+        padded[:mask.size] = mask
+        shares = padded.reshape(k, w).T.copy()
+        # a kept short step: a rank holding no position of it keeps nothing by nature
+        owned = (np.arange(k * w).reshape(k, w).T < mask.size)
+        shares[~owned.any(axis=1)] = True
+        return shares
 
     def _positions_of(self, steps: np.ndarray) -> np.ndarray:
         """``int64 (len(steps), batch_size)``: this rank's positions at each step (pad: wrapped)."""

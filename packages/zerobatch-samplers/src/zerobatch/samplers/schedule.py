@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -136,6 +136,33 @@ class Schedule(ABC):
     epoch: int
     order: IndexOrder | None = None
     tail: str = "keep"
+    #: Exclusions (set by a loader: :meth:`zerobatch.adapters.BaseLoader.exclude`):
+    #: ``keep(global_step, items, sources)`` over a step's whole global batch returns ``None``
+    #: (the step is untouched) or which of its items are kept (none: the step is skipped). A
+    #: step where some rank would keep nothing is skipped on every rank (ranks stay in step).
+    exclude: Callable[[int, np.ndarray, np.ndarray | None], np.ndarray | None] | None = None
+
+    @property
+    def global_step(self) -> int:
+        """Steps of the run delivered so far, over its epochs (the number of the next step)."""
+        raise NotImplementedError
+
+    def _shares(self, mask: np.ndarray) -> np.ndarray:
+        """``bool (world_size, k)``: ``mask`` over a step's global batch dealt to the ranks."""
+        raise NotImplementedError
+
+    def _kept(self, step: int, whole: np.ndarray, sources: np.ndarray | None) -> np.ndarray | None:
+        """This rank's kept items of global step ``step`` (a bool mask over its share), or
+        ``None`` when the exclusions leave the step as it is."""
+        if self.exclude is None:
+            return None
+        mask = self.exclude(step, whole, sources)
+        if mask is None:
+            return None
+        shares = self._shares(np.asarray(mask, bool))
+        if not shares.any(axis=1).all():
+            return np.zeros(shares.shape[1], bool)         # some rank would be left with nothing
+        return shares[self.rank]
 
     @property
     @abstractmethod
@@ -276,9 +303,19 @@ class MixtureSampler(Schedule):
             src, items = mix.take_step(g)
             taken += 1
             part = slice(self.rank * b, (self.rank + 1) * b)
-            yield Planned(items[part].reshape(1, b), src[part].reshape(1, b),
-                          [(mix.state_dict(), at + taken)])
+            mine, tags = items[part], src[part]
+            kept = self._kept(at + taken - 1, items, src)
+            if kept is not None:
+                mine, tags = mine[kept], tags[kept]
+            yield Planned(mine.reshape(1, -1), tags.reshape(1, -1), [(mix.state_dict(), at + taken)])
             step += stride
+
+    @property
+    def global_step(self) -> int:
+        return self._steps
+
+    def _shares(self, mask: np.ndarray) -> np.ndarray:
+        return mask.reshape(self.world_size, -1)
 
     def global_batch_at(self, step: int) -> int:
         """The global batch of ``step`` (the batch schedule's, else the fixed one)."""

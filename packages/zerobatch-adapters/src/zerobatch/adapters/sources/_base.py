@@ -4,6 +4,7 @@ shares (NumPy only)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 import os
@@ -302,6 +303,68 @@ class Source(ABC):
     output: Any = Array("tokens")
     item_name: str = "items"
     batch_schedule: list[tuple[int, int]] | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # every source remembers the arguments it was made with (the outermost constructor's:
+        # a Curriculum's, not the Mixture's it calls), so a run card can describe it and
+        # rebuild it (:meth:`spec`)
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+        signature = inspect.signature(init)
+
+        @functools.wraps(init)
+        def remembering(self: Source, *args: Any, **kw: Any) -> None:
+            if "_made_with" not in self.__dict__:
+                bound = signature.bind(self, *args, **kw)
+                self.__dict__["_made_with"] = (type(self).__name__, dict(list(bound.arguments.items())[1:]))
+            init(self, *args, **kw)
+
+        cls.__init__ = remembering  # type: ignore[method-assign]
+
+    def spec(self) -> dict[str, Any]:
+        """What this source is, as JSON: its class and the arguments it was made with (an
+        open reader given as its path), for a run card
+        (:func:`zerobatch.adapters.provenance.run_card`);
+        :func:`~zerobatch.adapters.provenance.source_from_spec` makes the same source again.
+
+        Raises:
+            ConfigError: an argument with no JSON form (an object other than a reader, a
+                source or a weight schedule).
+        """
+        from zerobatch.adapters.provenance import spec_value
+        made = self.__dict__.get("_made_with")
+        if made is None:
+            raise ConfigError(f"a {type(self).__name__} made without its constructor cannot be described",
+                              field="source")
+        name, args = made
+        return {"zerobatch_source": name, **{k: spec_value(v, k) for k, v in args.items()}}
+
+    # -- provenance: which tokens an item holds, and which items hold given tokens -----------
+    # Token positions are global positions in the source's dataset; documents are numbered
+    # by :meth:`units` (a TOKSTREAM reader's documents, or an LLMBATCH file's rows).
+
+    def units(self) -> Any:
+        """What numbers this source's documents: an object with ``num_documents``,
+        ``documents_at(positions)``, ``document_spans(documents)`` and
+        ``windows_metadata(starts, 1)`` (a TOKSTREAM reader).
+
+        Raises:
+            ConfigError: a source whose items cannot be traced to documents.
+        """
+        raise ConfigError(f"a {type(self).__name__} source cannot be traced to documents", field="source")
+
+    def token_spans(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(which, starts, stops)``: the spans of tokens ``items`` (1-D) hold, item after
+        item and in the order each item's row holds them (``which``: the item's index in
+        ``items``; an item of several rows, an LLMBATCH batch, gives one span a row)."""
+        raise ConfigError(f"a {type(self).__name__} source cannot be traced to documents", field="source")
+
+    def items_at(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(items, which)``: every item holding a token of the ranges ``[starts, stops)``
+        (``which``: the range), the inverse of :meth:`token_spans`."""
+        raise ConfigError(f"a {type(self).__name__} source cannot be traced to documents", field="source")
 
     def geometry(self) -> dict[str, Any]:
         """The arguments that decide how this source cuts its data into items, beyond the

@@ -14,6 +14,24 @@ from zerobatch.samplers import BlockShuffleOrder, IndexOrder
 __all__ = ["LLMBatchSource"]
 
 
+class _Rows:
+    """The rows of an LLMBATCH file numbered as documents of ``length`` tokens each (the
+    file records no document boundaries)."""
+
+    def __init__(self, num_rows: int, length: int) -> None:
+        self.num_documents, self.length = num_rows, length
+
+    def documents_at(self, positions: Any) -> np.ndarray:
+        return np.asarray(positions, np.int64) // self.length
+
+    def document_spans(self, documents: Any) -> tuple[np.ndarray, np.ndarray]:
+        d = np.asarray(documents, np.int64)
+        return d * self.length, (d + 1) * self.length
+
+    def windows_metadata(self, starts: Any, length: int) -> None:
+        return None
+
+
 class LLMBatchSource(Source):
     """The pre-formed batches of an LLMBATCH file (``batch_size`` rows each).
 
@@ -50,6 +68,22 @@ class LLMBatchSource(Source):
     def geometry(self) -> dict[str, Any]:
         """The file's batch shape (a file rebuilt with another one is another file)."""
         return {"batch_size": self._shape[0], "seq_len": self._shape[1]}
+
+    def units(self) -> Any:
+        """An LLMBATCH file keeps no document boundaries: its documents are its rows."""
+        return _Rows(self.reader.num_batches * self._shape[0], self._shape[1])
+
+    def token_spans(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        flat = np.asarray(items, np.int64).reshape(-1)
+        rows, length = self._shape
+        row = (flat[:, None] * rows + np.arange(rows, dtype=np.int64)[None, :]).reshape(-1)
+        return np.repeat(np.arange(flat.size, dtype=np.int64), rows), row * length, (row + 1) * length
+
+    def items_at(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        from zerobatch.adapters.sources.tokstream import _runs
+        rows, length = self._shape
+        a, b = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        return _runs(a // (rows * length), np.where(b > a, (b - 1) // (rows * length) + 1, a // (rows * length)))
 
     def default_order(self, shuffle: bool, seed: int) -> IndexOrder:
         """The seed's block shuffle (:class:`~zerobatch.samplers.BlockShuffleOrder`)."""

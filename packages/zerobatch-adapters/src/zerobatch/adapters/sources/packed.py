@@ -301,13 +301,40 @@ class PackedDocuments(Source):
         # a worker process plans again (deterministic, about 0.1 s per million documents)
         # rather than receiving the plan's arrays (24 bytes a piece) through a pipe
         d = super().__getstate__()
-        for key in ("row_ptr", "piece_start", "piece_len"):
+        for key in ("row_ptr", "piece_start", "piece_len", "_by_start"):
             d.pop(key, None)
         return d
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         super().__setstate__(d)
         self._plan()
+
+    def units(self) -> Any:
+        return self.reader
+
+    def token_spans(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        starts, lens, which = self.pieces(items)
+        return which.astype(np.int64), starts, starts + lens
+
+    def items_at(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rows holding a token of each range: the pieces are a partition of the
+        dataset's tokens, so those meeting ``[a, b)`` are a run of the pieces sorted by
+        start (the sort made once, 16 bytes a piece, on first use)."""
+        from zerobatch.adapters.sources.tokstream import _runs
+        by_start = self.__dict__.get("_by_start")
+        if by_start is None:
+            order = np.argsort(self.piece_start, kind="stable")
+            by_start = self._by_start = (order, self.piece_start[order])
+        order, sorted_starts = by_start
+        a, b = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        first = np.maximum(np.searchsorted(sorted_starts, a, side="right") - 1, 0)
+        stop = np.searchsorted(sorted_starts, b, side="left")
+        idx, which = _runs(first, np.maximum(stop, first))
+        piece = order[idx]
+        meets = (self.piece_start[piece] < b[which]) & (self.piece_start[piece] + self.piece_len[piece] > a[which])
+        piece, which = piece[meets], which[meets]
+        rows = np.searchsorted(self.row_ptr, piece, side="right").astype(np.int64) - 1
+        return rows, which
 
     def pieces(self, rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(token starts, lengths, row of each piece)`` of ``rows``' pieces, row after row."""
@@ -475,6 +502,22 @@ class FlatDocuments(Source):
         g = self.groups.geometry()
         return {"token_budget": self.token_budget, **{k: g[k] for k in ("algorithm", "buffer", "seed",
                                                                         "split_at_turns")}}
+
+    def units(self) -> Any:
+        return self.reader
+
+    def token_spans(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        flat = np.asarray(items, np.int64).reshape(-1)
+        if self.groups is not None:
+            return self.groups.token_spans(flat)
+        starts, stops = self.reader.document_spans(flat)
+        return np.arange(flat.size, dtype=np.int64), starts, stops
+
+    def items_at(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.groups is not None:
+            return self.groups.items_at(starts, stops)
+        from zerobatch.adapters.sources.tokstream import _documents_at
+        return _documents_at(self.reader, starts, stops)
 
     def _pieces(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.groups is not None:

@@ -73,6 +73,21 @@ class TokenWindows(Source):
     def geometry(self) -> dict[str, Any]:
         return {"seq_len": self.seq_len, "stride": self.stride, "next_token": self.next_token}
 
+    def units(self) -> Any:
+        return self.reader
+
+    def token_spans(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        starts = np.asarray(items, np.int64).reshape(-1) * self.stride
+        return np.arange(starts.size, dtype=np.int64), starts, starts + self.length
+
+    def items_at(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # window k holds [k * stride, k * stride + length): it meets [a, b) when
+        # k * stride < b and k * stride + length > a
+        a, b = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        first = np.maximum((a - self.length) // self.stride + 1, 0)
+        last = np.minimum((b - 1) // self.stride, self.num_items - 1)
+        return _runs(first, np.maximum(last + 1, first))
+
     def _output(self) -> Any:
         tokens = next_token_pair() if self.next_token else Array("tokens")
         if self.stacked:
@@ -152,6 +167,34 @@ class TokenWindows(Source):
 
 
 
+def _runs(first: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, which)``: ``range(first[i], stop[i])`` for every ``i``, concatenated."""
+    counts = np.maximum(stop - first, 0)
+    which = np.repeat(np.arange(first.size, dtype=np.int64), counts)
+    before = np.cumsum(counts) - counts
+    values = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(before - first, counts)
+    return values, which
+
+
+def _documents_at(reader: Any, starts: np.ndarray, stops: np.ndarray,
+                  width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(documents, which)``: the documents holding a token of each range ``[starts, stops)``
+    (only their first ``width`` tokens counted, when a row holds no more)."""
+    a, b = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+    keep = b > a
+    first = np.zeros(a.size, np.int64)
+    last = np.full(a.size, -1, np.int64)
+    if keep.any():
+        first[keep] = reader.documents_at(a[keep])
+        last[keep] = reader.documents_at(b[keep] - 1)
+    docs, which = _runs(first, last + 1)
+    if width is not None and docs.size:
+        d_start, _ = reader.document_spans(docs)
+        inside = d_start + width > a[which]
+        docs, which = docs[inside], which[inside]
+    return docs, which
+
+
 def _loss_mask(reader: Any, loss_mask: bool, next_token: bool) -> str | None:
     """``"loss_mask"``, the stream masking the labels of ``reader``'s chat dataset, when
     ``loss_mask`` (the dataset is checked to have it: the reader opens it now and keeps it,
@@ -204,6 +247,18 @@ class TokenDocuments(Source):
     @property
     def access(self) -> Access:
         return self.reader.access
+
+    def units(self) -> Any:
+        return self.reader
+
+    def token_spans(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        flat = np.asarray(items, np.int64).reshape(-1)
+        starts, stops = self.reader.document_spans(flat)
+        return np.arange(flat.size, dtype=np.int64), starts, np.minimum(stops, starts + self.width)
+
+    def items_at(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return _documents_at(self.reader, starts, stops, self.width)
+
     def chunk_steps(self, items_per_step: int) -> int:
         return max(1, CHUNK_BYTES // (items_per_step * self.width * 9))
 
