@@ -193,7 +193,9 @@ def run_card(loader: Any, state: dict[str, Any] | None = None) -> dict[str, Any]
         "source": source.spec(),
         "fingerprint": source.fingerprint,
         "num_items": source.num_items,
-        "global_batch_size": None if source.batch_schedule is not None else loader.global_batch_size,
+        # rows per step over all ranks, as the loader takes it (an LLMBATCH item is several rows)
+        "global_batch_size": None if source.batch_schedule is not None else
+        loader.global_batch_size * source.rows_per_item,
         "shuffle": loader.shuffle,
         "seed": loader.seed,
         "tail": loader.tail,
@@ -311,10 +313,24 @@ def _members(source: Any) -> list[tuple[str | None, Any]]:
     return [(None, source)]
 
 
+def _dataset_id(member: Any) -> Any:
+    """What identifies the dataset a source reads (its build id): a document is the same
+    document whichever source of a mixture or phase of a curriculum reads it."""
+    units = member.units()
+    return getattr(units, "build_id", None) or id(units)
+
+
+def _same_dataset(source: Any, k: int) -> list[int]:
+    """The members of ``source`` that read the dataset member ``k`` reads."""
+    members = _members(source)
+    mine = _dataset_id(members[k][1])
+    return [j for j, (_, m) in enumerate(members) if j == k or _dataset_id(m) == mine]
+
+
 def _member_index(source: Any, name: str | None) -> int:
     members = _members(source)
     if name is None:
-        if len(members) > 1:
+        if len(members) > 1 and len(_same_dataset(source, 0)) < len(members):
             raise ConfigError(f"source: this loader reads {len(members)} sources; name the document's source "
                               f"({', '.join(str(n) for n, _ in members)})", field="source")
         return 0
@@ -399,8 +415,9 @@ class Exclusions:
             if not d.size:
                 continue
             starts, stops = units.document_spans(d)
-            its, _ = member.items_at(starts, stops)
-            items[k] = np.unique(np.concatenate([items.get(k, np.zeros(0, np.int64)), its]))
+            for j in _same_dataset(self.source, k):         # every source reading that dataset
+                its, _ = self.members[j][1].items_at(starts, stops)
+                items[j] = np.unique(np.concatenate([items.get(j, np.zeros(0, np.int64)), its]))
             clean[name or ""] = d.tolist()
         self.entries.append({"from_step": start, "steps": steps, "documents": clean})
         self._items.append(items)
@@ -676,29 +693,30 @@ class Trace:
     def documents(self, documents: Sequence[int], *, source: str | None = None,
                   until: int | None = None) -> list[list[dict[str, Any]]]:
         """:meth:`document` for many documents at once (one pass over the inverse for all)."""
-        k = _member_index(self.source, source)
-        name, member = self.members[k]
-        units = member.units()
+        k0 = _member_index(self.source, source)
+        units = self.members[k0][1].units()
         docs = np.asarray(list(documents), dtype=np.int64).reshape(-1)
         if docs.size and (docs.min() < 0 or docs.max() >= units.num_documents):
             raise ConfigError(f"document: outside the {units.num_documents} documents", field="document")
         stop = self._until(until)
         ds, de = units.document_spans(docs)
-        items, which = member.items_at(ds, de)
-        # where each (document, item) pair sits in the item's row: the item's spans cut to the document
         found: list[list[dict[str, Any]]] = [[] for _ in range(docs.size)]
-        if not items.size:
-            return found
-        hits = self._occurrences(items, k, stop)       # (pair index, step, rank, row-in-share, epoch)
         per = self.source.rows_per_item
-        pair_parts = self._pair_parts(member, items, which, ds, de, per)
-        for pair, step, rank, index, epoch in hits:
-            for item_row, a, b, off in pair_parts[pair]:
-                rec = {"step": step, "epoch": epoch, "rank": rank, "row": index * per + item_row,
-                       "item": int(items[pair]), "tokens": [a, b], "row_offset": off}
-                if name is not None:
-                    rec["source"] = name
-                found[int(which[pair])].append(rec)
+        for k in _same_dataset(self.source, k0):       # every source reading that dataset
+            name, member = self.members[k]
+            items, which = member.items_at(ds, de)
+            if not items.size:
+                continue
+            hits = self._occurrences(items, k, stop)   # (pair, step, rank, row in the share, epoch)
+            # where each (item, document) pair sits in the item's rows
+            pair_parts = self._pair_parts(member, items, which, ds, de, per)
+            for pair, step, rank, index, epoch in hits:
+                for item_row, a, b, off in pair_parts[pair]:
+                    rec = {"step": step, "epoch": epoch, "rank": rank, "row": index * per + item_row,
+                           "item": int(items[pair]), "tokens": [a, b], "row_offset": off}
+                    if name is not None:
+                        rec["source"] = name
+                    found[int(which[pair])].append(rec)
         for recs in found:
             recs.sort(key=lambda r: (r["step"], r["rank"], r["row"]))
         return found
