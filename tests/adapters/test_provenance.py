@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zerobatch.adapters._loader import BaseLoader
-from zerobatch.adapters.provenance import Trace, read_card
+from zerobatch.adapters.trace import Trace
 from zerobatch.adapters.sources import (Curriculum, FlatDocuments, LLMBatchSource, Mixture, PackedDocuments,
                                         TokenDocuments, TokenWindows)
 from zerobatch.formats.errors import ConfigError, StateError

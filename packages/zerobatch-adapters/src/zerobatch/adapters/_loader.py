@@ -76,6 +76,9 @@ class BaseLoader:
 
     #: The shared pool read-ahead runs on (its threads' name prefix).
     pool_name = READ_AHEAD_POOL
+    #: ``dtype`` is a NumPy dtype here (a run card's ``dtype`` is passed on; framework loaders
+    #: take their own dtypes).
+    numpy_dtype_argument = True
     #: The iterating thread runs reads itself: the first read of a pass (the first batch
     #: waits for no hand-off) and a queued read no worker has started when it is waited for.
     #: A face whose reads must all run on the pool's threads turns it off.

@@ -185,6 +185,9 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
                 checkpoint["loader"] = loader.state_dict()
     """
 
+    #: a run card's NumPy dtype is not passed on: ``dtype`` here is a torch dtype
+    numpy_dtype_argument = False
+
     def __init__(self, source: Any, batch_size: int | None = None, *, global_batch_size: int | None = None,
                  shuffle: bool = True, seed: int = DEFAULT_SEED, drop_last: bool = True, tail: str | None = None,
                  order: Any = None, rank: int | None = None, world_size: int | None = None, epoch: int = 0,

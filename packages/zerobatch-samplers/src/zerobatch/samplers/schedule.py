@@ -317,6 +317,36 @@ class MixtureSampler(Schedule):
     def _shares(self, mask: np.ndarray) -> np.ndarray:
         return mask.reshape(self.world_size, -1)
 
+    def global_batches(self, first: int, count: int) -> np.ndarray:
+        """``int64 [count]``: the global batch of steps ``first .. first + count - 1``."""
+        steps = first + np.arange(count, dtype=np.int64)
+        out = np.full(count, self.global_batch_size, np.int64)
+        for start, size in self.batch_schedule:
+            out[steps >= start] = size
+        return out
+
+    def advanced(self, steps: int, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The state ``steps`` delivered steps after ``state`` (default: the current position),
+        in one compiled walk of the picks (:meth:`MixtureOrder.skip_steps`); this schedule is
+        left as it was."""
+        steps = check_count(steps, "steps")
+        other = copy.deepcopy(self)
+        if state is not None:
+            other.load_state_dict(state)
+        mix = copy.deepcopy(other.mixture)
+        mix.load_state_dict(other._state, step=other._steps)
+        mix.skip_steps(other.global_batches(other._steps, steps))
+        other.advance_to((mix.state_dict(), other._steps + steps))
+        return other.state_dict()
+
+    def whole_step(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(sources, items)`` of global ``step``'s whole global batch (every rank's), from the
+        start of the run (a fresh mixture order, walked to the step)."""
+        step = check_count(step, "step")
+        mix = copy.deepcopy(self.mixture)
+        mix.skip_steps(self.global_batches(0, step))
+        return mix.take_step(self.global_batch_at(step))
+
     def global_batch_at(self, step: int) -> int:
         """The global batch of ``step`` (the batch schedule's, else the fixed one)."""
         g = self.global_batch_size

@@ -325,7 +325,7 @@ class Source(ABC):
 
     def spec(self) -> dict[str, Any]:
         """What this source is, as JSON: its class and the arguments it was made with (an
-        open reader given as its path), for a run card
+        open reader given as its path; :func:`spec_value`), for a run card
         (:func:`zerobatch.adapters.provenance.run_card`);
         :func:`~zerobatch.adapters.provenance.source_from_spec` makes the same source again.
 
@@ -333,7 +333,6 @@ class Source(ABC):
             ConfigError: an argument with no JSON form (an object other than a reader, a
                 source or a weight schedule).
         """
-        from zerobatch.adapters.provenance import spec_value
         made = self.__dict__.get("_made_with")
         if made is None:
             raise ConfigError(f"a {type(self).__name__} made without its constructor cannot be described",
@@ -472,6 +471,45 @@ class Source(ABC):
     def __setstate__(self, d: dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._pools_lock = threading.Lock()
+
+
+def spec_value(value: Any, field: str) -> Any:
+    """``value`` (a source's constructor argument) as JSON: a source as its spec, an open
+    reader as its path, a dtype as its name, a weight schedule as its points.
+
+    Raises:
+        ConfigError: a value with no JSON form.
+    """
+    from zerobatch.samplers import WeightSchedule
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value)
+    if isinstance(value, Source):
+        return value.spec()
+    if isinstance(value, WeightSchedule):
+        return {"zerobatch_weight_schedule": {"points": [[s, spec_value(w, field)] for s, w in
+                                                         zip(value.steps, value.raw, strict=True)],
+                                              "interpolation": value.interpolation}}
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (tuple, list)):
+        return [spec_value(v, field) for v in value]
+    if isinstance(value, dict):
+        return {str(k): spec_value(v, field) for k, v in value.items()}
+    if isinstance(value, (np.dtype, type)):
+        try:
+            return np.dtype(value).name
+        except TypeError:
+            pass
+    for attr in ("folder", "path"):         # an open reader: the dataset it reads
+        where = getattr(value, attr, None)
+        if isinstance(where, str) and hasattr(value, "close"):
+            return where
+    raise ConfigError(f"{field}: a {type(value).__name__} has no run card form (give sources paths, numbers and "
+                      f"names)", field=field)
 
 
 class StackedRuns(list):
