@@ -57,6 +57,16 @@ class Trace:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def units(self, source: str | None = None) -> Any:
+        """What numbers the documents of ``source`` (a mixture's source by name): a TOKSTREAM
+        reader, or an LLMBATCH file's rows."""
+        return self.members[_member_index(self.source, source)][1].units()
+
+    @staticmethod
+    def tokens(units: Any, start: int, stop: int) -> np.ndarray:
+        """The tokens ``[start, stop)`` of a dataset (reads them)."""
+        return units.window(int(start), int(stop - start))
+
     # -- geometry --------------------------------------------------------------------------
 
     def _world(self, step: int) -> int:

@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 from zerobatch.cli.datasets import dist, human, open_dataset, percentiles, pyplot, summary, time_reads
+from zerobatch.cli.trace import HELP as TRACE_HELP, add_trace
 from zerobatch.formats.errors import FormatError, NotFoundError, StateError, ZerobatchError, scrub
 from zerobatch.formats import registry
 from zerobatch.formats.tokstream import DEFAULT_SHARD_TOKENS
@@ -519,6 +520,7 @@ COMMAND_HELP = {
                "nothing, while a task has not finished (naming the tasks to run again); running it twice is "
                "harmless.", "zerobatch commit out    # after: zerobatch convert docs/ out --to tokstream "
                "--tokenizer tokenizer.json --task I --tasks N, for I in 0..N-1"),
+    "trace": TRACE_HELP,
     "quickstart": ("Train a byte-level BPE tokenizer on a bundled public-domain text, convert it to TOKSTREAM and "
                    "LLMBATCH, and train a tiny causal LM for --steps steps through the zerobatch loader, on the CPU "
                    "(under a minute on 2 cores; nothing downloaded).", "zerobatch quickstart --steps 100"),
@@ -551,6 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_formats(sub)
     _add_quickstart(sub)
+    add_trace(sub)
     _describe(sub)
     return p
 

@@ -18,8 +18,18 @@ class _Rows:
     """The rows of an LLMBATCH file numbered as documents of ``length`` tokens each (the
     file records no document boundaries)."""
 
-    def __init__(self, num_rows: int, length: int) -> None:
-        self.num_documents, self.length = num_rows, length
+    def __init__(self, reader: Any, num_rows: int, length: int) -> None:
+        self.reader, self.num_documents, self.length = reader, num_rows, length
+        self.num_tokens = num_rows * length
+
+    def window(self, start: int, length: int) -> np.ndarray:
+        """Tokens ``[start, start + length)`` of the rows laid end to end."""
+        rows_per_batch = self.reader.batch_size
+        first, last = start // self.length, (start + length - 1) // self.length
+        rows = [self.reader.read_batch(r // rows_per_batch)[r % rows_per_batch] for r in range(first, last + 1)]
+        flat = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
+        at = start - first * self.length
+        return flat[at:at + length]
 
     def documents_at(self, positions: Any) -> np.ndarray:
         return np.asarray(positions, np.int64) // self.length
@@ -71,7 +81,7 @@ class LLMBatchSource(Source):
 
     def units(self) -> Any:
         """An LLMBATCH file keeps no document boundaries: its documents are its rows."""
-        return _Rows(self.reader.num_batches * self._shape[0], self._shape[1])
+        return _Rows(self.reader, self.reader.num_batches * self._shape[0], self._shape[1])
 
     def token_spans(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         flat = np.asarray(items, np.int64).reshape(-1)
