@@ -16,8 +16,11 @@ atomically (model, optimizer, loader state, step). ``--resume`` continues from i
 at step 0 when there is none yet, so a restarting launcher can always pass it), on any number
 of processes that splits the global batch: the loader's state counts the batches the loop
 received, so no sample is skipped or read twice. Without ``--resume`` a run starts at step 0
-and overwrites the checkpoint. ``--ids-log`` writes, per rank, one JSON line per step with
-the ids of the windows it trained on; ``--die-at`` kills rank 0 with SIGKILL after that step
+and overwrites the checkpoint. Next to it goes the loader's run card
+(``CKPT_DIR/zerobatch_run_card.json``): ``zerobatch trace CKPT_DIR --step N`` lists the
+documents step N trained on (loader steps count from 0: this loop's step N is the loader's
+N - 1), ``--document D`` every step that saw document D. ``--ids-log`` writes, per rank, one
+JSON line per step with the ids of the windows it trained on; ``--die-at`` kills rank 0 with SIGKILL after that step
 (to test recovery).
 """
 
@@ -92,9 +95,21 @@ def demo_dataset(folder: str, n_tokens: int = 200_000, vocab: int = 256, seed: i
 
 def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, loader: Loader,
                     step: int) -> None:
-    """Rank 0's checkpoint: model, optimizer, the loader's position, the step (atomically)."""
+    """Rank 0's checkpoint: model, optimizer, the loader's position, the step (atomically),
+    and the loader's run card next to it (``zerobatch_run_card.json``: ``zerobatch trace
+    CKPT_DIR --step N`` says which documents any step trained on, ``--document D`` when a
+    document was seen)."""
     state = loader.state_dict()
-    save_atomic({"model": model.state_dict(), "optim": opt.state_dict(), "loader": state, "step": step}, path)
+    card = loader.describe(state)
+    save_atomic({"model": model.state_dict(), "optim": opt.state_dict(), "loader": state, "step": step,
+                 "run_card": card}, path)
+    card_path = os.path.join(os.path.dirname(path), "zerobatch_run_card.json")
+    tmp = f"{card_path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(card, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, card_path)
     print(f"checkpoint {path}: step {step}, loader at epoch {state['epoch']} after {state['consumed']} of "
           f"{state['num_items']} windows", flush=True)
 
