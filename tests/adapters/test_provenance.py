@@ -48,6 +48,26 @@ def datasets() -> dict[str, object]:
                 w.add_document(np.arange(starts[k], starts[k + 1]) + base + 1, {"id": f"{name}{k}"})
         out[name] = folder
         out[name + "_starts"] = starts
+    # chat: conversations of 1..9 messages of 0..20 tokens, every other message trained (the loss
+    # mask of convert --chat), some far longer than a row: packed rows cut them at turn ends
+    rng = np.random.default_rng(3)
+    folder = os.path.join(root, "chat")
+    docs, masks, at = [], [], 0
+    while len(docs) < 60:
+        turns = rng.integers(0, 21, rng.integers(1, 10))
+        m = np.concatenate([np.full(n, j % 2, np.uint16) for j, n in enumerate(turns.tolist())] or [[]])
+        if m.size:
+            docs.append(np.arange(at, at + m.size) + 1)
+            masks.append(m)
+            at += m.size
+    with TokenStreamWriter(folder, vocab_size=1 << 21, shard_tokens=700) as w:
+        for doc in docs:
+            w.add_document(doc)
+    with TokenStreamWriter(os.path.join(folder, "loss_mask"), vocab_size=2, shard_tokens=700) as w:
+        for m in masks:
+            w.add_document(m)
+    out["chat"] = folder
+    out["chat_starts"] = np.concatenate([[0], np.cumsum([d.size for d in docs])])
     rows = 40 * LB_ROWS
     tokens = (np.arange(rows * LB_SEQ, dtype=np.uint32) + 1).reshape(rows, LB_SEQ)
     out["llmbatch"] = os.path.join(root, "c.batch")
@@ -68,6 +88,9 @@ def make_source(kind: str, p: dict) -> object:
                                layout="next-token")
     if kind == "llmbatch":
         return LLMBatchSource(d["llmbatch"], block_size=3)
+    if kind == "chat":       # packed chat rows, long conversations cut where a trained message ends
+        return PackedDocuments(d["chat"], p["seq_len"], loss_mask=True, layout="hf", buffer=p["buffer"],
+                               cu_seqlens=p["cu_seqlens"])
     if kind == "mixture":
         sched = WeightSchedule([(0, {"a": 1.0, "b": 1.0}), (3, {"a": 1.0, "b": 3.0})],
                                interpolation=p["interpolation"])
@@ -120,6 +143,8 @@ def doc_of(kind: str, positions: np.ndarray) -> list[tuple[str, int]]:
     for v in positions[positions >= 0].tolist():
         if kind == "llmbatch":
             out.add(("c", v // LB_SEQ))
+        elif kind == "chat":
+            out.add(("a", int(np.searchsorted(d["chat_starts"], v, side="right")) - 1))
         elif v >= SECOND:
             out.add(("b", int(np.searchsorted(d["b_starts"], v - SECOND, side="right")) - 1))
         else:
@@ -165,6 +190,8 @@ PARAMS = {
                                      "algorithm": st.sampled_from(["best-fit", "first-fit", "concat"]),
                                      "g": st.just(12)}),
     "llmbatch": st.fixed_dictionaries({"g": st.just(24)}),
+    "chat": st.fixed_dictionaries({"seq_len": st.integers(8, 40), "buffer": st.integers(1, 30),
+                                   "cu_seqlens": st.booleans(), "g": st.just(12)}),
     "mixture": st.fixed_dictionaries({"interpolation": st.sampled_from(["constant", "linear"]), "g": st.just(12)}),
     "curriculum": st.fixed_dictionaries({"g": st.none()}),
 }
@@ -181,7 +208,7 @@ def cases(draw: st.DrawFn) -> dict:
     exclusions = []
     if draw(st.booleans()):
         source = "b" if kind == "mixture" and draw(st.booleans()) else ("a" if kind == "mixture" else None)
-        n_docs = 40 if source == "b" else (80 if kind == "llmbatch" else 70)
+        n_docs = 40 if source == "b" else {"llmbatch": 80, "chat": 60}.get(kind, 70)
         docs = draw(st.lists(st.integers(0, n_docs - 1), max_size=4))
         frm = draw(st.integers(0, steps1 + steps2))
         skip = draw(st.lists(st.integers(frm, frm + 8), max_size=2))
@@ -243,7 +270,7 @@ def check_case(case: dict) -> None:
         kind, [("c" if kind == "llmbatch" else "a", None)])
     found: dict[tuple[str, int], set] = {}
     for data, name in members:
-        n = 80 if data == "c" else (40 if data == "b" else 70)
+        n = 80 if data == "c" else (40 if data == "b" else (60 if kind == "chat" else 70))
         for d, recs in enumerate(trace.documents(range(n), source=name)):
             for rec in recs:
                 found.setdefault((data, d), set()).add((rec["step"], rec["rank"], rec["row"] if kind != "flat"
@@ -292,3 +319,188 @@ def check_exclusions(case: dict, got: dict, split: int, end: int) -> None:
             assert len(got[step][r]) == len(rows), (step, r)
             for a, b in zip(got[step][r], rows, strict=True):
                 np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# the loss-spike walkthrough, metadata ids, and what is refused
+
+
+def loader(rank: int = 0, world: int = 2, **kw) -> BaseLoader:
+    return BaseLoader(TokenWindows(datasets()["a"], 6), global_batch_size=12, rank=rank, world_size=world,
+                      num_threads=0, seed=5, **kw)
+
+
+def take(ld: BaseLoader, n: int) -> list[list[np.ndarray]]:
+    out, it = [], iter(ld)
+    while len(out) < n:
+        try:
+            out.append(delivered_rows("windows", next(it)))
+        except StopIteration:
+            ld.set_epoch(ld.epoch + 1)
+            it = iter(ld)
+    return out
+
+
+def test_loss_spike_walkthrough_trace_exclude_resume():
+    """Trace a step, exclude its documents from the checkpoint's step on, resume: the run goes
+    on as the uninterrupted one, less the rows holding those documents."""
+    ld = loader()
+    take(ld, 8)
+    ckpt = ld.state_dict()
+    card = ld.describe()
+    later = take(ld, 12)                                    # what the run did after the checkpoint
+    trace = Trace(card)
+    spike = trace.step(10, rank=0)                          # "the loss spiked at step 10"
+    bad = sorted({p["document"] for row in spike["ranks"][0]["rows"] for p in row["documents"]})[:2]
+    resumed = loader()
+    summary = resumed.exclude(bad, from_step=8)
+    assert summary["documents"] == 2 and summary["items"] >= 2
+    resumed.load_state_dict(ckpt)
+    again = take(resumed, 12)
+    gone = {("a", d) for d in bad}
+    expected = [[r for r in rows if not set(doc_of("windows", r)) & gone] for rows in later]
+    expected = [rows for rows in expected if rows]
+    assert len(again) == len(expected)
+    for a, b in zip(again, expected, strict=True):
+        assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    # the state now records the exclusions; a loader without them refuses it, by name
+    state = resumed.state_dict()
+    assert state["exclusions"]
+    with pytest.raises(StateError) as info:
+        loader().load_state_dict(state)
+    assert info.value.field == "exclusions" and "from_step=" in str(info.value)
+    # the same exclusions continue exactly
+    same = loader()
+    same.exclude(bad, from_step=8)
+    same.load_state_dict(state)
+    cont = take(same, 3)
+    assert all(len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+               for a, b in zip(cont, take(resumed, 3), strict=True))
+
+
+def test_excluding_from_the_resume_step_keeps_the_saved_state_valid():
+    ld = loader()
+    take(ld, 5)
+    state = ld.state_dict()
+    other = loader()
+    other.exclude([3, 4], from_step=5)
+    other.exclude(steps=range(6, 9), from_step=6)
+    other.load_state_dict(state)                            # nothing before step 5 changed: accepted
+    early = loader()
+    early.exclude([3], from_step=4)
+    with pytest.raises(StateError, match="exclusions"):     # step 4 was trained with document 3
+        early.load_state_dict(state)
+    with pytest.raises(ConfigError, match="from_step"):
+        ld.exclude([3], from_step=2)                        # already delivered
+    with pytest.raises(ConfigError, match="steps"):
+        loader().exclude(steps=[2], from_step=3)
+    with pytest.raises(ConfigError, match="outside"):
+        loader().exclude([10**6], from_step=0)
+
+
+def test_skipped_steps_deliver_nothing_on_every_rank():
+    world = 3
+    lds = [loader(r, world) for r in range(world)]
+    for ld in lds:
+        ld.exclude(steps=[(2, 4), 6], from_step=0)
+    base = [take(loader(r, world), 8) for r in range(world)]
+    got = [take(ld, 5) for ld in lds]
+    for r in range(world):
+        want = [base[r][s] for s in (0, 1, 4, 5, 7)]
+        assert len(got[r]) == len(want)
+        for a, b in zip(got[r], want, strict=True):
+            assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert lds[0].global_step == 8            # (the position after the last step delivered)
+
+
+def test_documents_by_metadata_id():
+    ld = loader()
+    summary = ld.exclude(["a3", "a40", "nope"], by="id", from_step=0)
+    assert summary["missing"] == ["nope"] and summary["documents"] == 2
+    by_index = loader()
+    by_index.exclude([3, 40], from_step=0)
+    take(ld, 1)
+    take(by_index, 1)
+    assert ld.state_dict()["exclusions"] == by_index.state_dict()["exclusions"]
+    trace = Trace(ld.describe())
+    units = trace.units()
+    from zerobatch.adapters.provenance import find_documents
+    assert find_documents(units, "id", ["a7", "a69", "zz"]) == {"a7": [7], "a69": [69], "zz": []}
+    row = trace.step(0, 0)["ranks"][0]["rows"][0]
+    assert all(p["metadata"] == {"id": f"a{p['document']}"} for p in row["documents"])
+
+
+def test_run_card_rebuilds_the_torch_loader_and_continues_exactly():
+    from zerobatch.adapters.torch import Loader
+    src = Mixture([("a", TokenWindows(datasets()["a"], 5), 0.3), ("b", TokenWindows(datasets()["b"], 5), 0.7)],
+                  seed=9)
+    ld = Loader(src, global_batch_size=8, rank=1, world_size=2, num_threads=0)
+    it = iter(ld)
+    for _ in range(4):
+        next(it)
+    card = json.loads(json.dumps(ld.describe()))
+    again = Loader.from_card(card, rank=1, world_size=2, num_threads=0)
+    for (x1, y1), (x2, y2) in zip([next(it) for _ in range(5)], [b for _, b in zip(range(5), again)], strict=True):
+        assert x1.equal(x2) and y1.equal(y2)
+
+
+def test_a_trace_needs_a_card_and_names_what_is_wrong(tmp_path):
+    from zerobatch.adapters.provenance import read_card
+    from zerobatch.formats.errors import NotFoundError
+    with pytest.raises(NotFoundError):
+        read_card(tmp_path / "none.json")
+    (tmp_path / "x.json").write_text('{"zerobatch_state": 2}')
+    with pytest.raises(ConfigError, match="not a zerobatch run card"):
+        read_card(tmp_path / "x.json")
+    card = loader().describe()
+    with pytest.raises(ConfigError, match="version"):
+        read_card({**card, "zerobatch_run_card": 99})
+    nested = {"trainer": {"stateful_callbacks": {"ZerobatchCallback": {"card": card}}}}
+    assert read_card(json.dumps(nested)) == json.loads(json.dumps(card))
+    endless = Mixture([("a", TokenWindows(datasets()["a"], 5), 1.0)])
+    trace = Trace(BaseLoader(endless, global_batch_size=4, num_threads=0).describe())
+    with pytest.raises(ConfigError, match="until"):
+        trace.document(3)
+    assert trace.document(3, until=40)
+    with pytest.raises(ConfigError, match="outside"):
+        Trace(card).document(10**6)
+    from zerobatch.adapters.sources import RecordFields
+    assert RecordFields.items_at is not TokenWindows.items_at
+
+
+def test_a_card_from_another_build_of_the_dataset_is_refused(tmp_path):
+    folder = tmp_path / "d"
+    with TokenStreamWriter(folder, vocab_size=100) as w:
+        w.add_document(np.arange(50))
+    card = BaseLoader(TokenWindows(str(folder), 4), batch_size=2, num_threads=0).describe()
+    import shutil
+    shutil.rmtree(folder)
+    with TokenStreamWriter(folder, vocab_size=100) as w:
+        w.add_document(np.arange(50) + 1)
+    with pytest.raises(StateError) as info:
+        Trace(card)
+    assert info.value.field == "fingerprint"
+
+
+def test_cli_trace(tmp_path):
+    import subprocess
+    import sys
+    ld = loader()
+    take(ld, 3)
+    card = tmp_path / "ckpt"
+    card.mkdir()
+    (card / "zerobatch_run_card.json").write_text(json.dumps(ld.describe()))
+    run_cli = [sys.executable, "-m", "zerobatch.cli", "trace", str(card)]
+    r = subprocess.run([*run_cli, "--step", "1", "--rank", "1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("step 1 (epoch 0, step 1 of it): 2 ranks\nrank 1: 6 rows") and '{"id": "a' in r.stdout
+    (tmp_path / "ids.txt").write_text("a3\nnope\na9\n")
+    r = subprocess.run([*run_cli, "--documents", str(tmp_path / "ids.txt"), "--by", "id", "--until", "20",
+                        "--json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "1 of 3 id values are in no document" in r.stderr
+    out = json.loads(r.stdout)
+    assert [o["query"] for o in out] == ["a3", "a9"] and all(o["seen"] for o in out)
+    trace = Trace(card)
+    assert [o["seen"] for o in out] == trace.documents([3, 9], until=20)
+    r = subprocess.run([*run_cli, "--document", "zz", "--by", "id"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "no document has id 'zz'" in r.stderr
