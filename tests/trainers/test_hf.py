@@ -52,6 +52,14 @@ def test_trainer_on_2_processes_killed_resumes_exactly_on_1(tmp_path):
     state = json.loads((tmp_path / "b" / "checkpoint-6" / "trainer_state.json").read_text())
     saved = state["stateful_callbacks"]["ZerobatchCallback"]["attributes"]
     assert saved["global_step"] == 6 and saved["loader_state"]["consumed"] == 24
+    # the run card in the trainer's own checkpoint: zerobatch trace reproduces what each
+    # process's model received (6 optimizer steps x accumulation 2 = 12 loader steps)
+    from zerobatch.adapters.trace import Trace
+    trace = Trace(tmp_path / "b" / "checkpoint-6" / "trainer_state.json")
+    assert trace.card["world_sizes"] == [[0, 2]] and trace.position == 12
+    for step in range(12):
+        rows = [row for part in trace.step(step, metadata=False)["ranks"] for row in part["rows"]]
+        assert [list(range(r["item"] * 16, r["item"] * 16 + 16)) for r in rows] == full[step]
 
 
 @pytest.mark.timeout(600)

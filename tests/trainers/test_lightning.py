@@ -130,6 +130,14 @@ def test_trainer_fit_resumes_exactly_with_accumulation_across_an_epoch(runs):
     assert ckpt["ZerobatchDataModule"]["loader"]["consumed"] == 4 * BATCH     # 4 batches received
     # the fit loop's copy (it saves every train loader with a state_dict) is the same
     assert ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [ckpt["ZerobatchDataModule"]]
+    # zerobatch trace reads the run card from Lightning's own checkpoint file: the 4 batches
+    # the model received, row for row
+    from zerobatch.adapters.trace import Trace
+    trace = Trace(runs.tmp / "acc-b" / "step=2.ckpt")
+    assert trace.position == 4
+    for step in range(4):
+        rows = trace.step(step, metadata=False)["ranks"][0]["rows"]
+        assert [list(range(r["item"] * 16, r["item"] * 16 + 16)) for r in rows] == full[step]
 
 
 @pytest.mark.timeout(600)

@@ -244,7 +244,8 @@ class ZerobatchCallback(TrainerCallback, ExportableState):
     """Keeps the loader's state in the Trainer's checkpoint and restores it on resume.
 
     The state after every optimizer step (``on_step_end``, before the trainer saves) goes
-    into ``trainer_state.json`` as this callback's state, with the step it belongs to; on
+    into ``trainer_state.json`` as this callback's state, with the step it belongs to and the
+    loader's run card (``zerobatch trace checkpoint-N/trainer_state.json --step S``); on
     ``train(resume_from_checkpoint=...)`` the loader continues from it (:func:`attach` loads
     it before the trainer restores the model, so the first batch is read meanwhile; this
     callback checks at ``on_train_begin`` that the loader stands where the checkpoint said).
@@ -253,14 +254,22 @@ class ZerobatchCallback(TrainerCallback, ExportableState):
     def __init__(self) -> None:
         self.loader_state: dict[str, Any] | None = None
         self.global_step = 0
+        self._data: TrainerData | None = None
 
     def state(self) -> dict[str, Any]:
-        return {"args": {}, "attributes": {"loader_state": self.loader_state, "global_step": self.global_step}}
+        # with the loader's run card (zerobatch trace CHECKPOINT/trainer_state.json --step N)
+        attributes = {"loader_state": self.loader_state, "global_step": self.global_step}
+        data = self.__dict__.get("_data")
+        if data is not None and self.loader_state is not None:
+            from zerobatch.adapters.provenance import card_or_none
+            attributes["run_card"] = card_or_none(data.loader, self.loader_state)
+        return {"args": {}, "attributes": attributes}
 
     def on_step_end(self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any) -> None:
         if isinstance(train_dataloader, TrainerData):
             self.loader_state = train_dataloader.state_dict()
             self.global_step = state.global_step
+            self._data = train_dataloader
 
     def on_train_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None,
                        **kwargs: Any) -> None:

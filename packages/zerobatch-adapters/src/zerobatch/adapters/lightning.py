@@ -197,13 +197,17 @@ class ZerobatchDataModule(pl.LightningDataModule):
         return TrainLoader(self)
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"loader": state}``: the loader's position after the last batch the model
-        received (``{}`` before a loader exists)."""
-        if self._received is not None:
-            return {STATE_KEY: self._received}
-        if self.loader is not None:
-            return {STATE_KEY: self.loader.state_dict()}
-        return {}
+        """``{"loader": state, "run_card": card}``: the loader's position after the last batch
+        the model received, and its run card (``zerobatch trace`` reads it from the
+        checkpoint file); ``{}`` before a loader exists."""
+        if self._received is None and self.loader is None:
+            return {}
+        state = self._received if self._received is not None else self.loader.state_dict()
+        out: dict[str, Any] = {STATE_KEY: state}
+        if self.loader is not None:         # zerobatch trace CHECKPOINT.ckpt --step N
+            from zerobatch.adapters.provenance import card_or_none
+            out["run_card"] = card_or_none(self.loader, state)
+        return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue at the position of :meth:`state_dict` (at the next pass).

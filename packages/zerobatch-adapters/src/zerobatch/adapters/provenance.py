@@ -43,7 +43,7 @@ import numpy as np
 from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError, StateError
 
-__all__ = ["CARD_VERSION", "Exclusions", "find_documents", "loader_from_card", "read_card", "run_card",
+__all__ = ["CARD_VERSION", "Exclusions", "card_or_none", "find_documents", "loader_from_card", "read_card", "run_card",
            "source_from_spec"]
 
 #: Version of the run card layout.
@@ -169,10 +169,26 @@ def run_card(loader: Any, state: dict[str, Any] | None = None) -> dict[str, Any]
     return card
 
 
+def card_or_none(loader: Any, state: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """:func:`run_card` for a checkpoint written by a trainer integration: ``None`` (and one
+    warning) when the loader has no run card form (a source made of objects that are not
+    readers, sources or weight schedules), so that checkpointing never fails for it."""
+    try:
+        return run_card(loader, state)
+    except ConfigError as exc:
+        if not getattr(loader, "_card_warned", False):
+            import warnings
+            warnings.warn(f"zerobatch: no run card in the checkpoint ({exc}); zerobatch trace will not read it",
+                          RuntimeWarning, stacklevel=3)
+            loader._card_warned = True
+        return None
+
+
 def read_card(card: Any) -> dict[str, Any]:
-    """A run card: a dict, JSON text, or the path of a JSON file (a file holding a whole
-    checkpoint's trainer state may hold the card under ``"zerobatch_run_card"``... any key:
-    the first card found in the JSON is taken).
+    """A run card: a dict, JSON text, the path of a JSON file or of a folder holding
+    ``zerobatch_run_card.json``, or a file holding one anywhere inside (a trainer's
+    ``trainer_state.json``, a torch checkpoint read with ``weights_only=True``): the first
+    card found is taken.
 
     Raises:
         ConfigError: not a run card, or one of another version.
@@ -191,7 +207,12 @@ def read_card(card: Any) -> dict[str, Any]:
             raise ConfigError(f"a run card of {os.path.getsize(path)} bytes is over {MAX_CARD_BYTES}", path=path,
                               field="card")
         with open(path, "rb") as f:
-            card = f.read()
+            head = f.read(1)
+        if head not in (b"{", b"[", b" ", b"\n", b"\t", b"\r"):
+            card = _torch_checkpoint(path)        # a torch checkpoint holding the card (ckpt.pt, .ckpt)
+        else:
+            with open(path, "rb") as f:
+                card = f.read()
     if isinstance(card, (str, bytes)):
         card = loads_strict(card, error=ConfigError, field="card")
     found = _find_card(card)
@@ -201,6 +222,21 @@ def read_card(card: Any) -> dict[str, Any]:
         raise ConfigError(f"{CARD_KEY}: version {found.get(CARD_KEY)!r}, this release reads {CARD_VERSION}",
                           path=path, field=CARD_KEY)
     return found
+
+
+def _torch_checkpoint(path: str) -> Any:
+    """A torch checkpoint's contents, loaded with ``weights_only=True`` (tensors, dicts and
+    plain values: no code runs)."""
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError("not a JSON run card, and torch (to read a torch checkpoint) is not installed",
+                          path=path, field="card") from None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:        # noqa: BLE001 - any unreadable file: one typed error
+        raise ConfigError(f"neither a JSON run card nor a torch checkpoint holding one ({type(exc).__name__})",
+                          path=path, field="card") from None
 
 
 def _find_card(value: Any, depth: int = 0) -> dict[str, Any] | None:

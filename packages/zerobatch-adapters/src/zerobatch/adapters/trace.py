@@ -43,9 +43,14 @@ class Trace:
         state = self.card.get("state")
         self.position: int | None = None
         if state is not None:
-            probe = loader_from_card(self.card, BaseLoader, num_threads=0, rank=0, world_size=self._world(0))
-            self.position = probe.schedule.global_step
-            probe.close()
+            # the run's progress: the state loaded into a copy of the schedule
+            probe = copy.deepcopy(self.loader.schedule)
+            probe.load_state_dict(state)
+            if getattr(probe, "offset", 0):
+                raise ConfigError(f"global_batch_size: the run was resumed with a global batch of "
+                                  f"{self.card.get('global_batch_size')} from a state of another one; its steps no "
+                                  f"longer number as one run's and cannot be traced", field="global_batch_size")
+            self.position = probe.global_step
         self._schedules: dict[tuple[int, int], Any] = {}
 
     def close(self) -> None:
@@ -103,10 +108,15 @@ class Trace:
             sched.set_epoch(epoch)
             sched.seek(s)
         else:
-            if sched.global_step > step:            # a mixture is walked from its start
-                sched = self._schedule(rank, world, fresh=True)
-            if sched.global_step < step:
-                sched.load_state_dict(sched.advanced(step - sched.global_step))
+            # a mixture is walked from its start (in one compiled walk of its picks), once for
+            # every rank: rank 0's schedule stands at the step, each rank plans from a copy
+            base = self._schedule(0, world)
+            if base.global_step > step:
+                base = self._schedule(0, world, fresh=True)
+            if base.global_step < step:
+                base.load_state_dict(base.advanced(step - base.global_step))
+            sched = copy.copy(base)
+            sched.rank = rank
         page = next(iter(sched.plan(0, 1)))
         return page.items[0], None if page.sources is None else page.sources[0]
 
@@ -224,12 +234,37 @@ class Trace:
         """Every time a token of ``document`` (of ``source``, for a mixture) entered training
         before global step ``until`` (default: the position of the card's state, the run's progress;
         else, for a card saved at step 0, the end of the first epoch):
-        ``{"step", "epoch", "rank", "row", "item", "tokens", "row_offset"}``, in step order."""
+        ``{"step", "epoch", "rank", "row", "item", "tokens", "row_offset"}`` (and ``source``
+        for a mixture), in step order."""
         return self.documents([document], source=source, until=until)[0]
 
     def documents(self, documents: Sequence[int], *, source: str | None = None,
                   until: int | None = None) -> list[list[dict[str, Any]]]:
         """:meth:`document` for many documents at once (one pass over the inverse for all)."""
+        occ = self.occurrences(documents, source=source, until=until)
+        names = [n for n, _ in self.members]
+        found: list[list[dict[str, Any]]] = [[] for _ in range(len(occ["query_size"]))]
+        cols = [occ[k].tolist() for k in ("query", "step", "epoch", "rank", "row", "item", "start", "stop",
+                                            "row_offset", "source")]
+        for q, step, epoch, rank, row, item, a, b, off, k in zip(*cols, strict=True):
+            rec = {"step": step, "epoch": None if epoch < 0 else epoch, "rank": rank, "row": row, "item": item,
+                   "tokens": [a, b], "row_offset": off}
+            if names[k] is not None:
+                rec["source"] = names[k]
+            found[q].append(rec)
+        return found
+
+    def occurrences(self, documents: Sequence[int], *, source: str | None = None,
+                    until: int | None = None) -> dict[str, np.ndarray]:
+        """The inverse as arrays (one entry per row a document's tokens entered), sorted by
+        query, step, rank and row: ``query`` (the document's place in ``documents``),
+        ``step``, ``epoch`` (-1: an endless run), ``rank``, ``row``, ``item``, ``start`` and
+        ``stop`` (the document's tokens in that row, global positions), ``row_offset`` and
+        ``source`` (a member's index). ``query_size``: ``len(documents)``.
+
+        Raises:
+            ConfigError: a document out of range, or an endless run without ``until``.
+        """
         k0 = _member_index(self.source, source)
         units = self.members[k0][1].units()
         docs = np.asarray(list(documents), dtype=np.int64).reshape(-1)
@@ -237,141 +272,165 @@ class Trace:
             raise ConfigError(f"document: outside the {units.num_documents} documents", field="document")
         stop = self._until(until)
         ds, de = units.document_spans(docs)
-        found: list[list[dict[str, Any]]] = [[] for _ in range(docs.size)]
         per = self.source.rows_per_item
-        for k in _same_dataset(self.source, k0):       # every source reading that dataset
-            name, member = self.members[k]
+        parts = []
+        for k in _same_dataset(self.source, k0):        # every source reading that dataset
+            member = self.members[k][1]
             items, which = member.items_at(ds, de)
             if not items.size:
                 continue
-            hits = self._occurrences(items, k, stop)   # (pair, step, rank, row in the share, epoch)
-            # where each (item, document) pair sits in the item's rows
-            pair_parts = self._pair_parts(member, items, which, ds, de, per)
-            for pair, step, rank, index, epoch in hits:
-                for item_row, a, b, off in pair_parts[pair]:
-                    rec = {"step": step, "epoch": epoch, "rank": rank, "row": index * per + item_row,
-                           "item": int(items[pair]), "tokens": [a, b], "row_offset": off}
-                    if name is not None:
-                        rec["source"] = name
-                    found[int(which[pair])].append(rec)
-        for recs in found:
-            recs.sort(key=lambda r: (r["step"], r["rank"], r["row"]))
-        return found
+            pair, step, rank, index, epoch = self._occurrences(items, k, stop)
+            # where each (item, document) pair's tokens sit in the item's rows
+            p_pair, p_row, p_lo, p_hi, p_off = self._pair_parts(member, items, which, ds, de, per)
+            order = np.argsort(p_pair, kind="stable")
+            p_pair, p_row, p_lo, p_hi, p_off = (x[order] for x in (p_pair, p_row, p_lo, p_hi, p_off))
+            first = np.searchsorted(p_pair, pair, side="left")
+            count = np.searchsorted(p_pair, pair, side="right") - first
+            hit = np.repeat(np.arange(pair.size), count)
+            part = np.repeat(first - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
+            parts.append({"query": which[pair[hit]], "step": step[hit], "epoch": epoch[hit], "rank": rank[hit],
+                          "row": index[hit] * per + p_row[part], "item": items[pair[hit]], "start": p_lo[part],
+                          "stop": p_hi[part], "row_offset": p_off[part],
+                          "source": np.full(hit.size, k, np.int64)})
+        keys = ("query", "step", "epoch", "rank", "row", "item", "start", "stop", "row_offset", "source")
+        out = {key: np.concatenate([p[key] for p in parts]) if parts else np.zeros(0, np.int64) for key in keys}
+        order = np.lexsort((out["row"], out["rank"], out["step"], out["query"]))
+        out = {key: v[order].astype(np.int64) for key, v in out.items()}
+        out["query_size"] = np.zeros(docs.size, np.int8)
+        return out
 
     @staticmethod
     def _pair_parts(member: Any, items: np.ndarray, which: np.ndarray, ds: np.ndarray, de: np.ndarray,
-                    per: int) -> list[list[tuple[int, int, int, int]]]:
-        """For each (item, document) pair: ``(row of the item, start, stop, offset in the row)``
-        of the document's tokens the item holds."""
+                    per: int) -> tuple[np.ndarray, ...]:
+        """Per (item, document) pair and each of the item's spans holding the document's tokens:
+        ``(pair, row of the item, start, stop, offset in the row)``."""
         w, a, b = member.token_spans(items)
-        parts: list[list[tuple[int, int, int, int]]] = [[] for _ in range(items.size)]
-        seen_rows: dict[int, int] = {}
-        at: dict[int, int] = {}
-        for i, x, y in zip(w.tolist(), a.tolist(), b.tolist(), strict=True):
-            r = seen_rows.get(i, -1) + 1 if per > 1 else 0
-            seen_rows[i] = r
-            base = 0 if per > 1 else at.get(i, 0)
-            d = int(which[i])
-            lo, hi = max(x, int(ds[d])), min(y, int(de[d]))
-            if lo < hi:
-                parts[i].append((r, lo, hi, base + lo - x))
-            at[i] = base + (y - x) if per == 1 else 0
-        return [[(r, lo, hi, off) for r, lo, hi, off in p] for p in parts]
+        lens = b - a
+        new_item = np.ones(w.size, bool)
+        new_item[1:] = w[1:] != w[:-1]
+        group_start = np.flatnonzero(new_item)
+        group = np.cumsum(new_item) - 1
+        if per > 1:                         # one span a row: the row is the span's place in the item
+            row = np.arange(w.size) - group_start[group]
+            base = np.zeros(w.size, np.int64)
+        else:                               # every span in one row: the row offset runs on
+            row = np.zeros(w.size, np.int64)
+            ends = np.cumsum(lens)
+            base = ends - lens - (ends - lens)[group_start][group]
+        d = which[w]
+        lo, hi = np.maximum(a, ds[d]), np.minimum(b, de[d])
+        keep = lo < hi
+        return w[keep], row[keep], lo[keep], hi[keep], (base + lo - a)[keep]
 
-    def _occurrences(self, items: np.ndarray, k: int, stop: int) -> list[tuple[int, int, int, int, int | None]]:
+    def _worlds_at(self, steps: np.ndarray) -> np.ndarray:
+        starts = np.asarray([w[0] for w in self.worlds], np.int64)
+        sizes = np.asarray([w[1] for w in self.worlds], np.int64)
+        return sizes[np.maximum(np.searchsorted(starts, steps, side="right") - 1, 0)]
+
+    def _occurrences(self, items: np.ndarray, k: int, stop: int) -> tuple[np.ndarray, ...]:
+        """``(pair, step, rank, row in the rank's share, epoch)`` of every time an item was
+        read before ``stop`` (-1: no epochs)."""
         from zerobatch.samplers import IndexSampler
         sched = self.loader.schedule
         if isinstance(sched, IndexSampler):
-            return self._index_occurrences(sched, items, stop)
-        return self._walk_occurrences(items, k, stop)
+            out = self._index_occurrences(sched, items, stop)
+        else:
+            out = self._walk_occurrences(items, k, stop)
+        return self._checked(out, items, k)
 
-    def _index_occurrences(self, sched: Any, items: np.ndarray,
-                           stop: int) -> list[tuple[int, int, int, int, int | None]]:
-        """An index order inverted: each item's position in every epoch before ``stop``
-        (the Feistel permutation's inverse), cut into step, rank and row."""
+    def _index_occurrences(self, sched: Any, items: np.ndarray, stop: int) -> tuple[np.ndarray, ...]:
+        """An index order inverted: each item's position in every epoch before ``stop`` (the
+        Feistel permutation's inverse), cut into step, rank and row."""
         order, g, n = sched.order, sched.global_batch_size, sched.order.num_items
-        out: list[tuple[int, int, int, int, int | None]] = []
         pairs = np.arange(items.size, dtype=np.int64)
         if not order.has_epochs:
             if order.kind != "sliding":
                 return self._scan_occurrences(items, stop)
             # item i is at positions i, i + n, i + 2n, ...
-            last = stop * g
-            reps = np.maximum((last - 1 - items) // n + 1, 0) if n else np.zeros_like(items)
-            pos_pair = np.repeat(pairs, reps)
-            base = np.repeat(items, reps)
-            rank_in = np.arange(int(reps.sum()), dtype=np.int64) - np.repeat(np.cumsum(reps) - reps, reps)
-            pos = base + rank_in * n
-            self._cut(out, pos_pair, pos, g, None, 0)
-            return self._checked(out, items, stop)
+            reps = np.maximum((stop * g - 1 - items) // n + 1, 0) if n else np.zeros_like(items)
+            pp = np.repeat(pairs, reps)
+            pos = np.repeat(items, reps) + n * (np.arange(int(reps.sum()), dtype=np.int64)
+                                                 - np.repeat(np.cumsum(reps) - reps, reps))
+            return self._cut(pp, pos, g, np.full(pp.size, -1, np.int64), 0, stop)
         spe = sched._steps(0)
-        epochs = -(-stop // spe) if spe else 0
         end = spe * g if sched.tail != "keep" else n        # positions an epoch delivers
-        for e in range(epochs):
+        parts = []
+        for e in range(-(-stop // spe) if spe else 0):
             pos = order.positions_of(e, items)
-            if sched.tail == "pad":
-                # the last step is filled with positions wrapped to the epoch's start
+            pp = pairs
+            if sched.tail == "pad":        # the last step filled with positions wrapped to the start
                 extra = pos + n < end
-                pos = np.concatenate([pos, pos[extra] + n])
-                pp = np.concatenate([pairs, pairs[extra]])
-            else:
-                pp = pairs
+                pos, pp = np.concatenate([pos, pos[extra] + n]), np.concatenate([pairs, pairs[extra]])
             keep = pos < end
-            self._cut(out, pp[keep], pos[keep], g, e, e * spe, stop)
-        return self._checked(out, items, stop)
+            parts.append(self._cut(pp[keep], pos[keep], g, np.full(int(keep.sum()), e, np.int64), e * spe, stop))
+        if not parts:
+            return tuple(np.zeros(0, np.int64) for _ in range(5))
+        return tuple(np.concatenate(col) for col in zip(*parts, strict=True))
 
-    def _cut(self, out: list[Any], pairs: np.ndarray, pos: np.ndarray, g: int, epoch: int | None, first: int,
-             stop: int | None = None) -> None:
+    def _cut(self, pairs: np.ndarray, pos: np.ndarray, g: int, epochs: np.ndarray, first: int,
+             stop: int) -> tuple[np.ndarray, ...]:
         steps = pos // g + first
+        keep = steps < stop
+        pairs, pos, steps, epochs = pairs[keep], pos[keep], steps[keep], epochs[keep]
         idx = pos % g
-        for p, s, i in zip(pairs.tolist(), steps.tolist(), idx.tolist(), strict=True):
-            if stop is not None and s >= stop:
-                continue
-            w = self._world(s)
-            out.append((p, s, i % w, i // w, epoch))
+        w = self._worlds_at(steps)
+        return pairs, steps, idx % w, idx // w, epochs
 
-    def _checked(self, out: list[Any], items: np.ndarray, stop: int) -> list[Any]:
+    def _checked(self, occ: tuple[np.ndarray, ...], items: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
         """Occurrences in steps an exclusion may change, checked against the step as the
         loader plans it: the row may be gone, or moved up."""
         excl = self.loader._exclusions
         if excl is None or not excl.entries:
-            return out
+            return occ
+        pair, step, rank, index, epoch = (np.array(x) for x in occ)
         first = min(e["from_step"] for e in excl.entries)
-        kept = []
-        for p, s, r, i, e in out:
-            if s < first:
-                kept.append((p, s, r, i, e))
-                continue
-            got, _ = self._planned(s, r, self._world(s))
-            where = np.flatnonzero(got == items[p])
+        keep = np.ones(pair.size, bool)
+        todo = np.flatnonzero(step >= first)
+        for i in todo[np.argsort(step[todo], kind="stable")].tolist():     # in step order: one walk
+            s, r = int(step[i]), int(rank[i])
+            got, tags = self._planned(s, r, int(self._worlds_at(np.asarray([s]))[0]))
+            match = got == items[pair[i]]
+            if tags is not None:
+                match &= tags == k
+            where = np.flatnonzero(match)
             if where.size:
-                kept.append((p, s, r, int(where[0]), e))
-        return kept
+                index[i] = where[0]
+            else:
+                keep[i] = False
+        return pair[keep], step[keep], rank[keep], index[keep], epoch[keep]
 
-    def _scan_occurrences(self, items: np.ndarray, stop: int) -> list[tuple[int, int, int, int, int | None]]:
+    def _scan_occurrences(self, items: np.ndarray, stop: int) -> tuple[np.ndarray, ...]:
         """An order with no inverse (random draws): the steps before ``stop`` read one by one."""
-        out = []
+        out: list[tuple[int, int, int, int, int]] = []
         for s in range(stop):
             w = self._world(s)
             for r in range(w):
                 got, _ = self._planned(s, r, w)
                 for p in np.flatnonzero(_isin(items, np.unique(got))).tolist():
                     for j in np.flatnonzero(got == items[p]).tolist():
-                        out.append((p, s, r, j, None))
-        return out
+                        out.append((p, s, r, j, -1))
+        cols = list(zip(*out, strict=True)) if out else [[] for _ in range(5)]
+        return tuple(np.asarray(c, np.int64) for c in cols)
 
-    def _walk_occurrences(self, items: np.ndarray, k: int, stop: int) -> list[tuple[int, int, int, int, int | None]]:
+    def _walk_occurrences(self, items: np.ndarray, k: int, stop: int) -> tuple[np.ndarray, ...]:
         """A mixture, inverted: the counts at which source ``k`` took each item (its order's
         inverse, epoch after epoch of the source), then one compiled walk of the picks
         (:meth:`~zerobatch.samplers.MixtureOrder.skip_steps`) finding the sample that took
-        each count: O(samples) at nanoseconds each, for any number of documents."""
+        each count: O(samples) at nanoseconds each, for any number of documents. (Exclusions
+        are applied by :meth:`_checked`.)"""
         sched = self.loader.schedule
         fresh = copy.deepcopy(sched.mixture)
         sizes = sched.global_batches(0, stop)
-        probe = copy.deepcopy(fresh)
-        probe.skip_steps(sizes)
         size, order = fresh.sizes[k], fresh._orders[k]
-        total = probe.consumed[k]                           # samples of source k before `stop`
+        # samples of source k before `stop`: the card's state has them at its position, else
+        # one walk counts them
+        saved = (self.card.get("state") or {}).get("mixture", {}).get("sources", {}).get(fresh.names[k], {})
+        if stop == self.position and isinstance(saved.get("consumed"), int):
+            total = saved["consumed"]
+        else:
+            probe = copy.deepcopy(fresh)
+            probe.skip_steps(sizes)
+            total = probe.consumed[k]
         counts, pairs = [], []
         pair_ids = np.arange(items.size, dtype=np.int64)
         for e in range(-(-total // size)):
@@ -380,30 +439,16 @@ class Trace:
             counts.append(c[keep])
             pairs.append(pair_ids[keep])
         if not counts:
-            return []
-        c = np.concatenate(counts)
-        p = np.concatenate(pairs)
+            return tuple(np.zeros(0, np.int64) for _ in range(5))
+        c, p = np.concatenate(counts), np.concatenate(pairs)
         # (an item holding several of the documents is one count for all of them)
         unique, back = np.unique(c, return_inverse=True)
-        found = fresh.skip_steps(sizes, watch=k, counts=unique)[back]
+        sample = fresh.skip_steps(sizes, watch=k, counts=unique)[back]
+        ok = sample >= 0
+        p, sample = p[ok], sample[ok]
         ends = np.cumsum(sizes)
-        out: list[tuple[int, int, int, int, int | None]] = []
-        excl = self.loader._exclusions
-        first_excl = min((e["from_step"] for e in excl.entries), default=None) if excl is not None else None
-        for pair, sample in zip(p.tolist(), found.tolist(), strict=True):
-            if sample < 0:
-                continue
-            s = int(np.searchsorted(ends, sample, side="right"))
-            i = sample - (int(ends[s - 1]) if s else 0)
-            w = self._world(s)
-            b = int(sizes[s]) // w
-            r, j = divmod(i, b)
-            if first_excl is not None and s >= first_excl:
-                src, its = sched.whole_step(s)
-                mask = excl.keep(s, its, src)
-                if mask is not None:
-                    if not mask[i] or not mask.reshape(w, b).any(axis=1).all():
-                        continue
-                    j = int(mask[r * b:i].sum())
-            out.append((pair, s, r, j, None))
-        return out
+        step = np.searchsorted(ends, sample, side="right")
+        i = sample - (ends[step] - sizes[step])
+        w = self._worlds_at(step)
+        b = sizes[step] // w
+        return p, step, i // b, i % b, np.full(p.size, -1, np.int64)

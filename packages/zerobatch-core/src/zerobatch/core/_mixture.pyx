@@ -76,11 +76,29 @@ def mixture_walk(weights, since, target, int64_t t, int64_t n, bint moving, int 
     return t, matched
 
 
+cdef inline int64_t _walk2(double w0, double w1, int64_t *since, int64_t t, int64_t n) noexcept nogil:
+    # two sources, constant weights, nothing watched: the same comparison without a branch
+    # (the picks are as good as random to a branch predictor), the counts in registers
+    cdef int64_t s0 = since[0], s1 = since[1], i, b
+    cdef double td
+    for i in range(n):
+        t += 1
+        td = <double>t
+        b = (w1 * td - <double>s1) > (w0 * td - <double>s0)
+        s1 += b
+        s0 += 1 - b
+    since[0] = s0
+    since[1] = s1
+    return t
+
+
 cdef int64_t zb_mixture_walk(const double *w, int64_t *since, double *target, int64_t K, int64_t t,
                              int64_t n, bint moving, int64_t watch, int64_t base, const int64_t *want,
                              int64_t nwant, int64_t *out, int64_t *matched) noexcept nogil:
     cdef int64_t i, k, best, j = 0
     cdef double err, best_err
+    if K == 2 and not moving and watch < 0:
+        return _walk2(w[0], w[1], since, t, n)
     for i in range(n):
         if moving:
             for k in range(K):

@@ -147,6 +147,14 @@ class Schedule(ABC):
         """Steps of the run delivered so far, over its epochs (the number of the next step)."""
         raise NotImplementedError
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Schedule:
+        # a copy shares the exclusions (a loader's, holding its source): they are read only
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            new.__dict__[key] = value if key == "exclude" else copy.deepcopy(value, memo)
+        return new
+
     def _shares(self, mask: np.ndarray) -> np.ndarray:
         """``bool (world_size, k)``: ``mask`` over a step's global batch dealt to the ranks."""
         raise NotImplementedError
