@@ -13,7 +13,7 @@
 #       moving:   target[k] += weights[k]; err_k = target[k] - since[k]; the first largest wins
 #     and since[winner] += 1. When watch >= 0, a pick of source `watch` whose count before it
 #     (base + since[watch]) equals targets[j] (ascending) records found[j] = the pick's index
-#     in this call (0-based); returns (t after the picks, targets matched).
+#     in this call (0-based); returns (t after the picks, targets found in this call).
 #     pre:  weights, since (and target when moving) of one length K >= 1; targets ascending.
 
 from libc.stdint cimport int64_t
@@ -92,13 +92,52 @@ cdef inline int64_t _walk2(double w0, double w1, int64_t *since, int64_t t, int6
     return t
 
 
+cdef inline int64_t _walk2_watch(double w0, double w1, int64_t *since, int64_t t, int64_t n, int64_t watch,
+                                 int64_t base, const int64_t *want, int64_t nwant, int64_t *out,
+                                 int64_t *matched) noexcept nogil:
+    # _walk2, recording where source `watch` reaches each wanted count: short of the next
+    # wanted count the picks run unwatched, in chunks that cannot reach it (the count grows
+    # by at most one a pick); at it, pick by pick until `watch` takes it
+    cdef int64_t s0 = since[0], s1 = since[1], i = 0, b, j = 0, chunk, k, cnt, hits = 0
+    cdef double td
+    while i < n:
+        cnt = base + (s1 if watch == 1 else s0)
+        while j < nwant and want[j] < cnt:
+            j += 1
+        if j < nwant and want[j] == cnt:
+            chunk = 1
+        elif j < nwant:
+            chunk = want[j] - cnt
+            if chunk > n - i:
+                chunk = n - i
+        else:
+            chunk = n - i
+        for k in range(chunk):
+            t += 1
+            td = <double>t
+            b = (w1 * td - <double>s1) > (w0 * td - <double>s0)
+            if j < nwant and b == watch and want[j] == cnt:
+                out[j] = i + k
+                j += 1
+                hits += 1
+            s1 += b
+            s0 += 1 - b
+        i += chunk
+    since[0] = s0
+    since[1] = s1
+    matched[0] = hits
+    return t
+
+
 cdef int64_t zb_mixture_walk(const double *w, int64_t *since, double *target, int64_t K, int64_t t,
                              int64_t n, bint moving, int64_t watch, int64_t base, const int64_t *want,
                              int64_t nwant, int64_t *out, int64_t *matched) noexcept nogil:
-    cdef int64_t i, k, best, j = 0
+    cdef int64_t i, k, best, j = 0, hits = 0
     cdef double err, best_err
-    if K == 2 and not moving and watch < 0:
-        return _walk2(w[0], w[1], since, t, n)
+    if K == 2 and not moving:
+        if watch < 0:
+            return _walk2(w[0], w[1], since, t, n)
+        return _walk2_watch(w[0], w[1], since, t, n, watch, base, want, nwant, out, matched)
     for i in range(n):
         if moving:
             for k in range(K):
@@ -125,6 +164,7 @@ cdef int64_t zb_mixture_walk(const double *w, int64_t *since, double *target, in
             if j < nwant and want[j] == base + since[best]:
                 out[j] = i
                 j += 1
+                hits += 1
         since[best] += 1
-    matched[0] = j
+    matched[0] = hits
     return t

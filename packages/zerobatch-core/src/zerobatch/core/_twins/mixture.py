@@ -26,7 +26,7 @@ def mixture_walk(weights: Any, since: np.ndarray, target: np.ndarray | None, t: 
         raise ConfigError(f"mixture_walk: watch {watch} needs targets and found", field="watch")
     s = [int(x) for x in since]
     tg = None if not moving else [float(x) for x in target]
-    j = 0
+    j = hits = 0
     for i in range(n):
         if moving:
             for k in range(K):
@@ -49,8 +49,9 @@ def mixture_walk(weights: Any, since: np.ndarray, target: np.ndarray | None, t: 
             if j < len(want) and want[j] == base + s[best]:
                 found[j] = i
                 j += 1
+                hits += 1
         s[best] += 1
     since[:] = s
     if moving:
         target[:] = tg
-    return t, j
+    return t, hits
