@@ -122,7 +122,7 @@ def test_example_run_as_the_docs_say_prints_checkpoints_and_resumes(tmp_path):
     assert f"checkpoint {run / 'ckpt.pt'}: step 20, loader at epoch 0 after 160 of" in r.stdout
     assert "--steps 40 --resume" in r.stdout
     ckpt = torch.load(run / "ckpt.pt", weights_only=False)
-    assert ckpt["step"] == 20 and set(ckpt) == {"model", "optim", "loader", "step"}
+    assert ckpt["step"] == 20 and set(ckpt) == {"model", "optim", "loader", "step", "run_card"}
     assert ckpt["loader"]["consumed"] == 160 and ckpt["loader"]["source"]["seq_len"] == 32
 
     # --resume continues at the checkpoint, with a checkpoint every --ckpt-every steps

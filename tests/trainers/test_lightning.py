@@ -266,7 +266,9 @@ def test_state_counts_only_the_batches_the_model_received(tmp_path):
     trainer(tmp_path, max_steps=3).fit(seen_module(seen), datamodule=dm)
     one = Loader(mixture, global_batch_size=BATCH, seed=1, rank=0, world_size=1)
     assert seen == take(one, 3, lambda b: b[0][:, 0].tolist())
-    assert dm.state_dict() == {"loader": one.state_dict()}
+    state = dm.state_dict()
+    assert state["loader"] == one.state_dict() and set(state) == {"loader", "run_card"}
+    assert state["run_card"]["state"] == state["loader"]
     # another fit of the same datamodule goes on with the batch read ahead and never trained on
     more: list[list[int]] = []
     trainer(tmp_path, max_steps=2).fit(seen_module(more), datamodule=dm)

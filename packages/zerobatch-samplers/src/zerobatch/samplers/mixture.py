@@ -315,7 +315,18 @@ class MixtureOrder:
             since = np.asarray(self._since, dtype=np.int64)
             before = since.copy()
             target = np.asarray(self._target, dtype=np.float64) if moving else None
-            if want is not None and found is not None:
+            if len(self.names) == 2 and not moving:
+                # two sources under constant weights: in closed form (exactly the picks' counts)
+                from zerobatch.samplers._two_sources import walk_two
+                if want is not None and found is not None:
+                    base = self.consumed[watch] - self._since[watch]
+                    part = np.full(want.size, -1, np.int64)
+                    t = walk_two(mixture_walk, self.weights, since, self._steps, n, watch, base, want, part)
+                    hit = (part >= 0) & (found < 0)
+                    found[hit] = part[hit] + done
+                else:
+                    t = walk_two(mixture_walk, self.weights, since, self._steps, n)
+            elif want is not None and found is not None:
                 base = self.consumed[watch] - self._since[watch]
                 todo = np.flatnonzero(found < 0)
                 part = np.full(todo.size, -1, np.int64)
