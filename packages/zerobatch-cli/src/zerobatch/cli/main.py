@@ -29,12 +29,10 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import numpy as np
-from zerobatch.cli.datasets import dist, human, open_dataset, percentiles, pyplot, summary, time_reads
 from zerobatch.cli.trace import HELP as TRACE_HELP, add_trace
 from zerobatch.formats.errors import FormatError, NotFoundError, StateError, ZerobatchError, scrub
 from zerobatch.formats import registry
 from zerobatch.formats.tokstream import DEFAULT_SHARD_TOKENS
-from zerobatch.prepare.targets import target_help, targets
 
 __all__ = ["EXIT_PIPE", "build_parser", "main"]
 
@@ -98,7 +96,7 @@ def _inspect_preparation(args: argparse.Namespace) -> bool:
 def cmd_inspect(args: argparse.Namespace) -> int:
     if _inspect_preparation(args):
         return 0
-    ds = open_dataset(args.path, field=getattr(args, "field", None))
+    ds = _datasets().open_dataset(args.path, field=getattr(args, "field", None))
     try:
         rows = ds.info()
         if args.json:
@@ -119,7 +117,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
-        ds = open_dataset(args.path)
+        ds = _datasets().open_dataset(args.path)
     except NotFoundError:
         raise
     except ZerobatchError as exc:   # structure damaged: a fault of the file, not of the command
@@ -167,7 +165,7 @@ def cmd_head(args: argparse.Namespace) -> int:
     if args.n < 0:
         raise _usage(args, "-n must be at least 0")
     tok = _decoder(args.tokenizer)
-    ds = open_dataset(args.path, field=args.field)
+    ds = _datasets().open_dataset(args.path, field=args.field)
     try:
         masks = ds.sample_masks(args.n) if ds.tokens else None
         if masks is not None:      # a chat dataset: the tokens its loss mask trains on, marked
@@ -201,7 +199,7 @@ def cmd_head(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     tok = _decoder(args.tokenizer)
-    ds = open_dataset(args.path, field=args.field)
+    ds = _datasets().open_dataset(args.path, field=args.field)
     try:
         if not args.json:
             print(f"{_shown(args.path)}: {ds.kind}")
@@ -214,7 +212,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         what = "documents (split at --eod)" if args.eod is not None else f"{noun}s"
         trained = ds.trained_tokens()
         order = [int(i) for i in np.argsort(-counts, kind="stable")[: args.top] if counts[i]]
-        lens = summary(lengths)
+        lens = _datasets().summary(lengths)
         if args.plot:
             _plot_tokens(args.plot, counts, lengths, what, noun, args.path)
         if args.json:
@@ -240,7 +238,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if lens.get("all_equal"):   # one length: a histogram of it would say nothing
             print(f"{what}: {lens['count']:,}, {_all_equal(noun, lens['min'])}")
         else:
-            print(dist(f"{what} (tokens each)", lengths))
+            print(_datasets().dist(f"{what} (tokens each)", lengths))
         print(f"most frequent {len(order)} ids:")
         for i in order:
             label = f"  {tok.label(i)!r}" if tok is not None else ""
@@ -297,7 +295,7 @@ def _token_figure(counts: np.ndarray, lengths: np.ndarray, what: str, noun: str,
     the longest is at least 4 times the shortest, else a bin per length, at most 100) with p50, p90, p99
     and max marked, beside the rank-frequency curve; when every length is the same, only the
     curve, and the title says the length."""
-    plt = pyplot()
+    plt = _datasets().pyplot()
     freq = np.sort(counts[counts > 0])[::-1]
     equal = lengths.size > 0 and int(lengths.min()) == int(lengths.max())
     if equal:
@@ -346,7 +344,7 @@ def _length_histogram(ax: Any, lengths: np.ndarray, what: str) -> None:
 
 
 def _plot_tokens(path: str, counts: np.ndarray, lengths: np.ndarray, what: str, noun: str, title: str) -> None:
-    plt = pyplot()
+    plt = _datasets().pyplot()
     fig = _token_figure(counts, lengths, what, noun, title)
     try:
         fig.savefig(path, dpi=110)
@@ -357,7 +355,7 @@ def _plot_tokens(path: str, counts: np.ndarray, lengths: np.ndarray, what: str, 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.path is None:
         return _bench_sample(args)
-    ds = open_dataset(args.path, field=getattr(args, "field", None))
+    ds = _datasets().open_dataset(args.path, field=getattr(args, "field", None))
     try:
         rng = np.random.default_rng(args.seed)
         read, units, tokens = ds.batch_reader(args.batch_size, args.seq_len, rng)
@@ -368,7 +366,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         rates = []
         lat: list[float] = []
         for _ in range(args.trials):
-            t = time_reads(read, trial_reads)
+            t = _datasets().time_reads(read, trial_reads)
             lat += t
             rates.append(tokens * trial_reads / sum(t))
         unit = "tokens" if ds.tokens else "rows"
@@ -376,7 +374,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"throughput: {rate / 1e6:,.1f}M {unit}/s (median of {args.trials} trials of {trial_reads} reads; "
               f"{rate * 8 / 2**30 if ds.tokens else 0:,.2f} GiB/s of int64)" if ds.tokens else
               f"throughput: {rate / 1e6:,.2f}M {unit}/s (median of {args.trials} trials of {trial_reads} reads)")
-        p = percentiles(lat)
+        p = _datasets().percentiles(lat)
         print("latency per batch:")
         for k in ("avg", "p50", "p95", "p99"):
             print(f"  {k:<4} {p[k] * 1e3:.3f} ms")
@@ -406,7 +404,7 @@ def _bench_sample(args: argparse.Namespace) -> int:
         nb = write_batch_dataset(path, records_iter(), records, batch_size, seq_len, seed=args.seed)
         write_s = time.perf_counter() - t0
         size = os.path.getsize(path)
-        print(f"wrote {path}: {nb} batches of {batch_size} x {seq_len} tokens, {human(size)} "
+        print(f"wrote {path}: {nb} batches of {batch_size} x {seq_len} tokens, {_datasets().human(size)} "
               f"in {write_s:.2f} s ({size / write_s / 2**20:.0f} MiB/s)")
         loader = BatchNativeLoader(path, block_size=args.block_size, seed=args.seed, num_threads=args.threads)
         best = 0.0
@@ -536,7 +534,14 @@ def _describe(sub: Any) -> None:
         parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _datasets() -> Any:
+    """:mod:`zerobatch.cli.datasets`, imported when a command needs it (a command that does not,
+    such as ``trace``, starts without the preparation modules it brings)."""
+    from zerobatch.cli import datasets
+    return datasets
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     from zerobatch.cli._version import __version__
 
     titles = ", ".join(f.title for f in registry.formats())
@@ -544,16 +549,14 @@ def build_parser() -> argparse.ArgumentParser:
                 f"({titles}).")
     p.add_argument("--version", action="version", version=f"zerobatch {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
-    _add_convert(sub)
-    _add_commit(sub)
-    _add_inspect(sub)
-    _add_verify(sub)
-    _add_head(sub)
-    _add_stats(sub)
-    _add_bench(sub)
-    _add_formats(sub)
-    _add_quickstart(sub)
-    add_trace(sub)
+    adders = {"convert": _add_convert, "commit": _add_commit, "inspect": _add_inspect, "verify": _add_verify,
+              "head": _add_head, "stats": _add_stats, "bench": _add_bench, "formats": _add_formats,
+              "quickstart": _add_quickstart, "trace": add_trace}
+    for name, add in adders.items():
+        # ``only``: the one command given (its parser alone: ``trace`` starts without building
+        # the others, whose options import the preparation modules)
+        if only is None or only not in adders or name == only:
+            add(sub)
     _describe(sub)
     return p
 
@@ -565,6 +568,7 @@ def _add_convert(sub: Any) -> None:
                    "a Megatron prefix (.bin or .idx); several text sources of any kinds (JSONL, Parquet, text, HF) "
                    "are read as one, in the order given")
     s.add_argument("dst", help="the file (llmbatch, llmchnk) or folder (tokstream, zrecord) to write")
+    from zerobatch.prepare.targets import target_help, targets
     s.add_argument("--to", required=True, choices=targets(), metavar="FORMAT",
                    help=f"what to write ({', '.join(targets())}): {target_help()}")
     s.add_argument("--from", dest="source_kind",
@@ -770,7 +774,8 @@ def _stdout_to_devnull() -> None:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(only="trace" if given[:1] == ["trace"] else None).parse_args(argv)
     try:
         _check_urls(args)
         return int(args.func(args))
