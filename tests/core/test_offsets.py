@@ -7,6 +7,7 @@ import pytest
 
 from zerobatch.core import _reference as R
 from zerobatch.core import block_shuffle_items, llmbatch_batch_offsets
+from zerobatch.core._kernels import compiled, twin
 from zerobatch.formats.errors import ConfigError
 
 
@@ -57,3 +58,18 @@ def test_block_shuffle_items_errors():
             impl(np.array([0, 5], np.int64), 4, 7, [6])
         with pytest.raises(ConfigError):
             impl(perm, 0, 7, [0])
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_first_unordered_equals_its_twin(strict):
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 2, 5, 1000):
+        ok = np.cumsum(rng.integers(1 if strict else 0, 5, n)).astype(np.uint64)
+        for values in (ok, *(np.concatenate([ok[:k], [ok[k - 1] - (0 if strict else 1)], ok[k + 1:]]).astype(np.uint64)
+                             for k in range(1, n, max(1, n // 7)) if ok[k - 1] > 0)):
+            got = compiled("offsets").first_unordered(values, strict)
+            assert got == twin("offsets").first_unordered(values, strict)
+            bad = (values[1:] <= values[:-1]) if strict else (values[1:] < values[:-1])
+            assert got == (int(np.argmax(bad)) + 1 if bad.any() else -1)
+    with pytest.raises(ConfigError):
+        compiled("offsets").first_unordered(np.zeros(3, np.int64))

@@ -13,3 +13,7 @@ cdef int zb_llmbatch_offsets(const int64_t *indices, int64_t k, uint64_t padded,
 cdef int zb_block_shuffle_items(const int64_t *perm, int64_t num_blocks, int64_t block_size,
                                 int64_t n, const int64_t *positions, int64_t k,
                                 int64_t *out) noexcept nogil
+
+# The first k in [1, n) whose entry does not increase from values[k - 1] (strict: <=; else <),
+# or -1.
+cdef int64_t zb_first_unordered(const uint64_t *values, int64_t n, bint strict) noexcept nogil

@@ -13,6 +13,10 @@
 #     post: ZB_OK and out[j] = item at epoch position positions[j]; ZB_E_INDEX when a
 #           position is outside [0, n); ZB_E_ARGUMENT when perm names a block outside
 #           [0, num_blocks) (out unspecified).
+#   zb_first_unordered(values, n, strict)
+#     post: the first k in [1, n) with values[k] <= values[k - 1] (strict) or values[k] <
+#           values[k - 1] (not strict), or -1 when there is none: one pass over an index file's
+#           entries (u64), no copy.
 
 from libc.stdint cimport int64_t, uint64_t
 
@@ -24,7 +28,7 @@ import numpy as np
 from zerobatch.core.status import raise_for_status
 from zerobatch.formats.errors import ConfigError, OutOfRangeError
 
-__all__ = ["block_shuffle_items", "llmbatch_batch_offsets"]
+__all__ = ["block_shuffle_items", "first_unordered", "llmbatch_batch_offsets"]
 
 
 cdef int zb_llmbatch_offsets(const int64_t *indices, int64_t k, uint64_t padded,
@@ -153,3 +157,43 @@ def block_shuffle_items(block_perm, block_size, n, positions, out=None):
         raise_for_status(status, f"block_perm names a block outside [0, {nblocks})",
                          field="block_perm")
     return out
+
+
+cdef int64_t zb_first_unordered(const uint64_t *values, int64_t n, bint strict) noexcept nogil:
+    cdef int64_t k
+    cdef uint64_t prev
+    if n < 2:
+        return -1
+    prev = values[0]
+    if strict:
+        for k in range(1, n):
+            if values[k] <= prev:
+                return k
+            prev = values[k]
+    else:
+        for k in range(1, n):
+            if values[k] < prev:
+                return k
+            prev = values[k]
+    return -1
+
+
+def first_unordered(values, bint strict=True):
+    """The first index ``k`` whose entry does not increase from the one before it (``strict``:
+    ``values[k] <= values[k - 1]``; else ``values[k] < values[k - 1]``), or -1: one pass over the
+    entries (an index file's ``uint64`` offsets, read in place), GIL released.
+
+    Raises:
+        ConfigError: ``values`` not a one-dimensional ``uint64`` array.
+    """
+    arr = np.asarray(values)
+    if arr.ndim != 1 or arr.dtype != np.uint64:
+        raise ConfigError(f"values must be a 1-D uint64 array, got {arr.dtype} of shape {arr.shape}", field="values")
+    arr = np.ascontiguousarray(arr)
+    cdef const uint64_t[::1] v = arr
+    cdef int64_t n = v.shape[0], k
+    if n < 2:
+        return -1
+    with nogil:
+        k = zb_first_unordered(&v[0], n, strict)
+    return k

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zerobatch.core import FileMapping, hash_slots, xxh3_64
+from zerobatch.core import FileMapping, first_unordered, hash_slots, xxh3_64
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.formats import tokstream as T
 from zerobatch.formats.errors import (CorruptError, IntegrityError, NotFoundError, ReadError, TruncatedError,
@@ -202,24 +202,13 @@ class Shard:
                                path=f.path, field="shards")
 
     def _check_monotonic(self, idx: np.ndarray, fname: str, path: str) -> None:
+        # one compiled pass over the mapped entries, no copy (134 M documents in a tenth of a
+        # second)
         strict = fname == "documents.index"
-        if idx.size < 2:
-            return
-        # one comparison of the mapped entries with their successors (no copy, no difference
-        # array: 134 M documents check in a fraction of a second), a chunk at a time
-        step = 1 << 22
-        for first in range(0, idx.size - 1, step):
-            a = idx[first:first + step]
-            b = idx[first + 1:first + step + 1]
-            a = a[:b.size]
-            bad = (b <= a) if strict else (b < a)
-            if bad.any():
-                break
-        else:
-            return
-        k = first + int(np.argmax(bad)) + 1
-        raise CorruptError(f"{fname}[{k}]: {int(idx[k])} does not {'increase' if strict else 'grow'} "
-                           f"from {int(idx[k - 1])}", path=path, field=fname)
+        k = first_unordered(idx, strict)
+        if k >= 0:
+            raise CorruptError(f"{fname}[{k}]: {int(idx[k])} does not {'increase' if strict else 'grow'} "
+                               f"from {int(idx[k - 1])}", path=path, field=fname)
 
     # -- reading ------------------------------------------------------------------------------
 

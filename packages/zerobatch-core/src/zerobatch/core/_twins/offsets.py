@@ -8,7 +8,7 @@ import numpy as np
 from zerobatch.formats import llmbatch as L
 from zerobatch.formats.errors import ConfigError, OutOfRangeError
 
-__all__ = ["block_shuffle_items", "llmbatch_batch_offsets"]
+__all__ = ["block_shuffle_items", "first_unordered", "llmbatch_batch_offsets"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -54,3 +54,15 @@ def block_shuffle_items(block_perm: Any, block_size: int, n: int, positions: Any
         if nblocks else np.empty(0, dtype=np.int64)
     out[...] = order[pos]
     return out
+
+
+def first_unordered(values: Any, strict: bool = True) -> int:
+    """The first index whose entry does not increase from the one before it, or -1 (see the
+    compiled twin)."""
+    arr = np.asarray(values)
+    if arr.ndim != 1 or arr.dtype != np.uint64:
+        raise ConfigError(f"values must be a 1-D uint64 array, got {arr.dtype} of shape {arr.shape}", field="values")
+    if arr.size < 2:
+        return -1
+    bad = (arr[1:] <= arr[:-1]) if strict else (arr[1:] < arr[:-1])
+    return int(np.argmax(bad)) + 1 if bad.any() else -1
