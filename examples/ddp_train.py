@@ -32,6 +32,7 @@ import os
 import signal
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -63,10 +64,12 @@ class TinyLM(nn.Module):
         return self.head(self.norm(h))
 
 
-def save_atomic(obj: dict, path: str) -> None:
+def save_atomic(path: str, write: Any) -> None:
+    """``write(f)`` into a temporary file next to ``path``, flushed, fsynced and renamed into
+    place: a crash never leaves a half-written file under the real name."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
-        torch.save(obj, f)
+        write(f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -101,15 +104,10 @@ def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, loa
     document was seen)."""
     state = loader.state_dict()
     card = loader.describe(state)
-    save_atomic({"model": model.state_dict(), "optim": opt.state_dict(), "loader": state, "step": step,
-                 "run_card": card}, path)
-    card_path = os.path.join(os.path.dirname(path), "zerobatch_run_card.json")
-    tmp = f"{card_path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(card, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, card_path)
+    ckpt = {"model": model.state_dict(), "optim": opt.state_dict(), "loader": state, "step": step, "run_card": card}
+    save_atomic(path, lambda f: torch.save(ckpt, f))
+    save_atomic(os.path.join(os.path.dirname(path), "zerobatch_run_card.json"),
+                lambda f: f.write(json.dumps(card).encode()))
     print(f"checkpoint {path}: step {step}, loader at epoch {state['epoch']} after {state['consumed']} of "
           f"{state['num_items']} windows", flush=True)
 

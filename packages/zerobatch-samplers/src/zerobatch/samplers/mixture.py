@@ -265,24 +265,31 @@ class MixtureOrder:
         if self.weight_schedule is None:
             self.step += 1
             return self.take(n)
-        stretch, moving, w = self._stretch(self.step)
-        if stretch != self._segment:
-            # a new stretch of the schedule: its proportions count from here
-            self._segment = stretch
-            self._since, self._steps = [0] * len(self.names), 0
-            self._target = [0.0] * len(self.names)
-        self.weights = list(w)
+        moving, w = self._enter_stretch()
         self.step += 1
         if moving:
             return self._items(self._pick_moving(n, w))
         return self.take(n)
+
+    def _enter_stretch(self) -> tuple[bool, list[float]]:
+        """``(moving, weights)`` of the weight schedule's stretch at :attr:`step`; a new stretch's
+        proportions count from here (its counters reset)."""
+        stretch, moving, w = self._stretch(self.step)
+        if stretch != self._segment:
+            self._segment = stretch
+            self._since, self._steps = [0] * len(self.names), 0
+            self._target = [0.0] * len(self.names)
+        self.weights = list(w)
+        return moving, w
 
     def skip_steps(self, sizes: Any, *, watch: int | None = None, counts: Any = None) -> np.ndarray | None:
         """Advance by one step of each of ``sizes`` samples, exactly as :meth:`take_step` for
         each would, without computing the items: the picks run in one compiled walk per
         stretch of constant weights (:func:`zerobatch.core.mixture_walk`, the same float
         operations as the Python rule), so the state at step ``N`` of a long run costs
-        nanoseconds a sample, not a Python loop.
+        nanoseconds a sample, not a Python loop; two sources under constant weights cost
+        microseconds whatever the step (the rule in closed form:
+        :mod:`zerobatch.samplers._two_sources`).
 
         With ``watch`` (a source's index) and ``counts`` (ascending counts of that source:
         its ``c``-th sample ever, 0-based), returns for each count the index of the sample
@@ -299,12 +306,7 @@ class MixtureOrder:
             moving = False
             j = sizes.size
             if sched is not None:
-                stretch, moving, w = self._stretch(self.step)
-                if stretch != self._segment:
-                    self._segment = stretch
-                    self._since, self._steps = [0] * len(self.names), 0
-                    self._target = [0.0] * len(self.names)
-                self.weights = list(w)
+                moving, _ = self._enter_stretch()
                 if moving:
                     j = i + 1
                 else:
