@@ -198,6 +198,8 @@ class Trace:
         docs, span = _runs(first, last + 1)
         ds, de = units.document_spans(docs)
         lo, hi = np.maximum(ds, a[span]), np.minimum(de, b[span])
+        keep = lo < hi                                   # (an empty record holds no token)
+        docs, span, lo, hi, ds, de = docs[keep], span[keep], lo[keep], hi[keep], ds[keep], de[keep]
         for d, s, x, y, s0, s1 in zip(docs.tolist(), span.tolist(), lo.tolist(), hi.tolist(), ds.tolist(),
                                       de.tolist(), strict=True):
             out.append({"span": s, "document": d, "tokens": [x, y], "document_tokens": [s0, s1], "offset": x - s0})

@@ -18,7 +18,7 @@ from zerobatch.core.checks import check_count
 from zerobatch.core.digest import block_digest
 from zerobatch.core.io import open_regular_file, pread_exact
 from zerobatch.formats import llmchnk as C
-from zerobatch.formats.errors import ConfigError, CorruptError, IntegrityError, ReadError, StateError
+from zerobatch.formats.errors import ConfigError, CorruptError, IntegrityError, OutOfRangeError, ReadError, StateError
 from zerobatch.readers.base import Access, BatchReader, OpensOnFirstUse
 from zerobatch.readers.remote import RemoteItems
 from zerobatch.readers.remote import runs as _runs
@@ -432,6 +432,33 @@ class RecordDocuments:
 
     def _records_of(self, starts: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.record_start, starts, side="right") - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.record_start[-1])
+
+    def documents_at(self, positions: Any) -> np.ndarray:
+        """The record holding each token position (provenance; see
+        :meth:`TokenStreamReader.documents_at <zerobatch.readers.tokstream.TokenStreamReader.documents_at>`).
+
+        Raises:
+            IndexError: a position outside ``[0, num_tokens)``.
+        """
+        pos = np.asarray(positions, dtype=np.int64)
+        if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= self.num_tokens):
+            raise OutOfRangeError(f"a token position is outside [0, {self.num_tokens})", path=self.path,
+                                  field="positions")
+        return self._records_of(pos)
+
+    def windows_metadata(self, starts: Any, length: int) -> None:
+        """An LLMCHNK file keeps no per-document metadata."""
+        return None
+
+    def window(self, start: int, length: int, *, dtype: Any = np.int64) -> np.ndarray:
+        """Tokens ``[start, start + length)`` across the records."""
+        first, last = self._records_of(np.asarray([start, start + length - 1], np.int64)).tolist()
+        bounds = np.clip(self.record_start[first:last + 2], start, start + length)
+        return self.ranges(bounds[:-1], bounds[1:], dtype=dtype)
 
     def ranges(self, starts: Any, stops: Any, *, dtype: Any = np.int64, out: np.ndarray | None = None,
                position_ids: np.ndarray | None = None, labels: np.ndarray | None = None,
