@@ -143,9 +143,9 @@ class Schedule(ABC):
     exclude: Callable[[int, np.ndarray, np.ndarray | None], np.ndarray | None] | None = None
 
     @property
+    @abstractmethod
     def global_step(self) -> int:
         """Steps of the run delivered so far, over its epochs (the number of the next step)."""
-        raise NotImplementedError
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Schedule:
         # a copy shares the exclusions (a loader's, holding its source): they are read only
@@ -155,9 +155,9 @@ class Schedule(ABC):
             new.__dict__[key] = value if key == "exclude" else copy.deepcopy(value, memo)
         return new
 
+    @abstractmethod
     def _shares(self, mask: np.ndarray) -> np.ndarray:
         """``bool (world_size, k)``: ``mask`` over a step's global batch dealt to the ranks."""
-        raise NotImplementedError
 
     def _kept(self, step: int, whole: np.ndarray, sources: np.ndarray | None) -> np.ndarray | None:
         """This rank's kept items of global step ``step`` (a bool mask over its share), or
