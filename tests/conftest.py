@@ -94,3 +94,16 @@ def s3_endpoint() -> str:
         return moto_server()
     except Exception as exc:  # noqa: BLE001 - the reason is the skip message
         pytest.skip(f"moto's S3 server cannot start here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def seaweed_endpoint() -> str:
+    """``http://127.0.0.1:PORT`` of SeaweedFS's S3 gateway (a real object store, one per test
+    process; see ``tests/s3kit.py``); skipped, with the reason, where it cannot start."""
+    pytest.importorskip("obstore")
+    from s3kit import seaweed_server
+
+    try:
+        return seaweed_server()
+    except Exception as exc:  # noqa: BLE001 - the reason is the skip message
+        pytest.skip(f"SeaweedFS cannot start here: {exc}")

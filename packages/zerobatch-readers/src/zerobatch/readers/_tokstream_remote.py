@@ -109,11 +109,22 @@ class RemoteShard(Shard):
             self._fetch_digests(refetch=True)
             self._open_cached(manifest)
 
+    def _lock(self, fname: str, ranges: Any) -> Any:
+        """Hold byte ranges of object ``fname`` of this shard against the other processes of
+        the host (:class:`~zerobatch.readers.remote.HostLocks`): yields whether one held
+        them first."""
+        return self.remote.cache.locks.hold(self.entry.build_id, _SLOTS[fname], ranges)
+
     def _fetch_digests(self, *, refetch: bool) -> None:
         """Version 1: ``checksums.bin`` whole. Version 2: its top-level digests only (checked
         against the manifest; ``8 / block`` of the digest list, itself ``8 / block`` of the
         data), written into a sparse copy whose pages of digests are fetched as reads need
-        them (:meth:`_digests_of`)."""
+        them (:meth:`_digests_of`). One process of the host opens the shard at a time: the
+        others find its copy made."""
+        with self._lock("open", [(0, 1)]):
+            self._fetch_digests_locked(refetch=refetch)
+
+    def _fetch_digests_locked(self, *, refetch: bool) -> None:
         if not self.top_bytes:
             self._fetch_small(("checksums.bin",), refetch=refetch, data=True)
             return
@@ -203,30 +214,42 @@ class RemoteShard(Shard):
         """Pages ``[p0, p1)`` (or the sorted ``pages``) of the digest list held: those the
         local copy holds (checked against the top level) kept, the others fetched (one
         request) and checked."""
-        block, d, fd = self.block, self.digest_bytes, self._sums_fd
+        block, d = self.block, self.digest_bytes
         with self._pages_lock:
             todo = [p for p in (range(p0, p1) if pages is None else pages) if not self._page_ok[p]]
             if not todo:
                 return
-            for r0, r1 in _runs(todo):
-                a, b = r0 * block, min(r1 * block, d)
-                have = block_digests(os.pread(fd, b - a, a), block)
-                for p in range(r0, r1):
-                    if have[p - r0] == self._top[p]:
-                        self._page_ok[p] = True
+            self._pages_held(todo)
             missing = [p for p in todo if not self._page_ok[p]]
             if not missing:
                 return
-            runs = _runs(missing)
-            starts = [r[0] * block for r in runs]
-            stops = [min(r[1] * block, d) for r in runs]
+            with self._lock("checksums.bin", [(r0 * block, min(r1 * block, d)) for r0, r1 in _runs(missing)]) as waited:
+                if waited:                  # another process fetched them meanwhile: read its copy
+                    self._pages_held(missing)
+                    missing = [p for p in missing if not self._page_ok[p]]
+                    if not missing:
+                        return
+                runs = _runs(missing)
+                starts = [r[0] * block for r in runs]
+                stops = [min(r[1] * block, d) for r in runs]
 
-            def accept(which: list[int], parts: list[Any]) -> list[int]:
-                self._accept_pages([runs[i] for i in which], [starts[i] for i in which], parts)
-                return [i for i in which if not self._page_ok[runs[i][0]:runs[i][1]].all()]
-            fetch_checked(self.remote.store, f"{self.key}/checksums.bin", starts, stops, accept,
-                          path=f"{self.url}/checksums.bin", field="checksums.bin",
-                          against="their top-level digests")
+                def accept(which: list[int], parts: list[Any]) -> list[int]:
+                    self._accept_pages([runs[i] for i in which], [starts[i] for i in which], parts)
+                    return [i for i in which if not self._page_ok[runs[i][0]:runs[i][1]].all()]
+                fetch_checked(self.remote.store, f"{self.key}/checksums.bin", starts, stops, accept,
+                              path=f"{self.url}/checksums.bin", field="checksums.bin",
+                              against="their top-level digests")
+
+    def _pages_held(self, pages: list[int]) -> None:
+        """Mark held the ``pages`` of digests the local copy holds (checked against the top
+        level)."""
+        block, d, fd = self.block, self.digest_bytes, self._sums_fd
+        for r0, r1 in _runs(pages):
+            a, b = r0 * block, min(r1 * block, d)
+            have = block_digests(os.pread(fd, b - a, a), block)
+            for p in range(r0, r1):
+                if have[p - r0] == self._top[p]:
+                    self._page_ok[p] = True
 
     def load_indexes(self) -> None:
         """Fetch (or find in the cache), map and check the document and metadata indexes."""
@@ -248,12 +271,15 @@ class RemoteShard(Shard):
 
         def fetch(fname: str) -> None:
             want = e.files[fname].size + T.TRAILER_SIZE
-            data = self.remote.store.get(f"{self.key}/{fname}", limit=want, field=fname)
-            if len(data) != want:
-                raise TruncatedError(f"{fname}: {len(data)} bytes, the manifest says {want} (payload and trailer)",
-                                     path=f"{self.url}/{fname}", field="size")
-            with AtomicFile(os.path.join(self.path, fname)) as f:
-                f.write(data)
+            with self._lock(fname, [(0, want)]) as waited:
+                if waited and not refetch and self._whole(fname):
+                    return                  # another process of the host fetched it meanwhile
+                data = self.remote.store.get(f"{self.key}/{fname}", limit=want, field=fname)
+                if len(data) != want:
+                    raise TruncatedError(f"{fname}: {len(data)} bytes, the manifest says {want} (payload and "
+                                         f"trailer)", path=f"{self.url}/{fname}", field="size")
+                with AtomicFile(os.path.join(self.path, fname)) as f:
+                    f.write(data)
         self.remote.fetcher.run_all([lambda f=f: fetch(f) for f in todo])
         if data:
             for fname in self.backends:
@@ -372,12 +398,7 @@ class RemoteShard(Shard):
                     pwrite_all(fd, part, r0 * block)
                     written += len(part)
             self.remote.fetched(written)
-        size, block = self.entry.files[fname].size, self.block
-        missing: list[int] = []
-        for first, stop in _runs(blocks):
-            a, b = first * block, min(stop * block, size)
-            have = block_digests(os.pread(fd, b - a, a), block)
-            missing += (first + np.flatnonzero(have != self._digests_of(fname, first, stop))).tolist()
+        missing = self._missing(fname, blocks, fd)
         if missing:
             self.fetch(fname, missing, fd=fd)
 
@@ -386,8 +407,26 @@ class RemoteShard(Shard):
         as ranges of one request (obstore merges close ones), each checked against its
         digests and written into the local copy."""
         size, block = self.entry.files[fname].size, self.block
-        runs = _runs(blocks)
         fd = self._fds[fname] if fd is None else fd
+        with self._lock(fname, [(r0 * block, min(r1 * block, size)) for r0, r1 in _runs(blocks)]) as waited:
+            if waited:                        # another process of the host fetched them meanwhile
+                blocks = self._missing(fname, blocks, fd)
+            if blocks:
+                self._fetch_locked(fname, blocks, fd)
+
+    def _missing(self, fname: str, blocks: list[int], fd: int) -> list[int]:
+        """The blocks of ``blocks`` (sorted) of ``fname`` the local copy ``fd`` does not hold."""
+        size, block = self.entry.files[fname].size, self.block
+        missing: list[int] = []
+        for first, stop in _runs(blocks):
+            a, b = first * block, min(stop * block, size)
+            have = block_digests(os.pread(fd, b - a, a), block)
+            missing += (first + np.flatnonzero(have != self._digests_of(fname, first, stop))).tolist()
+        return missing
+
+    def _fetch_locked(self, fname: str, blocks: list[int], fd: int) -> None:
+        size, block = self.entry.files[fname].size, self.block
+        runs = _runs(blocks)
         starts = [r[0] * block for r in runs]
         stops = [min(r[1] * block, size) for r in runs]
 
@@ -601,6 +640,20 @@ class RemoteShards:
         trip, not two (not three when its next blocks need a new page of digests)."""
         want = {k: [(fname, r0, r1) for r0, r1 in _runs(bl)] for k, bl in by_shard.items()}
         fresh = {k: bl for k, bl in by_shard.items() if self._missing_for_sure(k, fname, bl)}
+        # fetched before the digests only while no other process of the host fetches them,
+        # and held until they are checked into the copy; a busy one is left to the checked
+        # path, which waits for the other process and reads its copy. The held ones are
+        # checked in first and let go before any other shard's blocks are waited for: a
+        # process never waits on another while holding what that one may wait for.
+        releases = {}
+        for k in list(fresh):
+            size, block = self.manifest.shards[k].files[fname].size, self.manifest.block
+            release = self.cache.locks.try_hold(self.manifest.shards[k].build_id, _SLOTS[fname],
+                                                [(a * block, min(b * block, size)) for a, b in _runs(fresh[k])])
+            if release is None:
+                del fresh[k]
+            else:
+                releases[k] = release
         got: dict[int, dict[tuple[int, int], Any]] = {}
 
         def opened(k: int) -> None:
@@ -614,10 +667,15 @@ class RemoteShards:
             parts = self.store.get_ranges(f"{entry.name}/{fname}", [a * block for a, _ in runs],
                                           [min(b * block, size) for _, b in runs])
             got[k] = dict(zip(runs, parts, strict=True))
-        self.fetcher.run_all([lambda k=k: opened(k) for k in by_shard] + [lambda k=k: raw(k) for k in fresh])
-        self.use(list(by_shard))
-        self.fetcher.run_all([lambda k=k, bl=bl: self[k].ensure(fname, bl, fetched=got.get(k))
-                              for k, bl in by_shard.items()])
+        try:
+            self.fetcher.run_all([lambda k=k: opened(k) for k in by_shard] + [lambda k=k: raw(k) for k in fresh])
+            self.use(list(by_shard))
+            self.fetcher.run_all([lambda k=k: self[k].ensure(fname, by_shard[k], fetched=got.get(k)) for k in fresh])
+        finally:
+            for release in releases.values():
+                release()
+        self.fetcher.run_all([lambda k=k, bl=bl: self[k].ensure(fname, bl) for k, bl in by_shard.items()
+                              if k not in fresh])
 
     def _missing_for_sure(self, k: int, fname: str, blocks: list[int]) -> bool:
         """Whether none of ``blocks`` of shard ``k``'s ``fname`` can be in the cache: the shard
@@ -719,6 +777,11 @@ class RemoteShards:
                 sh.close()
         self._open = {}
         self.fetcher.close()
+
+
+#: Each object of a shard's lock file (:meth:`RemoteShard._lock`); ``open``: the shard's opening.
+_SLOTS = {"tokens.bin": 0, "metadata.bin": 1, "checksums.bin": 2, "documents.index": 3, "metadata.index": 4,
+          "open": 5}
 
 
 def placeholder_documents(num_tokens: int) -> np.ndarray:

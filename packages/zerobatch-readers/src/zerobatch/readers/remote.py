@@ -32,19 +32,21 @@ import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from zerobatch.core.checks import check_count
 from zerobatch.core.io import pwrite_all
 from zerobatch.core.pool import io_executor
-from zerobatch.formats.errors import ConfigError, IntegrityError, NotFoundError
+from zerobatch.formats.errors import ConfigError, IntegrityError, NotFoundError, ZerobatchError
 from zerobatch.readers.backends import DataFile, PreadBackend
 from zerobatch.readers.base import FETCHED, MAPPED, Access
 
 __all__ = ["DEFAULT_CACHE_LIMIT", "FETCH_TRIES", "CacheDir", "Fetcher", "RWLock", "RemoteBackend", "RemoteFile",
-           "RemoteItems", "RemoteOptions", "cache_root", "fetch_checked", "open_sparse", "runs", "whole_copy"]
+           "HostLocks", "RemoteItems", "RemoteOptions", "cache_root", "fetch_checked", "launch_id", "launch_shared", "open_sparse", "runs", "whole_copy"]
+
+_Parsed = TypeVar("_Parsed")
 
 #: Bytes of disk the cache folder is kept under by default.
 DEFAULT_CACHE_LIMIT = 16 << 30
@@ -149,6 +151,71 @@ def whole_copy(path: Any, *, storage_options: dict[str, Any] | None = None, cach
     return dest
 
 
+def launch_id() -> str | None:
+    """What the processes of one launch of a job on one host have in common, and no other
+    launch has: ``$ZEROBATCH_RUN_ID`` when set; under torchrun, the folder its agent made for
+    this attempt (``$TORCHELASTIC_ERROR_FILE`` less the local rank: new at every start and
+    restart); under Slurm, the job, step and restart count; else ``None``."""
+    explicit = os.environ.get("ZEROBATCH_RUN_ID")
+    if explicit:
+        return f"run:{explicit}"
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        return f"torchrun:{os.path.dirname(os.path.dirname(error_file))}"
+    job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+    if job and step:
+        return f"slurm:{job}.{step}.{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    return None
+
+
+def launch_shared(cache_dir: Any, url: str, fetch: Callable[[], bytes],
+                  parse: Callable[[bytes], _Parsed]) -> _Parsed:
+    """``parse(fetch())`` for a small object every process of a launch must read alike (a
+    dataset's manifest): the first process of the host to ask fetches it and leaves its bytes
+    in the cache folder; the others of the same launch (:func:`launch_id`) wait for it and read
+    them there. A start or restart of a job on a host then costs one request, not one per
+    process, and its processes cannot see two versions of the dataset. Outside a known launch
+    every process fetches.
+
+    Raises:
+        whatever ``fetch`` and ``parse`` raise (a copy in the cache that does not parse is
+        fetched again).
+    """
+    from zerobatch.core import xxh3_64
+    from zerobatch.core.io import AtomicFile
+    launch = launch_id()
+    if launch is None:
+        return parse(fetch())
+    root = cache_root(cache_dir)
+    folder = os.path.join(root, "launch")
+    key = f"{launch}\n{url}".encode()
+    name = f"{xxh3_64(key):016x}"
+    path = os.path.join(folder, name)
+    with CacheDir(root, DEFAULT_CACHE_LIMIT).locks.hold(f"launch.{name}", 0, [(0, 1)]):
+        try:
+            with open(path, "rb") as f:
+                return parse(f.read())
+        except (OSError, ZerobatchError):
+            pass
+        data = fetch()
+        parsed = parse(data)
+        os.makedirs(folder, exist_ok=True)
+        with AtomicFile(path) as out:
+            out.write(data)
+        _sweep(folder, keep=path)
+        return parsed
+
+
+def _sweep(folder: str, keep: str, age: float = 86400.0) -> None:
+    """Remove the files of ``folder`` not used for ``age`` seconds (other launches' copies)."""
+    import time
+    now = time.time()
+    for e in _scandir(folder):
+        with contextlib.suppress(OSError):
+            if e.path != keep and now - e.stat(follow_symlinks=False).st_mtime > age:
+                os.unlink(e.path)
+
+
 class RemoteItems:
     """What a single-file reader (LLMBATCH, LLMCHNK) offers about its URL: :attr:`remote`,
     :attr:`store` and :meth:`prefetch` of items (its ``_remote`` options and ``_copy``)."""
@@ -251,6 +318,136 @@ class RWLock:
                 self._cond.notify_all()
 
 
+#: Offsets in a lock file are ``slot << 48`` plus a byte offset in one object (objects are
+#: far smaller than 2**48 bytes): one lock file per shard, a slot per object of it.
+_SLOT_SHIFT = 48
+_FLOCK = "hhqqi4x"     # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid
+
+
+class HostLocks:
+    """Byte-range locks shared by the processes of a host (those sharing one cache folder), so
+    that they fetch a range once between them: a process about to fetch ranges of an object
+    locks them (Linux open-file-description locks on a small lock file per shard in the cache
+    folder, ``locks/``), checks its copy again when it had to wait (the holder has fetched
+    them meanwhile) and fetches only what is still missing.
+
+    No cycle of waits: the ranges of one call are taken in ascending order; the only locks
+    taken while others are held are a shard's opening and its pages of digests, whose holders
+    wait for nothing; and a process lets go of the ranges it fetches ahead of their digests
+    (:meth:`try_hold`, never waited for) before it waits for anyone else's. A holder killed mid-fetch
+    leaves no lock (the kernel drops it with the process); a holder stuck on the network
+    holds its ranges no longer than the store's retry budget.
+
+    Threads of one process share one lock description per file (their locks never exclude
+    each other: within a process the readers already claim ranges before fetching); a forked
+    child opens its own. Where the platform has no such locks, nothing is locked and every
+    process fetches for itself, as before.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.join(root, "locks")
+        self._fds: dict[str, int] = {}
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"root": os.path.dirname(self.root)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["root"])
+
+    def _fd(self, name: str) -> int:
+        with self._lock:
+            if self._pid != os.getpid():          # a forked child: its own descriptions
+                self._fds, self._pid = {}, os.getpid()
+            fd = self._fds.get(name)
+            if fd is None:
+                os.makedirs(self.root, exist_ok=True)
+                fd = os.open(os.path.join(self.root, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                self._fds[name] = fd
+            return fd
+
+    @staticmethod
+    def _ranges(slot: int, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        base = slot << _SLOT_SHIFT
+        out: list[tuple[int, int]] = []
+        for a, b in sorted((base + int(a), base + int(b)) for a, b in ranges if b > a):
+            if out and a <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], b))
+            else:
+                out.append((a, b))
+        return out
+
+    def _set(self, fd: int, kind: int, a: int, b: int, *, wait: bool) -> bool:
+        import fcntl
+        import struct
+        cmd = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
+        try:
+            fcntl.fcntl(fd, cmd, struct.pack(_FLOCK, kind, os.SEEK_SET, a, b - a, 0))
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            import errno
+            if exc.errno in (errno.EACCES, errno.EAGAIN):
+                return False
+            raise
+        return True
+
+    @contextlib.contextmanager
+    def hold(self, name: str, slot: int, ranges: Iterable[tuple[int, int]]) -> Iterator[bool]:
+        """Hold byte ranges ``[a, b)`` of object ``slot`` of lock file ``name``; yields whether
+        another process held any of them first (the caller then checks its copy again)."""
+        import fcntl
+        if not hasattr(fcntl, "F_OFD_SETLKW"):
+            yield False
+            return
+        fd = self._fd(name)
+        got, waited = [], False
+        try:
+            for a, b in self._ranges(slot, ranges):
+                if not self._set(fd, fcntl.F_WRLCK, a, b, wait=False):
+                    waited = True
+                    self._set(fd, fcntl.F_WRLCK, a, b, wait=True)
+                got.append((a, b))
+            yield waited
+        finally:
+            for a, b in got:
+                with contextlib.suppress(OSError):
+                    self._set(fd, fcntl.F_UNLCK, a, b, wait=False)
+
+    def try_hold(self, name: str, slot: int, ranges: Iterable[tuple[int, int]]) -> Callable[[], None] | None:
+        """Hold the ranges if no other process holds any of them now: the function that lets
+        them go, or ``None`` (nothing held)."""
+        import fcntl
+        if not hasattr(fcntl, "F_OFD_SETLKW"):
+            return lambda: None
+        fd = self._fd(name)
+        got: list[tuple[int, int]] = []
+
+        def release() -> None:
+            for a, b in got:
+                with contextlib.suppress(OSError):
+                    self._set(fd, fcntl.F_UNLCK, a, b, wait=False)
+        for a, b in self._ranges(slot, ranges):
+            if not self._set(fd, fcntl.F_WRLCK, a, b, wait=False):
+                release()
+                return None
+            got.append((a, b))
+        return release
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                for fd in self._fds.values():
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            self._fds = {}
+
+
+_HOST_LOCKS: dict[str, HostLocks] = {}
+_HOST_LOCKS_LOCK = threading.Lock()
+
+
 class CacheDir:
     """One cache folder: a sub-folder per cached shard (``<kind>/<build id>``), its disk use
     kept under ``limit`` (see the module documentation).
@@ -266,6 +463,15 @@ class CacheDir:
         os.makedirs(root, exist_ok=True)
         self._since_scan = 0
         self._lock = threading.Lock()
+
+    @property
+    def locks(self) -> HostLocks:
+        """The folder's :class:`HostLocks` (one per folder and process)."""
+        with _HOST_LOCKS_LOCK:
+            locks = _HOST_LOCKS.get(self.root)
+            if locks is None:
+                locks = _HOST_LOCKS[self.root] = HostLocks(self.root)
+            return locks
 
     def folder(self, kind: str, build_id: str) -> str:
         """The folder of one cached shard (created), marked as used now."""
@@ -563,9 +769,20 @@ class RemoteFile:
         self.held[np.setdiff1d(units, bad)] = True
         if not bad:
             return
-        check = self._check
         starts, stops = self._spans(np.asarray(bad, np.int64))
+        name = f"{os.path.basename(os.path.dirname(self.path))}.{os.path.basename(self.path)}"
+        with self.remote.cache.locks.hold(name, 0, zip(starts.tolist(), stops.tolist())) as waited:
+            if waited:                    # another process of the host fetched them meanwhile
+                again = set(self._check(bad))
+                self.held[[u for u in bad if u not in again]] = True
+                bad = [u for u in bad if u in again]
+                if not bad:
+                    return
+                starts, stops = self._spans(np.asarray(bad, np.int64))
+            self._fetch(bad, starts, stops, self._check)
 
+    def _fetch(self, bad: list[int], starts: np.ndarray, stops: np.ndarray,
+               check: Callable[[list[int]], list[int]]) -> None:
         def accept(which: list[int], parts: list[Any]) -> list[int]:
             written = 0
             for i, part in zip(which, parts, strict=True):

@@ -58,7 +58,7 @@ from zerobatch.readers._tokstream_shard import LocalShards, Shard
 from zerobatch.readers._tokstream_remote import RemoteShards
 from zerobatch.readers.backends import Backend, open_backend
 from zerobatch.readers.remote import DEFAULT_CACHE_LIMIT, DEFAULT_FETCH_THREADS, CacheDir, Fetcher, RemoteBackend, \
-    cache_root
+    cache_root, launch_shared
 from zerobatch.readers.base import FETCHED, MAPPED, Access, BatchReader, OpensOnFirstUse
 
 __all__ = ["LOSS_MASK_DIR", "STREAMS", "TokenStreamReader", "VerifyReport", "WindowMetadata", "open_loss_mask"]
@@ -183,12 +183,17 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         """The dataset's manifest, read (or fetched: one request) and parsed, its build id
         checked."""
         if self._store is not None:
-            path = self._store.name(T.MANIFEST_NAME)
-            try:
-                raw = self._store.get(T.MANIFEST_NAME, limit=T.MAX_MANIFEST_BYTES, field="manifest")
-            except NotFoundError:
-                raise NotFoundError("manifest.json: not found (not a tokstream dataset, or unfinished)", path=path,
-                                    field="manifest") from None
+            store = self._store
+            path = store.name(T.MANIFEST_NAME)
+
+            def fetch() -> bytes:
+                try:
+                    return store.get(T.MANIFEST_NAME, limit=T.MAX_MANIFEST_BYTES, field="manifest")
+                except NotFoundError:
+                    raise NotFoundError("manifest.json: not found (not a tokstream dataset, or unfinished)",
+                                        path=path, field="manifest") from None
+            # the processes of one launch on a host read one fetch of it (and so one version)
+            return launch_shared(self._remote_options["cache_dir"], path, fetch, lambda raw: self._parse(raw, path))
         else:
             path = os.path.join(self.folder, T.MANIFEST_NAME)
             try:
@@ -196,6 +201,10 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
             except FileNotFoundError:
                 raise NotFoundError("manifest.json: not found (not a tokstream dataset, or unfinished)", path=path,
                                     field="manifest") from None
+        return self._parse(raw, path)
+
+    @staticmethod
+    def _parse(raw: bytes, path: str) -> T.DatasetManifest:
         m = T.parse_manifest(raw, path=path)
         ids, record = T.build_id_material(m.options(), m.shards)
         if f"{xxh3_64(ids):016x}{xxh3_64(record):016x}" != m.build_id:
