@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import numpy as np
+from zerobatch.cli.plan import HELP as PLAN_HELP, add_plan
 from zerobatch.cli.trace import HELP as TRACE_HELP, add_trace
 from zerobatch.formats.errors import FormatError, NotFoundError, StateError, ZerobatchError, scrub
 from zerobatch.formats import registry
@@ -519,6 +520,7 @@ COMMAND_HELP = {
                "harmless.", "zerobatch commit out    # after: zerobatch convert docs/ out --to tokstream "
                "--tokenizer tokenizer.json --task I --tasks N, for I in 0..N-1"),
     "trace": TRACE_HELP,
+    "plan": PLAN_HELP,
     "quickstart": ("Train a byte-level BPE tokenizer on a bundled public-domain text, convert it to TOKSTREAM and "
                    "LLMBATCH, and train a tiny causal LM for --steps steps through the zerobatch loader, on the CPU "
                    "(under a minute on 2 cores; nothing downloaded).", "zerobatch quickstart --steps 100"),
@@ -551,7 +553,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     adders = {"convert": _add_convert, "commit": _add_commit, "inspect": _add_inspect, "verify": _add_verify,
               "head": _add_head, "stats": _add_stats, "bench": _add_bench, "formats": _add_formats,
-              "quickstart": _add_quickstart, "trace": add_trace}
+              "quickstart": _add_quickstart, "trace": add_trace, "plan": add_plan}
     for name, add in adders.items():
         # ``only``: the one command given (its parser alone: ``trace`` starts without building
         # the others, whose options import the preparation modules)
@@ -608,6 +610,9 @@ def _add_convert(sub: Any) -> None:
     s.add_argument("--no-shuffle", action="store_true", help="llmbatch: keep the input order")
     s.add_argument("--shard-tokens", type=_positive, default=DEFAULT_SHARD_TOKENS,
                    help="tokstream: tokens per shard (default 2**28)")
+    s.add_argument("--spread", type=int, default=0, choices=range(5), metavar="{0..4}",
+                   help="tokstream: spread the shards over 16**N key prefixes (a hex tag before each shard's name) "
+                        "so a fleet's requests fall on many partitions of an object store (default 0: none)")
     s.add_argument("--compress", default="raw", choices=("raw", "flate"), help="zrecord: record codec")
     s.add_argument("--vocab-size", type=_positive, help="ids must be below it (default: the tokenizer's, else the "
                    "largest id + 1)")
@@ -775,7 +780,7 @@ def _stdout_to_devnull() -> None:
 
 def _main(argv: Sequence[str] | None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(only="trace" if given[:1] == ["trace"] else None).parse_args(argv)
+    args = build_parser(only=given[0] if given[:1] in (["trace"], ["plan"]) else None).parse_args(argv)
     try:
         _check_urls(args)
         return int(args.func(args))

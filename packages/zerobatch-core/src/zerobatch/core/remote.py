@@ -54,7 +54,8 @@ from typing import Any, TypeVar
 
 from zerobatch.formats.errors import ConfigError, NotFoundError, ReadError, TruncatedError, WriteError, scrub
 
-__all__ = ["SCHEMES", "DirectoryStore", "ObjectStore", "RetryPolicy", "check_url", "is_url", "local_or_none",
+__all__ = ["S3_GET_RATE", "SCHEMES", "DirectoryStore", "ObjectStore", "RequestBudget", "RequestBudgets", "RetryPolicy",
+           "default_request_rate", "hosts_of_job", "prefix_of", "check_url", "is_url", "local_or_none",
            "local_path", "open_store", "redact", "register_store", "split_url"]
 
 #: URL schemes opened through obstore (``file://`` URLs are local paths).
@@ -209,6 +210,197 @@ class RetryPolicy:
         return rng.uniform(0.0, min(self.max_delay, self.base_delay * (2 ** min(retry, 30))))
 
 
+#: S3's published request rate per partitioned prefix: GET and HEAD requests per second
+#: ("at least 3,500 PUT/COPY/POST/DELETE or 5,500 GET/HEAD requests per second per
+#: partitioned Amazon S3 prefix", AWS's S3 performance guidelines). Above it S3 answers
+#: 503 SlowDown while it partitions.
+S3_GET_RATE = 5500.0
+
+
+def hosts_of_job() -> int:
+    """The hosts of the job this process belongs to: ``WORLD_SIZE // LOCAL_WORLD_SIZE`` under
+    torchrun (or any launcher that sets both), ``$SLURM_JOB_NUM_NODES`` under Slurm, else 1."""
+    try:
+        world, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
+        if world >= local >= 1:
+            return max(1, world // local)
+    except (KeyError, ValueError):
+        pass
+    try:
+        return max(1, int(os.environ["SLURM_JOB_NUM_NODES"]))
+    except (KeyError, ValueError):
+        return 1
+
+
+def default_request_rate() -> float | None:
+    """Requests per second per prefix that one host may send: ``$ZEROBATCH_REQUEST_RATE``
+    (``0``: no limit), else S3's published rate shared by the job's hosts
+    (:data:`S3_GET_RATE` / :func:`hosts_of_job`), so a whole fleet stays under what one prefix
+    serves."""
+    value = os.environ.get("ZEROBATCH_REQUEST_RATE")
+    if value is not None and value.strip():
+        try:
+            rate = float(value)
+        except ValueError:
+            raise ConfigError(f"ZEROBATCH_REQUEST_RATE must be a number of requests per second, got {value!r}",
+                              field="ZEROBATCH_REQUEST_RATE") from None
+        if not rate >= 0:
+            raise ConfigError(f"ZEROBATCH_REQUEST_RATE must be >= 0, got {value!r}", field="ZEROBATCH_REQUEST_RATE")
+        return rate or None
+    return S3_GET_RATE / hosts_of_job()
+
+
+class RequestBudget:
+    """A token bucket of requests per second for one prefix of a store, shared by every
+    process that opens the same state file (the processes of a host: it lives in their cache
+    folder): ``rate`` requests a second on average, at most ``burst`` at once after a pause.
+
+    A request takes its token before it is sent; when none is left, the token is reserved
+    and the request waits for it (the bucket goes negative: waiting requests queue in order
+    and the host's rate never exceeds ``rate``). With each host's ``rate`` its share of a
+    prefix's limit (:func:`default_request_rate`) and ``burst`` one second of it, a whole
+    fleet started or restarted at once sends at most the prefix's limit in any second, and
+    its first requests are spread: a process that finds the bucket idle when it first takes
+    from it starts it at a random level in ``[0, burst]`` when the job has several hosts. A
+    throttled answer (503 SlowDown, 429) empties the bucket to ``-burst``: the whole host
+    backs off, not only the request that was refused.
+
+    The state (two doubles: level and time, on the system-wide monotonic clock) is updated
+    under ``flock``; a process that cannot open the file keeps a bucket of its own.
+
+    Args:
+        path: the state file (created).
+        rate: requests per second (> 0).
+        burst: the bucket's size (default: one second of ``rate``, at least 1).
+    """
+
+    def __init__(self, path: str | None, rate: float, burst: float | None = None) -> None:
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+            raise ConfigError(f"rate must be a positive number of requests per second, got {rate!r}", field="rate")
+        self.path, self.rate = path, float(rate)
+        self.burst = max(1.0, float(self.rate if burst is None else burst))
+        self.waited = 0.0                   # seconds this process's requests waited
+        self._lock = threading.Lock()
+        self._fd = -1
+        self._pid = -1
+        self._local = [self.burst, time.monotonic()]
+        self._jitter = hosts_of_job() > 1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "rate": self.rate, "burst": self.burst}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], state["rate"], state["burst"])
+
+    def _open(self) -> int:
+        if self._pid != os.getpid():
+            self._fd, self._pid = -1, os.getpid()
+            if self.path is not None:
+                try:
+                    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                    self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                except OSError:
+                    self._fd = -1
+        return self._fd
+
+    def _update(self, change: Callable[[float, float], float]) -> float:
+        """Apply ``change(level refilled to now, now) -> new level`` under the locks; the new
+        level."""
+        import fcntl
+        import struct
+        with self._lock:
+            fd = self._open()
+            now = time.monotonic()
+            if fd < 0:
+                level, stamp = self._local
+                level = min(self.burst, level + (now - stamp) * self.rate)
+                self._local = [change(level, now), now]
+                return self._local[0]
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                raw = os.pread(fd, 16, 0)
+                if len(raw) == 16:
+                    level, stamp = struct.unpack("<dd", raw)
+                    level = min(self.burst, level + max(0.0, now - stamp) * self.rate)
+                else:
+                    level = self.burst
+                if self._jitter and level >= self.burst:    # this process's first take, idle bucket
+                    level = self.burst * random.random()
+                self._jitter = False
+                level = change(level, now)
+                os.pwrite(fd, struct.pack("<dd", level, now), 0)
+                return level
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def take(self, n: int = 1) -> float:
+        """Take ``n`` tokens, waiting for them when the bucket is short; the seconds waited."""
+        level = self._update(lambda level, now: level - n)
+        if level >= 0:
+            return 0.0
+        wait = -level / self.rate
+        time.sleep(wait)
+        self.waited += wait
+        return wait
+
+    def penalize(self) -> None:
+        """A throttled answer: the host backs off (the bucket emptied to ``-burst``)."""
+        self._update(lambda level, now: min(level, -self.burst))
+
+
+#: A shard name spread over prefixes starts with its tag: 1-4 hex digits and ``_``
+#: (``TokenStreamWriter(spread=...)``); its objects count against that prefix's budget.
+SPREAD_TAG = re.compile(r"^([0-9a-f]{1,4})_")
+
+
+def prefix_of(key: str) -> str:
+    """The prefix whose request budget object ``key`` (relative to a dataset's root) counts
+    against: its spread tag (``3a`` for ``3a_shard-00001/tokens.bin``), else ``""`` (the
+    dataset's root)."""
+    m = SPREAD_TAG.match(key)
+    return m.group(1) if m else ""
+
+
+class RequestBudgets:
+    """The :class:`RequestBudget` of each prefix of one store (:func:`prefix_of`), their
+    state files in ``folder`` (a cache folder: shared by the processes of a host).
+
+    Args:
+        folder: where the state files live (``None``: each process its own buckets).
+        root: the store's root URL (the files are named by it and the prefix).
+        rate, burst: as for :class:`RequestBudget`.
+    """
+
+    def __init__(self, folder: str | None, root: str, rate: float, burst: float | None = None) -> None:
+        self.folder, self.root, self.rate, self.burst = folder, root, float(rate), burst
+        self._buckets: dict[str, RequestBudget] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"folder": self.folder, "root": self.root, "rate": self.rate, "burst": self.burst}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["folder"], state["root"], state["rate"], state["burst"])
+
+    def bucket(self, key: str) -> RequestBudget:
+        prefix = prefix_of(key)
+        with self._lock:
+            b = self._buckets.get(prefix)
+            if b is None:
+                path = None
+                if self.folder is not None:
+                    import hashlib
+                    name = hashlib.sha1(f"{self.root}\n{prefix}".encode()).hexdigest()[:20]
+                    path = os.path.join(self.folder, "budget", name)
+                b = self._buckets[prefix] = RequestBudget(path, self.rate, self.burst)
+            return b
+
+    @property
+    def waited(self) -> float:
+        """Seconds this process's requests waited for their tokens."""
+        return sum(b.waited for b in self._buckets.values())
+
+
 class _ShortBody(Exception):
     """A body with fewer bytes than asked for (retried)."""
 
@@ -245,6 +437,12 @@ def _fatal(exc: BaseException) -> bool:
     return isinstance(exc, (FileNotFoundError, PermissionError, ValueError, TypeError)) or name in (
         "PanicException", "PermissionDeniedError", "UnauthenticatedError", "UnknownConfigurationKeyError",
         "InvalidPathError", "NotSupportedError", "PreconditionError", "AlreadyExistsError", "NotFoundError")
+
+
+def _throttled(exc: BaseException) -> bool:
+    """A throttling answer: 503 SlowDown or 429 Too Many Requests."""
+    text = str(exc)
+    return any(w in text for w in ("SlowDown", "503", "429", "TooManyRequests", "Too Many Requests"))
 
 
 def _check_endpoints(options: dict[str, Any]) -> None:
@@ -290,7 +488,17 @@ class ObjectStore:
         self._lock = threading.Lock()
         self._stats = [0, 0]   # requests, bytes fetched
         self._rng = random.Random()
+        self.budgets: RequestBudgets | None = None
         _obstore()
+
+    def limit(self, folder: str | None, rate: float | None = -1.0, burst: float | None = None) -> None:
+        """Send requests within a budget per prefix (:class:`RequestBudgets`), shared with
+        the processes whose ``folder`` is the same (a host's cache folder). ``rate``: requests
+        per second per prefix for this host (default :func:`default_request_rate`; ``None`` or
+        0: no limit)."""
+        if rate is not None and rate < 0:
+            rate = default_request_rate()
+        self.budgets = RequestBudgets(folder, self.root, rate, burst) if rate else None
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.url!r})"
@@ -298,10 +506,11 @@ class ObjectStore:
     def __getstate__(self) -> dict[str, Any]:
         # pickled into spawned workers: the options travel (they are needed there), the
         # client does not
-        return {"root": self.root, "options": self._options, "retry": self.retry}
+        return {"root": self.root, "options": self._options, "retry": self.retry, "budgets": self.budgets}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["root"], state["options"], retry=state["retry"])
+        self.budgets = state.get("budgets")
 
     # -- the client -----------------------------------------------------------------------
 
@@ -372,17 +581,21 @@ class ObjectStore:
 
     # -- the retry loop -------------------------------------------------------------------
 
-    def _call(self, what: str, key: str, field: str, fn: Callable[[], _T], *, write: bool = False) -> _T:
+    def _call(self, what: str, key: str, field: str, fn: Callable[[], _T], *, write: bool = False,
+              cost: int = 1) -> _T:
         policy = self.retry
         t0 = time.monotonic()
         last: BaseException | None = None
         tries = 0
+        budget = None if self.budgets is None or write else self.budgets.bucket(key)
         for attempt in range(policy.attempts):
             if attempt:
                 time.sleep(policy.delay(attempt - 1, self._rng))
                 if time.monotonic() - t0 > policy.deadline:
                     break
             tries += 1
+            if budget is not None:
+                budget.take(cost)
             try:
                 return fn()
             except _ShortBody as exc:
@@ -395,6 +608,8 @@ class ObjectStore:
                 if _fatal(exc):
                     cls = WriteError if write else ReadError
                     raise cls(f"{what}: {_first_line(exc)}", path=self.name(key), field=field) from None
+                if budget is not None and _throttled(exc):
+                    budget.penalize()
                 last = exc
         if isinstance(last, _ShortBody) and not write:
             raise TruncatedError(f"{what}: the object ended early on every one of {tries} tries ({last.got} of "
@@ -458,7 +673,7 @@ class ObjectStore:
             if got != want or any(len(p) != b - a for p, a, b in zip(out, starts, stops, strict=True)):
                 raise _ShortBody(got, want)
             return out
-        return self._call("GET", key, span, once)
+        return self._call("GET", key, span, once, cost=_requests(starts, stops))
 
     def get_range(self, key: str, start: int, stop: int) -> memoryview:
         """Bytes ``[start, stop)`` of object ``key`` (see :meth:`get_ranges`)."""

@@ -59,6 +59,8 @@ class ConvertOptions:
         seq_len: llmbatch: tokens per record (default 512); llmchnk: cut longer documents.
         batch_size, seed, shuffle: llmbatch: records per batch, the shuffle seed, whether to shuffle.
         shard_tokens: tokstream: tokens per shard.
+        spread: tokstream: spread the shards over ``16 ** spread`` key prefixes (0-4: hex digits
+            of a tag before each shard's name), for object stores that serve a rate per prefix.
         compress: zrecord: ``raw`` or ``flate``.
         vocab_size: ids must be below it (default: the tokenizer's, else the largest id + 1).
         dtype: ``auto``, ``uint16`` or ``uint32``: the stored token type.
@@ -97,6 +99,7 @@ class ConvertOptions:
     seed: int = 42
     shuffle: bool = True
     shard_tokens: int = DEFAULT_SHARD_TOKENS
+    spread: int = 0
     compress: str = "raw"
     vocab_size: int | None = None
     dtype: str = "auto"

@@ -651,6 +651,7 @@ class RemoteOptions:
         root, self.key = split_url(url)
         parent, _, self.name = self.key.rpartition("/")
         self.store = open_store(f"{root}/{parent}" if parent else root, storage_options)
+        self.store.limit(cache_root(cache_dir))     # a budget per prefix, shared by the host's processes
         self.url = self.store.name(self.name)
         self.cache = CacheDir(cache_root(cache_dir), DEFAULT_CACHE_LIMIT if cache_limit is None else cache_limit)
         self.fetcher = Fetcher(DEFAULT_FETCH_THREADS if fetch_threads is None else fetch_threads)

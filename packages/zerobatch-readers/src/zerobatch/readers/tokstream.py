@@ -146,6 +146,8 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
                                 "cache_limit": cache_limit, "fetch_threads": fetch_threads}
         if is_url(folder):
             self._store = open_store(folder, storage_options)
+            # requests within a budget per prefix, shared by the processes of the host
+            self._store.limit(cache_root(cache_dir))
             self.folder = self._store.url
             backend = "remote"
         else:

@@ -431,6 +431,17 @@ class IndexSampler(Schedule):
         shares[~owned.any(axis=1)] = True
         return shares
 
+    def global_items(self, steps: Any) -> np.ndarray:
+        """``int64 (len(steps), global_batch_size)``: the items of every rank at ``steps`` of
+        the current epoch (column ``i`` is rank ``i % world_size``'s ``i // world_size``-th
+        item), as each rank plans them; what a pre-flight plan of a whole job reads."""
+        st = np.asarray(steps, dtype=np.int64).reshape(-1)
+        g = self.global_batch_size
+        pos = (self._offset + st[:, None] * g) + np.arange(g, dtype=np.int64)[None, :]
+        if self.order.has_epochs and self.tail == "pad":
+            np.remainder(pos, self.order.num_items, out=pos)
+        return self._items(self.epoch, pos)
+
     def _positions_of(self, steps: np.ndarray) -> np.ndarray:
         """``int64 (len(steps), batch_size)``: this rank's positions at each step (pad: wrapped)."""
         g, w = self.global_batch_size, self.world_size

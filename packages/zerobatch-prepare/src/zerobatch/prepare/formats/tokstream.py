@@ -59,9 +59,11 @@ def write(dst: str, chunks: Chunks, target: Target) -> str:
         eod = target.eod if target.eod is not None and target.eod < target.vocab else None
         w = TokenStreamWriter(folder, vocab_size=max(target.vocab, 1), eod_token=eod,
                               shard_tokens=target.options.shard_tokens,
-                              metadata=target.rows is not None or target.meta is not None, prefix=prefix)
+                              metadata=target.rows is not None or target.meta is not None, prefix=prefix,
+                              spread=target.options.spread)
         m = None if mask is None else TokenStreamWriter(os.path.join(folder, LOSS_MASK_DIR), vocab_size=2,
-                                                         shard_tokens=target.options.shard_tokens, prefix=prefix)
+                                                         shard_tokens=target.options.shard_tokens, prefix=prefix,
+                                                         spread=target.options.spread)
         try:
             n = _add_documents(w, chunks, target)
             if mask is not None and m is not None:

@@ -1,0 +1,113 @@
+"""``zerobatch plan`` is exact where it says so: for a job read from SeaweedFS by 4 rank
+processes on 2 hosts (a cache folder and a launch each, a counting proxy each), the requests
+and bytes each host sent equal the plan's for that host, step by step in total; the
+dataset's shards are spread over prefixes and the plan's per-prefix counts add up."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("obstore")
+
+from s3kit import FaultProxy, new_bucket, options, upload  # noqa: E402
+
+from zerobatch.adapters.plan import Job, Network, plan  # noqa: E402
+from zerobatch.writers.tokstream import TokenStreamWriter  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+#: One rank: reads its rows of each step when its turn comes (the ranks of a host in rank
+#: order, as the plan counts them; the hosts at once).
+RANK = r"""
+import json, os, sys, time
+from zerobatch.readers.tokstream import TokenStreamReader
+url, opts, cache, plan_file, rank, per_host, length = sys.argv[1:]
+rank, per_host, length = int(rank), int(per_host), int(length)
+steps = json.load(open(plan_file))[str(rank)]
+folder = os.path.dirname(plan_file)
+host, local = divmod(rank, per_host)
+r = TokenStreamReader(url, storage_options=json.loads(opts), cache_dir=cache)
+for s, starts in enumerate(steps):
+    turn = os.path.join(folder, f"turn-{host}-{s}-{local}")
+    while not os.path.exists(turn):
+        time.sleep(0.002)
+    r.windows(starts, length)
+    nxt = os.path.join(folder, f"turn-{host}-{s}-{local + 1}" if local + 1 < per_host else f"turn-{host}-{s + 1}-0")
+    open(nxt, "w").close()
+r.close()
+"""
+
+
+@pytest.fixture(scope="module")
+def dataset(seaweed_endpoint, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("plan") / "ds"
+    rng = np.random.default_rng(3)
+    with TokenStreamWriter(folder, vocab_size=50257, shard_tokens=40_000, eod_token=0, checksum_block=4096,
+                           spread=1) as w:
+        for _ in range(300):
+            w.add_document(rng.integers(1, 50257, int(rng.integers(50, 1500))))
+    bucket = new_bucket(seaweed_endpoint)
+    url = f"s3://{bucket}/corpora/ds"
+    upload(folder, url, options(seaweed_endpoint))
+    return folder, url
+
+
+def test_the_plan_equals_the_requests_and_bytes_each_host_sent(dataset, seaweed_endpoint, tmp_path):
+    from zerobatch.adapters._loader import BaseLoader
+    from zerobatch.adapters.sources.tokstream import TokenWindows
+    folder, url = dataset
+    job = Job(seq_len=300, batch_size=3, world_size=4, hosts=2, steps=4, seed=5)
+    expected = plan(str(folder), job, Network(latency=0.02))
+    assert expected["prefixes"] > 2 and expected["total"]["requests"] > 20
+    # every rank's rows, as the loader plans them
+    source = TokenWindows(str(folder), job.seq_len)
+    rows = {}
+    for rank in range(job.world_size):
+        sched = BaseLoader(source, job.batch_size, world_size=job.world_size, rank=rank, seed=job.seed,
+                           num_threads=0).schedule
+        steps = []
+        for page in sched.plan(0, 1):
+            for items in page.items:
+                steps.append((items * job.seq_len).tolist())
+                if len(steps) == job.steps:
+                    break
+            if len(steps) == job.steps:
+                break
+        rows[str(rank)] = steps
+    plan_file = tmp_path / "rows.json"
+    plan_file.write_text(json.dumps(rows))
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    proxies = [FaultProxy(seaweed_endpoint) for _ in range(job.hosts)]
+    per_host = job.world_size // job.hosts
+    procs = []
+    for rank in range(job.world_size):
+        host = rank // per_host
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "SLURM_", "ZEROBATCH_"))}
+        env["ZEROBATCH_RUN_ID"] = f"plan-host-{host}"
+        procs.append(subprocess.Popen([sys.executable, str(script), url, json.dumps(options(proxies[host].url)),
+                                       str(tmp_path / f"cache{host}"), str(plan_file), str(rank), str(per_host),
+                                       str(job.seq_len + 1)], env=env))
+    time.sleep(2.0)                        # all opened (the manifest: one request per host)
+    for host in range(job.hosts):
+        (tmp_path / f"turn-{host}-0-0").touch()
+    try:
+        for p in procs:
+            assert p.wait(120) == 0
+    finally:
+        for p in procs:
+            p.kill()
+    for host, proxy in enumerate(proxies):
+        gets = [r for r in proxy.requests if r[0] == "GET"]
+        assert len(proxy.requests) == len(gets)            # nothing but GETs: no listing, no HEAD
+        assert len(gets) == expected["per_host"]["requests"][host], (host, len(gets), expected["per_host"])
+        assert proxy.bytes_sent == expected["per_host"]["bytes"][host], (host, proxy.bytes_sent)
+    assert sum(p["requests"] for p in expected["per_prefix"].values()) == expected["total"]["requests"]
+    assert expected["total"]["requests"] == sum(s["requests"] for s in expected["steps"])
