@@ -188,6 +188,7 @@ class FaultProxy:
         self._link_free = 0.0
         self.faults: deque[dict[str, Any]] = deque()
         self.requests: list[tuple[str, str, str]] = []
+        self.times: list[float] = []           # when each request arrived (monotonic)
         self.injected: dict[str, int] = {}
         self._lock = threading.Lock()
         proxy = self
@@ -249,6 +250,7 @@ class FaultProxy:
             return
         with self._lock:
             self.requests.append((method, path, h.headers.get("Range", "")))
+            self.times.append(time.monotonic())
         fault = self._take(method, path)
         if self.latency:
             time.sleep(self.latency)
@@ -332,6 +334,7 @@ class RangeServer:
         root = Path(folder).resolve()
         server = self
         self.requests: list[tuple[str, str, str]] = []
+        self.times: list[float] = []           # when each request arrived (monotonic)
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"

@@ -111,3 +111,48 @@ def test_the_plan_equals_the_requests_and_bytes_each_host_sent(dataset, seaweed_
         assert proxy.bytes_sent == expected["per_host"]["bytes"][host], (host, proxy.bytes_sent)
     assert sum(p["requests"] for p in expected["per_prefix"].values()) == expected["total"]["requests"]
     assert expected["total"]["requests"] == sum(s["requests"] for s in expected["steps"])
+
+
+def test_the_command_prints_the_plan_as_text_json_and_a_plot(tmp_path):
+    """``zerobatch plan`` on a local dataset (only its manifest is read): the JSON's totals add
+    up over steps, hosts and prefixes; more hosts fetch more (each its own copy); a spread
+    dataset's peak per prefix is lower; bad jobs are one-line errors."""
+    from zerobatch.cli.main import main
+    rng = np.random.default_rng(2)
+    docs = [rng.integers(1, 50257, int(rng.integers(50, 1500))) for _ in range(300)]
+    for name, spread in (("one", 0), ("many", 1)):
+        with TokenStreamWriter(tmp_path / name, vocab_size=50257, shard_tokens=20_000, spread=spread) as w:
+            for d in docs:
+                w.add_document(d)
+    args = ["--seq-len", "256", "--batch-size", "2", "--world-size", "8", "--steps", "6"]
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        import contextlib
+        import io
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(list(argv))
+        return rc, out.getvalue(), err.getvalue()
+
+    plans = {}
+    for name in ("one", "many"):
+        for hosts in ("1", "4"):
+            rc, out, _ = run("plan", str(tmp_path / name), *args, "--hosts", hosts, "--json")
+            assert rc == 0
+            plans[name, hosts] = p = json.loads(out)
+            assert p["total"]["requests"] == sum(s["requests"] for s in p["steps"]) == sum(p["per_host"]["requests"])
+            assert p["total"]["bytes"] == sum(p["per_host"]["bytes"])
+            assert sum(v["requests"] for v in p["per_prefix"].values()) == p["total"]["requests"]
+            assert p["first_step"]["requests"] == p["steps"][0]["requests"] >= p["restart"]["warm"]["requests"]
+    assert plans["one", "4"]["total"]["bytes"] > plans["one", "1"]["total"]["bytes"]
+    assert plans["many", "4"]["prefixes"] > 2 and plans["one", "4"]["prefixes"] == 1
+    assert plans["many", "4"]["budget"]["peak_per_prefix"] < plans["one", "4"]["budget"]["peak_per_prefix"]
+    # same order, same bytes: spreading renames objects, it does not change what is read
+    assert plans["many", "4"]["total"]["delivered_bytes"] == plans["one", "4"]["total"]["delivered_bytes"]
+    rc, out, _ = run("plan", str(tmp_path / "one"), *args, "--hosts", "2", "--plot", str(tmp_path / "p.png"))
+    assert rc == 0 and "first step:" in out and "per prefix: peak" in out
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rc, _, err = run("plan", str(tmp_path / "one"), *args, "--hosts", "3")
+    assert rc == 1 and "hosts" in err and "\n" == err[-1] and err.count("\n") == 1
+    rc, _, err = run("plan", str(tmp_path / "nothing"), *args, "--hosts", "1")
+    assert rc == 1 and "manifest.json" in err
