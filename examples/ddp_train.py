@@ -21,7 +21,8 @@ and overwrites the checkpoint. Next to it goes the loader's run card
 documents step N trained on (loader steps count from 0: this loop's step N is the loader's
 N - 1), ``--document D`` every step that saw document D. ``--ids-log`` writes, per rank, one
 JSON line per step with the ids of the windows it trained on; ``--die-at`` kills rank 0 with SIGKILL after that step
-(to test recovery).
+(to test recovery; ``--die-rank R --die-host``: rank R kills its whole process group, the launcher and every process
+of its node, as a lost host).
 """
 
 from __future__ import annotations
@@ -132,6 +133,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--ids-log", default=None, help="folder for the per-rank sample-id logs")
     ap.add_argument("--die-at", type=int, default=None, help="SIGKILL rank 0 after this step")
+    ap.add_argument("--die-rank", type=int, default=0, help="the rank --die-at kills (default 0)")
+    ap.add_argument("--die-host", action="store_true",
+                    help="--die-at kills the rank's whole process group (its launcher and node: a lost host)")
     args = ap.parse_args()
     for name in ("steps", "seq_len", "global_batch", "ckpt_every", "log_every"):
         value = getattr(args, name)
@@ -221,7 +225,9 @@ def main() -> None:
                 save_checkpoint(ckpt_path, model.module if distributed else model, opt, loader, step)
             if distributed:
                 dist.barrier()
-        if args.die_at is not None and step == args.die_at and rank == 0:
+        if args.die_at is not None and step == args.die_at and rank == args.die_rank:
+            if args.die_host:
+                os.killpg(os.getpgid(0), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
     loader.close()
     if rank == 0 and step > start:

