@@ -129,9 +129,14 @@ class _Held:
 
     @staticmethod
     def take(held: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(fresh mask of keys, held with them)`` for distinct ``keys``."""
-        fresh = ~np.isin(keys, held, assume_unique=True)
-        return fresh, np.union1d(held, keys[fresh])
+        """``(fresh mask of keys, held with them)`` for sorted distinct ``keys`` (``held``
+        sorted: a binary search each, and one merge, not a sort of everything held)."""
+        at = np.searchsorted(held, keys)
+        found = np.zeros(keys.size, bool)
+        inside = at < held.size
+        found[inside] = held[at[inside]] == keys[inside]
+        fresh = ~found
+        return fresh, np.insert(held, at[fresh], keys[fresh])
 
 
 class _Layout:
