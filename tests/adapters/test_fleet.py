@@ -10,21 +10,18 @@ manifest once per launch."""
 from __future__ import annotations
 
 import collections
-import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from zbtest import REPO, token_stream
+from zbtest import REPO, ddp_logged_steps, launch_env, token_stream, uninterrupted_order
 
 pytest.importorskip("obstore")
 
 from fleetkit import Fleet, fleet_or_skip  # noqa: E402
 from s3kit import FaultProxy, new_bucket, options, start_weed, upload  # noqa: E402
 
-from zerobatch.adapters.torch import Loader, TokenWindows  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -74,7 +71,7 @@ def test_hosts_killed_and_resumed_on_more_hosts_read_each_range_once(fleet, tmp_
         bucket = new_bucket(server)
         url = f"s3://{bucket}/data"
         upload(Path(data), url, options(server))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "SLURM_", "ZEROBATCH_"))}
+        env = launch_env()
         env.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
                     "AWS_ENDPOINT_URL": proxy.url, "OMP_NUM_THREADS": "1", "NO_PROXY": "*", "no_proxy": "*"})
         # 2 hosts: host 1 is lost mid-epoch (SIGKILL, its processes with it); the job goes down
@@ -95,26 +92,11 @@ def test_hosts_killed_and_resumed_on_more_hosts_read_each_range_once(fleet, tmp_
     assert "on 6 process(es)" in out and f"step {STEPS}" in out, out[-3000:]
 
     # every step's global batch: the uninterrupted run's
-    files = sorted((tmp_path / "logs").glob("start*.jsonl"))
-    starts = sorted({int(f.name[5:11]) for f in files})
+    starts, steps = ddp_logged_steps(tmp_path / "logs", STEPS)
     assert starts == [0, 30], starts            # resumed from the checkpoint before the loss
-    steps: dict[int, list[list[int]]] = {}
-    for f in files:
-        start = int(f.name[5:11])
-        stop_at = starts[1] if start == 0 else STEPS
-        for line in f.read_text().splitlines():
-            rec = json.loads(line)
-            if rec["step"] <= stop_at:
-                steps.setdefault(rec["step"], []).append(rec["ids"])
     assert sorted(steps) == list(range(1, STEPS + 1))
-    ref = Loader(TokenWindows(data, SEQ), global_batch_size=G, seed=SEED, rank=0, world_size=1)
-    expected, epoch = [], 0
-    while len(expected) < STEPS:
-        ref.set_epoch(epoch)
-        expected += [sorted((x[:, 0] // SEQ).tolist()) for x, _ in ref]
-        epoch += 1
     got = [sorted(i for p in steps[s] for i in p) for s in range(1, STEPS + 1)]
-    assert got == expected[:STEPS]
+    assert got == uninterrupted_order(data, SEQ, G, SEED, STEPS)
 
     # the proxy's log, by host: each (object, range) once per host; the manifest once per launch
     by_host: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)

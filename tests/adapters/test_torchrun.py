@@ -5,14 +5,13 @@ uninterrupted run reads."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from zbtest import REPO, token_stream
+from zbtest import REPO, ddp_logged_steps, token_stream, uninterrupted_order
 
 from zerobatch.adapters.torch import Loader, TokenWindows
 
@@ -64,18 +63,8 @@ def test_killed_and_resumed_on_other_world_sizes(tmp_path, where, request):
     assert "resumed at step 200 on 2 process(es)" in out and "step 300" in out, out
 
     # the logs of each run, cut at the checkpoint the next run resumed from
-    files = sorted(Path(logs).glob("start*.jsonl"))
-    starts = sorted({int(f.name[5:11]) for f in files})
+    starts, steps = ddp_logged_steps(logs, STEPS)
     assert starts == [0, 100, 200]
-    steps: dict[int, list[list[int]]] = {}
-    for f in files:
-        start = int(f.name[5:11])
-        later = [s for s in starts if s > start]
-        stop = later[0] if later else STEPS
-        for line in f.read_text().splitlines():
-            rec = json.loads(line)
-            if rec["step"] <= stop:
-                steps.setdefault(rec["step"], []).append(rec["ids"])
     assert sorted(steps) == list(range(1, STEPS + 1))
 
     # ranks never overlapped, every step is a whole global batch
@@ -84,16 +73,9 @@ def test_killed_and_resumed_on_other_world_sizes(tmp_path, where, request):
         assert len(flat) == len(set(flat)) == G, s
 
     # the order of an uninterrupted run, and nothing skipped or repeated within an epoch
-    source = TokenWindows(data, SEQ)
-    ref = Loader(source, global_batch_size=G, seed=SEED, rank=0, world_size=1)
-    per_epoch = len(ref)
-    expected, epoch = [], 0
-    while len(expected) < STEPS:
-        ref.set_epoch(epoch)
-        expected += [sorted((x[:, 0] // SEQ).tolist()) for x, _ in ref]
-        epoch += 1
+    per_epoch = len(Loader(TokenWindows(data, SEQ), global_batch_size=G, seed=SEED, rank=0, world_size=1))
     got = [sorted(i for p in steps[s] for i in p) for s in range(1, STEPS + 1)]
-    assert got == expected[:STEPS]
+    assert got == uninterrupted_order(data, SEQ, G, SEED, STEPS)
     first_epoch = [i for s in got[:per_epoch] for i in s]
     assert len(first_epoch) == len(set(first_epoch)) == per_epoch * G
 

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ import pytest
 pytest.importorskip("obstore")
 
 from s3kit import FaultProxy, new_bucket, options, upload  # noqa: E402
+from zbtest import launch_env, start_together  # noqa: E402
 
 from zerobatch.readers.tokstream import TokenStreamReader  # noqa: E402
 from zerobatch.writers.tokstream import TokenStreamWriter  # noqa: E402
@@ -68,20 +67,11 @@ def run_host(url: str, endpoint: str, caches: list[Path], tmp: Path, *, launch: 
     script = tmp / "rank.py"
     script.write_text(RANK)
     go = tmp / "go"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "SLURM_", "ZEROBATCH_RUN_ID"))}
-    if launch:
-        env["ZEROBATCH_RUN_ID"] = launch
+    env = launch_env(**({"ZEROBATCH_RUN_ID": launch} if launch else {}))
     n = len(caches)
     procs = [subprocess.Popen([sys.executable, str(script), url, json.dumps(options(endpoint)), str(cache), str(go),
                                str(k), str(n), str(tmp / f"out{k}.json")], env=env) for k, cache in enumerate(caches)]
-    time.sleep(3.0)                       # every process imported and waiting
-    go.touch()
-    try:
-        for p in procs:
-            assert p.wait(120) == 0
-    finally:
-        for p in procs:
-            p.kill()
+    start_together(procs, [go], settle=3.0)     # every process imported and waiting, then all at once
     go.unlink()
     return [json.loads((tmp / f"out{k}.json").read_text()) for k in range(n)]
 

@@ -6,10 +6,8 @@ dataset's shards are spread over prefixes and the plan's per-prefix counts add u
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -17,6 +15,7 @@ import pytest
 pytest.importorskip("obstore")
 
 from s3kit import FaultProxy, new_bucket, options, upload  # noqa: E402
+from zbtest import launch_env, start_together  # noqa: E402
 
 from zerobatch.adapters.plan import Job, Network, plan  # noqa: E402
 from zerobatch.writers.tokstream import TokenStreamWriter  # noqa: E402
@@ -90,20 +89,12 @@ def test_the_plan_equals_the_requests_and_bytes_each_host_sent(dataset, seaweed_
     procs = []
     for rank in range(job.world_size):
         host = rank // per_host
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "SLURM_", "ZEROBATCH_"))}
-        env["ZEROBATCH_RUN_ID"] = f"plan-host-{host}"
+        env = launch_env(ZEROBATCH_RUN_ID=f"plan-host-{host}")
         procs.append(subprocess.Popen([sys.executable, str(script), url, json.dumps(options(proxies[host].url)),
                                        str(tmp_path / f"cache{host}"), str(plan_file), str(rank), str(per_host),
                                        str(job.seq_len + 1)], env=env))
-    time.sleep(2.0)                        # all opened (the manifest: one request per host)
-    for host in range(job.hosts):
-        (tmp_path / f"turn-{host}-0-0").touch()
-    try:
-        for p in procs:
-            assert p.wait(120) == 0
-    finally:
-        for p in procs:
-            p.kill()
+    # all opened (the manifest: one request per host), then each host's first rank's turn
+    start_together(procs, [tmp_path / f"turn-{host}-0-0" for host in range(job.hosts)])
     for host, proxy in enumerate(proxies):
         gets = [r for r in proxy.requests if r[0] == "GET"]
         assert len(proxy.requests) == len(gets)            # nothing but GETs: no listing, no HEAD

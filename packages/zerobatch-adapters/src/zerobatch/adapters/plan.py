@@ -33,7 +33,6 @@ a burst of one second of it: :class:`~zerobatch.core.remote.RequestBudget`).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import numpy as np

@@ -26,6 +26,7 @@ requests (leaf work: fetch, check, write), one for the read-ahead the loader ask
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import shutil
@@ -344,11 +345,15 @@ class HostLocks:
     process fetches for itself, as before.
     """
 
+    #: Lock files kept open per process at most (those holding no lock are closed first).
+    MAX_OPEN = 64
+
     def __init__(self, root: str) -> None:
         self.root = os.path.join(root, "locks")
-        self._fds: dict[str, int] = {}
+        self._fds: collections.OrderedDict[str, list[int]] = collections.OrderedDict()   # name -> [fd, holds]
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        self.disabled = False              # the file system refuses such locks: none taken
 
     def __getstate__(self) -> dict[str, Any]:
         return {"root": os.path.dirname(self.root)}
@@ -356,16 +361,31 @@ class HostLocks:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["root"])
 
-    def _fd(self, name: str) -> int:
+    def _acquire(self, name: str) -> int:
+        """The descriptor of lock file ``name``, counted as in use until :meth:`_release`."""
         with self._lock:
             if self._pid != os.getpid():          # a forked child: its own descriptions
-                self._fds, self._pid = {}, os.getpid()
-            fd = self._fds.get(name)
-            if fd is None:
+                self._fds, self._pid = collections.OrderedDict(), os.getpid()
+            entry = self._fds.get(name)
+            if entry is None:
                 os.makedirs(self.root, exist_ok=True)
-                fd = os.open(os.path.join(self.root, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-                self._fds[name] = fd
-            return fd
+                entry = [os.open(os.path.join(self.root, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644), 0]
+                self._fds[name] = entry
+                # the least recently used with no lock held go (their descriptions hold none)
+                for old in [k for k, (_, holds) in self._fds.items() if not holds and k != name]:
+                    if len(self._fds) <= self.MAX_OPEN:
+                        break
+                    with contextlib.suppress(OSError):
+                        os.close(self._fds.pop(old)[0])
+            self._fds.move_to_end(name)
+            entry[1] += 1
+            return entry[0]
+
+    def _release(self, name: str) -> None:
+        with self._lock:
+            entry = self._fds.get(name)
+            if entry is not None:
+                entry[1] -= 1
 
     @staticmethod
     def _ranges(slot: int, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -379,17 +399,21 @@ class HostLocks:
         return out
 
     def _set(self, fd: int, kind: int, a: int, b: int, *, wait: bool) -> bool:
+        """Lock (or unlock) ``[a, b)``; ``False``: another holds it (``wait=False``). A file
+        system without such locks (some network file systems) turns locking off: every
+        process then fetches for itself, as without this class."""
+        import errno
         import fcntl
         import struct
         cmd = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
         try:
             fcntl.fcntl(fd, cmd, struct.pack(_FLOCK, kind, os.SEEK_SET, a, b - a, 0))
-        except BlockingIOError:
-            return False
         except OSError as exc:
-            import errno
             if exc.errno in (errno.EACCES, errno.EAGAIN):
                 return False
+            if exc.errno in (errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
+                self.disabled = True
+                return True
             raise
         return True
 
@@ -398,10 +422,10 @@ class HostLocks:
         """Hold byte ranges ``[a, b)`` of object ``slot`` of lock file ``name``; yields whether
         another process held any of them first (the caller then checks its copy again)."""
         import fcntl
-        if not hasattr(fcntl, "F_OFD_SETLKW"):
+        if self.disabled or not hasattr(fcntl, "F_OFD_SETLKW"):
             yield False
             return
-        fd = self._fd(name)
+        fd = self._acquire(name)
         got, waited = [], False
         try:
             for a, b in self._ranges(slot, ranges):
@@ -414,20 +438,22 @@ class HostLocks:
             for a, b in got:
                 with contextlib.suppress(OSError):
                     self._set(fd, fcntl.F_UNLCK, a, b, wait=False)
+            self._release(name)
 
     def try_hold(self, name: str, slot: int, ranges: Iterable[tuple[int, int]]) -> Callable[[], None] | None:
         """Hold the ranges if no other process holds any of them now: the function that lets
         them go, or ``None`` (nothing held)."""
         import fcntl
-        if not hasattr(fcntl, "F_OFD_SETLKW"):
+        if self.disabled or not hasattr(fcntl, "F_OFD_SETLKW"):
             return lambda: None
-        fd = self._fd(name)
+        fd = self._acquire(name)
         got: list[tuple[int, int]] = []
 
         def release() -> None:
             for a, b in got:
                 with contextlib.suppress(OSError):
                     self._set(fd, fcntl.F_UNLCK, a, b, wait=False)
+            self._release(name)
         for a, b in self._ranges(slot, ranges):
             if not self._set(fd, fcntl.F_WRLCK, a, b, wait=False):
                 release()
@@ -438,10 +464,10 @@ class HostLocks:
     def close(self) -> None:
         with self._lock:
             if self._pid == os.getpid():
-                for fd in self._fds.values():
+                for fd, _ in self._fds.values():
                     with contextlib.suppress(OSError):
                         os.close(fd)
-            self._fds = {}
+            self._fds = collections.OrderedDict()
 
 
 _HOST_LOCKS: dict[str, HostLocks] = {}
