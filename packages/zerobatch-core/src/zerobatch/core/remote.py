@@ -266,7 +266,9 @@ class RequestBudget:
     backs off, not only the request that was refused.
 
     The state (two doubles: level and time, on the system-wide monotonic clock) is updated
-    under ``flock``; a process that cannot open the file keeps a bucket of its own.
+    under ``flock``; a process that cannot open the file keeps a bucket of its own. A process
+    takes tokens from it 10 ms of ``rate`` at a time (at least one) and spends them locally,
+    so a busy reader locks the file about once per hundred requests, not once per request.
 
     Args:
         path: the state file (created).
@@ -285,6 +287,8 @@ class RequestBudget:
         self._pid = -1
         self._local = [self.burst, time.monotonic()]
         self._jitter = hosts_of_job() > 1
+        self._lease = 0.0                   # tokens taken from the shared bucket, not spent yet
+        self._chunk = max(1.0, self.rate / 100)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "rate": self.rate, "burst": self.burst}
@@ -335,7 +339,13 @@ class RequestBudget:
 
     def take(self, n: int = 1) -> float:
         """Take ``n`` tokens, waiting for them when the bucket is short; the seconds waited."""
-        level = self._update(lambda level, now: level - n)
+        with self._lock:
+            if self._lease >= n:
+                self._lease -= n
+                return 0.0
+            want = max(float(n), self._chunk) - self._lease
+            self._lease = max(float(n), self._chunk) - n
+        level = self._update(lambda level, now: level - want)
         if level >= 0:
             return 0.0
         wait = -level / self.rate
@@ -344,7 +354,10 @@ class RequestBudget:
         return wait
 
     def penalize(self) -> None:
-        """A throttled answer: the host backs off (the bucket emptied to ``-burst``)."""
+        """A throttled answer: the host backs off (the bucket emptied to ``-burst``, this
+        process's unspent tokens dropped)."""
+        with self._lock:
+            self._lease = 0.0
         self._update(lambda level, now: min(level, -self.burst))
 
 
