@@ -31,14 +31,18 @@ with the shards in random order (zerobatch's ``BlockShuffleOrder`` with a block 
 LitData: its shuffle), and whole documents both ways (real tokens counted, padding not).
 
 Each run is a fresh process with an empty cache: the time from making the dataset to the first
-batch (the open included, imports not); then the steady state over ``--steps`` more steps and
-at least ``--seconds`` (8: LitData downloads whole shards ahead while the first batch is made,
-and served 30 steps from its disk in an earlier version of this benchmark);
-the bytes the proxy sent per byte delivered and the requests per step (the proxy's counters).
+batch (the open included, imports not); ``--warmup`` steps (40) while read-ahead fills up,
+neither timed nor counted; then the steady state over ``--steps`` more steps and at least
+``--seconds`` (8: LitData downloads whole shards ahead while the first batch is made, and
+served 30 steps from its disk in an earlier version of this benchmark): its tokens per second,
+the bytes the proxy sent while it ran per byte it delivered (read-ahead is as far ahead at its
+end as at its start) and its requests per step (the proxy's counters). The bytes sent from the
+open to the end per byte delivered are reported too ("run": what is still read ahead at the
+end counts against it).
 With ``--restarts`` each system's run is repeated as a full restart: a fresh process with the
 first run's cache folder kept (warm), then with an empty one (cold).
 Each peer runs with ``num_workers`` 0 and 2 and the faster is reported; zerobatch reads with
-its loader's threads, over ``--zerobatch-steps`` steps (its read-ahead amortized).
+its loader's threads, over ``--zerobatch-steps`` steps.
 
 Two adjustments to the peers, neither touching how they read: Streaming's ``streaming.vision``
 (imported by ``import streaming``) needs torchvision, whose PyPI wheel is built for CUDA torch
@@ -161,7 +165,7 @@ def stats(proxy: str) -> dict[str, int]:
 # -- clients (each a fresh process) -----------------------------------------------------------
 
 def client(name: str, url: str, cache: str, endpoint: str, steps: int, workers: int, proxy: str,
-           seconds: float = 0.0) -> dict[str, Any]:
+           seconds: float = 0.0, warmup: int = 0) -> dict[str, Any]:
     """Run one system on one workload; returns its timings and the proxy's counters."""
     import torch
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
@@ -220,8 +224,11 @@ def client(name: str, url: str, cache: str, endpoint: str, steps: int, workers: 
         return int(np.prod(tuple(batch.shape)))
     first = next(it)
     t_first = time.perf_counter() - t0
-    mid = stats(proxy)
+    first_requests = stats(proxy)["requests"] - before["requests"]
     delivered = real_tokens(first)
+    for _ in range(warmup):           # read-ahead filling up: neither timed nor counted as steady
+        delivered += real_tokens(next(it))
+    mid = stats(proxy)
     t1 = time.perf_counter()
     n, steady_tokens = 0, 0
     for batch in it:
@@ -233,9 +240,13 @@ def client(name: str, url: str, cache: str, endpoint: str, steps: int, workers: 
     after = stats(proxy)
     delivered += steady_tokens
     return {"first_batch_s": t_first, "steady_tokens_per_s": steady_tokens / t_steady, "steps": n,
-            "first_batch_requests": mid["requests"] - before["requests"],
+            "first_batch_requests": first_requests,
             "requests_per_step": (after["requests"] - mid["requests"]) / max(n, 1),
-            "fetched_per_delivered": (after["bytes"] - before["bytes"]) / (delivered * 2),
+            # steady: the bytes fetched while the steady steps were delivered, per byte of them
+            # (the read-ahead is as far ahead at both ends); whole run: from the open, the
+            # read-ahead still in flight at the end included
+            "fetched_per_delivered": (after["bytes"] - mid["bytes"]) / (steady_tokens * 2),
+            "fetched_per_delivered_run": (after["bytes"] - before["bytes"]) / (delivered * 2),
             "workers": workers}
 
 
@@ -263,12 +274,12 @@ def report(name: str, res: dict[str, Any], earlier: bool = False) -> None:
     best = res["best"] = min(runs, key=lambda r: r["first_batch_s"])
     print(f"  {name:26s} first batch {best['first_batch_s']:6.2f} s ({best['first_batch_requests']:4d} req)  steady "
           f"{max(r['steady_tokens_per_s'] for r in runs) / 1e6:7.3f} M tokens/s  fetched/delivered "
-          f"{best['fetched_per_delivered']:7.2f}  requests/step {best['requests_per_step']:6.1f}  "
+          f"{best['fetched_per_delivered']:7.2f} (run {best.get('fetched_per_delivered_run', 0):.2f})  requests/step {best['requests_per_step']:6.1f}  "
           f"workers {best['workers']}{'  (earlier run)' if earlier else ''}", flush=True)
 
 
 def run_client(name: str, url: str, root: str, endpoint: str, steps: int, workers: int, proxy: str,
-               seconds: float, cache: str | None = None) -> dict[str, Any]:
+               seconds: float, cache: str | None = None, warmup: int = 0) -> dict[str, Any]:
     """One run in a fresh process, with an empty cache folder, or ``cache`` (kept: a restart
     with a warm cache)."""
     keep = cache is not None
@@ -277,7 +288,7 @@ def run_client(name: str, url: str, root: str, endpoint: str, steps: int, worker
     try:
         done = subprocess.run([sys.executable, __file__, "--client", name, "--url", url, "--cache", cache,
                                "--endpoint", endpoint, "--steps", str(steps), "--workers", str(workers), "--proxy",
-                               proxy, "--seconds", str(seconds), "--out", out], timeout=1800, stderr=subprocess.PIPE, text=True)
+                               proxy, "--seconds", str(seconds), "--warmup", str(warmup), "--out", out], timeout=1800, stderr=subprocess.PIPE, text=True)
         if done.returncode:
             last = [ln for ln in done.stderr.splitlines() if ln and not ln.startswith((" ", "WARNING"))][-1:]
             print(f"  {name} with {workers} workers failed: {' '.join(last)}", flush=True)
@@ -301,9 +312,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0,
                     help="the steady state lasts at least this long too (a peer that downloaded whole shards "
                          "ahead during its first batch would otherwise serve a few steps from its disk)")
-    ap.add_argument("--zerobatch-steps", type=int, default=120,
-                    help="steps of zerobatch's steady state (its read-ahead of about 16 steps is amortized over them "
-                         "in the fetched/delivered figure)")
+    ap.add_argument("--warmup", type=int, default=40,
+                    help="steps after the first batch before the steady state is measured, every system alike "
+                         "(read-ahead filling up)")
+    ap.add_argument("--zerobatch-steps", type=int, default=300,
+                    help="steps of zerobatch's steady state (it is faster than the peers: more steps fill the "
+                         "same seconds)")
     ap.add_argument("--systems", default="zerobatch,streaming,litdata")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="which workloads (default: all)")
     ap.add_argument("--server", default="weed", choices=("weed", "moto"),
@@ -327,7 +341,7 @@ def main() -> None:
         serve(a.serve, a.upstream, a.latency, a.link)
         return
     if a.client:
-        res = client(a.client, a.url, a.cache, a.endpoint, a.steps, a.workers, a.proxy, a.seconds)
+        res = client(a.client, a.url, a.cache, a.endpoint, a.steps, a.workers, a.proxy, a.seconds, a.warmup)
         with open(a.out, "w") as f:
             json.dump(res, f)
         return
@@ -393,7 +407,7 @@ def main() -> None:
                 tries = [0] if system == "zerobatch" else [0, 2]
                 url = layouts[LAYOUTS[(system, workload)]]
                 steps = a.zerobatch_steps if system == "zerobatch" else a.steps
-                runs = [run_client(name, url, root, proxy_url, steps, w, proxy_url, a.seconds) for w in tries]
+                runs = [run_client(name, url, root, proxy_url, steps, w, proxy_url, a.seconds, warmup=a.warmup) for w in tries]
                 results[name] = {"runs": runs}
                 report(name, results[name])
                 if a.restarts and "best" in results[name]:
@@ -401,11 +415,11 @@ def main() -> None:
                     w = results[name]["best"]["workers"]
                     cache = tempfile.mkdtemp(prefix=f"cache-{name}-", dir=root)
                     try:
-                        run_client(name, url, root, proxy_url, steps, w, proxy_url, a.seconds, cache)
-                        warm = run_client(name, url, root, proxy_url, steps, w, proxy_url, a.seconds, cache)
+                        run_client(name, url, root, proxy_url, steps, w, proxy_url, a.seconds, cache, a.warmup)
+                        warm = run_client(name, url, root, proxy_url, steps, w, proxy_url, a.seconds, cache, a.warmup)
                     finally:
                         shutil.rmtree(cache, ignore_errors=True)
-                    cold = run_client(name, url, root, proxy_url, steps, w, proxy_url, a.seconds)
+                    cold = run_client(name, url, root, proxy_url, steps, w, proxy_url, a.seconds, warmup=a.warmup)
                     for kind, res in (("warm", warm), ("cold", cold)):
                         results[f"{name}-restart-{kind}"] = {"runs": [res]}
                         report(f"{name} restart {kind}", results[f"{name}-restart-{kind}"])
