@@ -87,9 +87,10 @@ def corpus(total: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return tokens, offsets
 
 
-def write_zerobatch(folder: str, tokens: np.ndarray, offsets: np.ndarray, shard_tokens: int) -> None:
+def write_zerobatch(folder: str, tokens: np.ndarray, offsets: np.ndarray, shard_tokens: int,
+                    checksum_block: int = 1024) -> None:
     from zerobatch.writers.tokstream import TokenStreamWriter
-    with TokenStreamWriter(folder, vocab_size=VOCAB, shard_tokens=shard_tokens) as w:
+    with TokenStreamWriter(folder, vocab_size=VOCAB, shard_tokens=shard_tokens, checksum_block=checksum_block) as w:
         for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
             w.add_document(tokens[a:b])
 
@@ -312,12 +313,15 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0,
                     help="the steady state lasts at least this long too (a peer that downloaded whole shards "
                          "ahead during its first batch would otherwise serve a few steps from its disk)")
-    ap.add_argument("--warmup", type=int, default=40,
+    ap.add_argument("--warmup", type=int, default=0,
                     help="steps after the first batch before the steady state is measured, every system alike "
                          "(read-ahead filling up)")
     ap.add_argument("--zerobatch-steps", type=int, default=300,
                     help="steps of zerobatch's steady state (it is faster than the peers: more steps fill the "
                          "same seconds)")
+    ap.add_argument("--checksum-block", type=int, default=1024,
+                    help="bytes per checksum block of the zerobatch dataset (the writer's checksum_block: 512 to "
+                         "16 MiB, default 1 KiB); a remote reader fetches whole blocks")
     ap.add_argument("--systems", default="zerobatch,streaming,litdata")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="which workloads (default: all)")
     ap.add_argument("--server", default="weed", choices=("weed", "moto"),
@@ -352,7 +356,7 @@ def main() -> None:
     proxy, proxy_url = start("proxy", endpoint, a.latency, a.link)
     systems = a.systems.split(",")
     results: dict[str, Any] = {"conditions": {k: v for k, v in vars(a).items() if v is not None and k in (
-        "shards", "shard_kib", "latency", "link", "steps", "server")}}
+        "shards", "shard_kib", "latency", "link", "steps", "server", "warmup", "checksum_block")}}
     try:
         shard_bytes = a.shard_kib << 10
         tokens, offsets = corpus(a.shards * shard_bytes // 2)
@@ -388,7 +392,7 @@ def main() -> None:
                     continue
                 folder = os.path.join(root, layout)
                 if system == "zerobatch":
-                    write_zerobatch(folder, tokens, offsets, shard_bytes // 2)
+                    write_zerobatch(folder, tokens, offsets, shard_bytes // 2, a.checksum_block)
                 elif system == "streaming":
                     if workload == "windows":
                         n = tokens.size // (SEQ + 1)

@@ -257,9 +257,12 @@ class RemoteShard(Shard):
             def accept(which: list[int], parts: list[Any]) -> list[int]:
                 self._accept_pages([runs[i] for i in which], [starts[i] for i in which], parts)
                 return [i for i in which if not self._page_ok[runs[i][0]:runs[i][1]].all()]
+            # pages at most one page apart in one request: a page is a block (1 KiB), and
+            # pages merged across the store's usual gap (16 KiB, for blocks of tokens) fetched
+            # 0.13 bytes of gaps per byte delivered on shuffled 2,049-token windows
             fetch_checked(self.remote.store, f"{self.key}/checksums.bin", starts, stops, accept,
                           path=f"{self.url}/checksums.bin", field="checksums.bin",
-                          against="their top-level digests")
+                          against="their top-level digests", coalesce=block)
 
     def _pages_held(self, pages: list[int]) -> None:
         """Mark held the ``pages`` of digests the local copy holds (checked against the top
