@@ -14,7 +14,8 @@ read, step by step, and replays what the remote reader does with them on each ho
 - the blocks a rank reads and its host does not hold are fetched as ranges of whole checksum
   blocks, ranges less than :data:`~zerobatch.core.remote.COALESCE_BYTES` apart in one request
   (obstore's rule, :func:`zerobatch.core.remote._requests`); a page of digests not held yet is
-  fetched likewise;
+  fetched likewise, but pages alone (no shard opened in the call) are merged only when at most
+  a page apart;
 - every launch reads the manifest once per host (:func:`~zerobatch.readers.remote.launch_shared`).
 
 So requests and bytes per host and per step are what the reader sends when each rank reads its

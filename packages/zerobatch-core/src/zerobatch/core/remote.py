@@ -810,7 +810,8 @@ class _TooLarge(Exception):
 #: Ranges of one object less than this far apart are fetched by one request (the gap's bytes
 #: are fetched and dropped). 64 KiB cost 1.90 bytes fetched per byte delivered on shuffled
 #: 4 KiB windows, 16 KiB 1.48, 4 KiB 1.40 with one request more per step
-#: (tools/bench_remote_peers.py).
+#: (tools/bench_remote_peers.py). A caller with small ranges spread over an object (pages of
+#: digests) passes a smaller gap (``get_ranges(coalesce=)``).
 COALESCE_BYTES = 16 << 10
 #: Part size of multipart uploads.
 PART_BYTES = 16 << 20
