@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -675,6 +676,49 @@ def test_read_ahead_hints_of_a_remote_source_cover_every_step_once_in_groups_ahe
     list(Loader(local, batch_size=4, num_threads=2, prefetch=8))
     reads = [e[1] for e in local.events if e[0] == "read"]
     assert sorted([e[1] for e in local.events if e[0] == "hint"]) == sorted(reads)   # one hint per read
+
+
+
+class FlatHintedSource(HintedSource):
+    """A :class:`HintedSource` that records every item of its hints and reads."""
+
+    def prepare(self, items):
+        with self.lock:
+            self.events.append(("hint", items.reshape(-1).tolist()))
+        return items.size * 8
+
+    def read(self, items, dtype):
+        with self.lock:
+            self.events.append(("read", items.reshape(-1).tolist()))
+        return {"tokens": items.astype(dtype)}
+
+
+def test_a_mixture_at_a_url_hints_each_source_of_its_own_items_before_their_read():
+    """A mixture of sources at URLs hears of its steps ahead like any source: each source is
+    hinted its own items, every one before it is read."""
+    a, b = FlatHintedSource(2000), FlatHintedSource(1000)
+    mix = Mixture([("a", a, 0.7), ("b", b, 0.3)], seed=2)
+    a.events.clear()
+    b.events.clear()                     # (the mixture read item 0 of each to check shapes)
+    ld = Loader(mix, batch_size=8, num_threads=2, prefetch=4, seed=1)
+    it = iter(ld)
+    for _ in range(150):                 # (a mixture is endless)
+        next(it)
+    ld.close()
+    for src in (a, b):
+        hinted = [x for kind, items in src.events if kind == "hint" for x in items]
+        read = [x for kind, items in src.events if kind == "read" for x in items]
+        assert read and not collections.Counter(read) - collections.Counter(hinted)   # each read item hinted
+        so_far: collections.Counter[int] = collections.Counter()
+        reads_so_far = hints_so_far = 0
+        for kind, items in src.events:
+            if kind == "hint":
+                so_far.update(items)
+                hints_so_far += len(items)
+            else:
+                assert not collections.Counter(items) - so_far  # before its read (reads run in parallel)
+                reads_so_far += len(items)
+        assert reads_so_far <= hints_so_far
 
 
 class SizedHintedSource(HintedSource):

@@ -680,7 +680,7 @@ class _Pass:
                 sources = None if page.sources is None else page.sources[at:at + count]
                 if not group or first:
                     if items.size:
-                        self.source.prepare(items)
+                        self._prepare(items, sources)
                     hinted = at + count
                     first = False
                 else:
@@ -690,12 +690,20 @@ class _Pass:
                         if cap and ahead and sum(b for _, b in ahead) >= cap:
                             break
                         stop = min(page.steps, hinted + group)
-                        nbytes = self.source.prepare(page.items[hinted:stop]) if page.items[hinted:stop].size else 0
+                        nbytes = self._prepare(page.items[hinted:stop],
+                                               None if page.sources is None else page.sources[hinted:stop])
                         ahead.append((stop, nbytes or 0))
                         hinted = stop
                 yield items, sources, page.after[at:at + count]
                 at += count
                 size *= 2
+
+    def _prepare(self, items: np.ndarray, sources: np.ndarray | None) -> int | None:
+        """The source's read-ahead hint for ``items`` (with each item's source, a mixture's):
+        the bytes it hinted, when it says."""
+        if not items.size:
+            return 0
+        return self.source.prepare(items) if sources is None else self.source.prepare(items, sources)  # type: ignore[call-arg]
 
     def _submit(self, items: np.ndarray, sources: np.ndarray | None, after: list[Any], *,
                 here: bool = False) -> tuple[Any, list[Any]]:
