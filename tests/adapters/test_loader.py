@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -675,3 +676,89 @@ def test_read_ahead_hints_of_a_remote_source_cover_every_step_once_in_groups_ahe
     list(Loader(local, batch_size=4, num_threads=2, prefetch=8))
     reads = [e[1] for e in local.events if e[0] == "read"]
     assert sorted([e[1] for e in local.events if e[0] == "hint"]) == sorted(reads)   # one hint per read
+
+
+
+class FlatHintedSource(HintedSource):
+    """A :class:`HintedSource` that records every item of its hints and reads."""
+
+    def prepare(self, items):
+        with self.lock:
+            self.events.append(("hint", items.reshape(-1).tolist()))
+        return items.size * 8
+
+    def read(self, items, dtype):
+        with self.lock:
+            self.events.append(("read", items.reshape(-1).tolist()))
+        return {"tokens": items.astype(dtype)}
+
+
+def test_a_mixture_at_a_url_hints_each_source_of_its_own_items_before_their_read():
+    """A mixture of sources at URLs hears of its steps ahead like any source: each source is
+    hinted its own items, every one before it is read."""
+    a, b = FlatHintedSource(2000), FlatHintedSource(1000)
+    mix = Mixture([("a", a, 0.7), ("b", b, 0.3)], seed=2)
+    a.events.clear()
+    b.events.clear()                     # (the mixture read item 0 of each to check shapes)
+    ld = Loader(mix, batch_size=8, num_threads=2, prefetch=4, seed=1)
+    it = iter(ld)
+    for _ in range(150):                 # (a mixture is endless)
+        next(it)
+    ld.close()
+    for src in (a, b):
+        hinted = [x for kind, items in src.events if kind == "hint" for x in items]
+        read = [x for kind, items in src.events if kind == "read" for x in items]
+        assert read and not collections.Counter(read) - collections.Counter(hinted)   # each read item hinted
+        so_far: collections.Counter[int] = collections.Counter()
+        reads_so_far = hints_so_far = 0
+        for kind, items in src.events:
+            if kind == "hint":
+                so_far.update(items)
+                hints_so_far += len(items)
+            else:
+                assert not collections.Counter(items) - so_far  # before its read (reads run in parallel)
+                reads_so_far += len(items)
+        assert reads_so_far <= hints_so_far
+
+
+class SizedHintedSource(HintedSource):
+    """A :class:`HintedSource` whose hints say their bytes: ``item_bytes`` an item."""
+
+    def __init__(self, item_bytes: int) -> None:
+        super().__init__()
+        self.item_bytes = item_bytes
+
+    def prepare(self, items):
+        super().prepare(items)
+        return items.size * self.item_bytes
+
+
+def _most_ahead(events: list[tuple[str, list[int]]]) -> int:
+    """The most steps hinted beyond the steps read, over a run's events."""
+    hinted = read = most = 0
+    for kind, steps in events:
+        if kind == "hint":
+            hinted += len(steps)
+        else:
+            read += len(steps)
+        most = max(most, hinted - read)
+    return most
+
+
+def test_read_ahead_hints_go_deep_for_small_steps_and_stop_at_the_byte_bound_for_large_ones():
+    """Hints go up to ``hint_groups`` groups ahead while their bytes stay under
+    ``Access.hint_bytes`` (a sequential read fills the link), and no further than one group
+    past the reads planned once a group's bytes reach it (large steps: the cache is not
+    flooded); every step is still hinted once, in order, before its read."""
+    from zerobatch.readers.base import FETCHED
+    cap, group = FETCHED.hint_bytes, 8
+    small = SizedHintedSource(item_bytes=1024)                 # 32 KiB a group of 8 steps
+    firsts = [int(b[0]) for b in Loader(small, batch_size=4, num_threads=2, prefetch=group, seed=1)]
+    assert [x for e in small.events if e[0] == "hint" for x in e[1]] == firsts
+    assert _most_ahead(small.events) >= (FETCHED.hint_groups - 2) * group
+    large = SizedHintedSource(item_bytes=cap // 8)             # 4 groups' bytes reach the bound
+    firsts = [int(b[0]) for b in Loader(large, batch_size=4, num_threads=2, prefetch=group, seed=1)]
+    assert [x for e in large.events if e[0] == "hint" for x in e[1]] == firsts
+    # the reads in flight (the loader's depth) plus at most one group beyond them
+    assert _most_ahead(large.events) <= 2 * group + group + group
+    assert _most_ahead(large.events) < (FETCHED.hint_groups - 2) * group

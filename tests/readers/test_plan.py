@@ -48,9 +48,11 @@ r.close()
 def dataset(seaweed_endpoint, tmp_path_factory):
     folder = tmp_path_factory.mktemp("plan") / "ds"
     rng = np.random.default_rng(3)
-    with TokenStreamWriter(folder, vocab_size=50257, shard_tokens=40_000, eod_token=0, checksum_block=4096,
+    # 512-byte blocks: a shard's digests span several pages, so a step's pages of one shard
+    # come in one call with gaps between them (merged when at most a page apart)
+    with TokenStreamWriter(folder, vocab_size=50257, shard_tokens=100_000, eod_token=0, checksum_block=512,
                            spread=1) as w:
-        for _ in range(300):
+        for _ in range(600):
             w.add_document(rng.integers(1, 50257, int(rng.integers(50, 1500))))
     bucket = new_bucket(seaweed_endpoint)
     url = f"s3://{bucket}/corpora/ds"
@@ -62,7 +64,7 @@ def test_the_plan_equals_the_requests_and_bytes_each_host_sent(dataset, seaweed_
     from zerobatch.adapters._loader import BaseLoader
     from zerobatch.adapters.sources.tokstream import TokenWindows
     folder, url = dataset
-    job = Job(seq_len=300, batch_size=3, world_size=4, hosts=2, steps=4, seed=5)
+    job = Job(seq_len=300, batch_size=4, world_size=4, hosts=2, steps=6, seed=5)
     expected = plan(str(folder), job, Network(latency=0.02))
     assert expected["prefixes"] > 2 and expected["total"]["requests"] > 20
     # every rank's rows, as the loader plans them

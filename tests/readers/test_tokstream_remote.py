@@ -378,3 +378,58 @@ def test_masked_sources_at_a_url_equal_the_local_copy(chat, tmp_path):
             assert a.keys() == b.keys() and (np.asarray(a["labels"]) == -100).any()
             for k in a:
                 assert np.array_equal(np.asarray(a[k]), np.asarray(b[k])), k
+
+
+def test_threads_fetch_different_pages_of_digests_of_a_shard_at_once_and_a_page_once(endpoint, tmp_path):
+    """Pages of digests of one shard: two threads needing different pages are in their
+    requests at the same time (a sequential read keeps several runs of blocks, each with its
+    own page, in flight: one page at a time held it to a round trip per run); threads needing
+    the same page make one request, the others wait for it; every page checks."""
+    import threading
+    import time
+
+    rng = np.random.default_rng(5)
+    folder = tmp_path / "ds"
+    with TokenStreamWriter(folder, vocab_size=50257, shard_tokens=1 << 22) as w:
+        for _ in range(40):
+            w.add_document(rng.integers(1, 50257, 25_000))       # 1M tokens, 2 MB: 16 pages of digests
+    url = f"s3://{new_bucket(endpoint)}/ds"
+    upload(folder, url, options(endpoint))
+    with open_remote(url, options(endpoint), tmp_path) as r:
+        sh = r._shards[0]
+        assert sh.top_bytes and sh._page_ok.size >= 12 and not sh._page_ok[1:].any()
+        store = r._shards.store
+        real = store.get_ranges
+        together = threading.Barrier(2, timeout=30)
+        calls: list[tuple[int, ...]] = []
+
+        def get_ranges(key, starts, stops, *a, **kw):
+            if key.endswith("checksums.bin"):
+                calls.append(tuple(s // r.manifest.block for s in starts))
+                if mode == "together":
+                    together.wait()           # both threads in a request at once, or a timeout
+                else:
+                    time.sleep(0.2)           # the others come while the first is fetching
+            return real(key, starts, stops, *a, **kw)
+        store.get_ranges = get_ranges
+        errors: list[BaseException] = []
+
+        def run(p):
+            try:
+                sh._fetch_pages(p, p + 1)
+            except BaseException as exc:       # noqa: BLE001 - reported below
+                errors.append(exc)
+        mode = "together"
+        threads = [threading.Thread(target=run, args=(p,)) for p in (3, 7)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert not errors and sorted(calls) == [(3,), (7,)]
+        mode, calls[:] = "same", []
+        threads = [threading.Thread(target=run, args=(10,)) for _ in range(4)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert not errors and calls == [(10,)]
+        assert sh._page_ok[[3, 7, 10]].all()
+        local = TokenStreamReader(folder)
+        n = -(-r.manifest.shards[0].files["tokens.bin"].size // r.manifest.block)
+        assert np.array_equal(sh._digests_of("tokens.bin", 0, n), local._shards[0].digests("tokens.bin"))

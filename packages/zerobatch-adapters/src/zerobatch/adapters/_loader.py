@@ -642,7 +642,7 @@ class _Pass:
         # for; later steps' fetches start once it arrives, still well ahead of their turn)
         access = self.source.access
         self._first_alone = access.first_alone
-        self._hint_groups = access.hint_groups
+        self._hint_groups, self._hint_bytes = access.hint_groups, access.hint_bytes
         self._plan = self._reads()
         self._prestarted = False
 
@@ -665,30 +665,45 @@ class _Pass:
         # at a time, up to hint_groups times that beyond the reads in flight: one hint covers
         # many steps, so the ranges of neighbouring steps (windows shuffled within a shard) go
         # out as one request, not one per step. The very first read is hinted alone (the
-        # first batch waits on nothing else).
-        groups = self._hint_groups
+        # first batch waits on nothing else). Hints stop short of that while the bytes they
+        # asked for beyond the reads planned reach Access.hint_bytes (large steps).
+        groups, cap = self._hint_groups, self._hint_bytes
         group = self.loader.prefetch if groups else 0
         first = True
+        ahead: collections.deque[tuple[int, int]] = collections.deque()    # (stop, bytes) of hints
         for page in self.schedule.plan(self.worker + self.num_workers * self.skip, self.num_workers):
             at, hinted = 0, 0
+            ahead.clear()
             while at < page.steps:
                 count = min(size, self.chunk, page.steps - at)
                 items = page.items[at:at + count]
                 sources = None if page.sources is None else page.sources[at:at + count]
                 if not group or first:
                     if items.size:
-                        self.source.prepare(items)
+                        self._prepare(items, sources)
                     hinted = at + count
                     first = False
                 else:
+                    while ahead and ahead[0][0] <= at + count:
+                        ahead.popleft()
                     while hinted < min(page.steps, at + count + groups * group):
+                        if cap and ahead and sum(b for _, b in ahead) >= cap:
+                            break
                         stop = min(page.steps, hinted + group)
-                        if page.items[hinted:stop].size:
-                            self.source.prepare(page.items[hinted:stop])
+                        nbytes = self._prepare(page.items[hinted:stop],
+                                               None if page.sources is None else page.sources[hinted:stop])
+                        ahead.append((stop, nbytes or 0))
                         hinted = stop
                 yield items, sources, page.after[at:at + count]
                 at += count
                 size *= 2
+
+    def _prepare(self, items: np.ndarray, sources: np.ndarray | None) -> int | None:
+        """The source's read-ahead hint for ``items`` (with each item's source, a mixture's):
+        the bytes it hinted, when it says."""
+        if not items.size:
+            return 0
+        return self.source.prepare(items) if sources is None else self.source.prepare(items, sources)  # type: ignore[call-arg]
 
     def _submit(self, items: np.ndarray, sources: np.ndarray | None, after: list[Any], *,
                 here: bool = False) -> tuple[Any, list[Any]]:

@@ -14,7 +14,8 @@ read, step by step, and replays what the remote reader does with them on each ho
 - the blocks a rank reads and its host does not hold are fetched as ranges of whole checksum
   blocks, ranges less than :data:`~zerobatch.core.remote.COALESCE_BYTES` apart in one request
   (obstore's rule, :func:`zerobatch.core.remote._requests`); a page of digests not held yet is
-  fetched likewise;
+  fetched likewise, but pages alone (no shard opened in the call) are merged only when at most
+  a page apart;
 - every launch reads the manifest once per host (:func:`~zerobatch.readers.remote.launch_shared`).
 
 So requests and bytes per host and per step are what the reader sends when each rank reads its
@@ -95,16 +96,19 @@ class Network:
             raise ConfigError(f"bandwidth must be > 0 bytes a second, got {self.bandwidth!r}", field="bandwidth")
 
 
-def _merge(starts: np.ndarray, stops: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _merge(starts: np.ndarray, stops: np.ndarray, groups: np.ndarray,
+           gaps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Disjoint ranges sorted by ``(group, start)``, each group one call's, merged as obstore
-    merges a call's ranges (a gap of at most ``COALESCE_BYTES``): ``(group, bytes)`` of each
-    request sent (a merged request's bytes include its gaps)."""
+    merges a call's ranges (a gap of at most ``gaps[i]``, the call's, default
+    ``COALESCE_BYTES``): ``(group, bytes)`` of each request sent (a merged request's bytes
+    include its gaps)."""
     from zerobatch.core.remote import COALESCE_BYTES
     if not starts.size:
         e = np.zeros(0, np.int64)
         return e, e
+    gap = COALESCE_BYTES if gaps is None else gaps[1:]
     new = np.ones(starts.size, bool)
-    new[1:] = (groups[1:] != groups[:-1]) | (starts[1:] - stops[:-1] > COALESCE_BYTES)
+    new[1:] = (groups[1:] != groups[:-1]) | (starts[1:] - stops[:-1] > gap)
     first = np.flatnonzero(new)
     return groups[first], np.maximum.reduceat(stops, first) - starts[first]
 
@@ -207,8 +211,16 @@ class _Layout:
                              self.digest[oshard] + self.top[oshard]])
         # a call per (rank, shard, object): tokens.bin's blocks, checksums.bin's pages and top
         gr = np.concatenate([(dr * n + dk) * 2, (prank * n + pshard) * 2 + 1, (orank * n + oshard) * 2 + 1])
+        # the store's gap, but a call of pages alone (no shard opened) merges pages at most a
+        # page apart (RemoteShard._fetch_claimed_pages)
+        from zerobatch.core.remote import COALESCE_BYTES
+        gaps = np.full(gr.size, COALESCE_BYTES, np.int64)
+        pages_alone = np.zeros(gr.size, bool)
+        pages_alone[db.size:db.size + pno.size] = True
+        pages_alone &= ~np.isin(gr, (orank * n + oshard) * 2 + 1)
+        gaps[pages_alone] = block
         order = np.lexsort((st, gr))
-        g, nbytes = _merge(st[order], sp[order], gr[order])
+        g, nbytes = _merge(st[order], sp[order], gr[order], gaps[order])
         g //= 2
         return g // n, g % n, nbytes, int(osk.size)
 

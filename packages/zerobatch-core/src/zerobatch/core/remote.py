@@ -662,9 +662,10 @@ class ObjectStore:
                                      field=field) from None
 
     def get_ranges(self, key: str, starts: Sequence[int], stops: Sequence[int], *,
-                   field: str = "bytes") -> list[memoryview]:
+                   field: str = "bytes", coalesce: int | None = None) -> list[memoryview]:
         """Bytes ``[starts[i], stops[i])`` of object ``key``, each exactly (many requests in
-        flight; ranges less than 64 KiB apart are fetched by one request).
+        flight; ranges at most ``coalesce`` bytes apart, default :data:`COALESCE_BYTES`, are
+        fetched by one request, the gap fetched and dropped).
 
         Raises:
             TruncatedError: the object ends before a range does (it is shorter than its
@@ -677,16 +678,17 @@ class ObjectStore:
         starts, stops = [int(a) for a in starts], [int(b) for b in stops]
         want = sum(b - a for a, b in zip(starts, stops, strict=True))
         span = f"bytes [{min(starts)}, {max(stops)})"
+        gap = COALESCE_BYTES if coalesce is None else int(coalesce)
 
         def once() -> list[memoryview]:
-            parts = obs.get_ranges(self.client, key, starts=starts, ends=stops, coalesce=COALESCE_BYTES)
+            parts = obs.get_ranges(self.client, key, starts=starts, ends=stops, coalesce=gap)
             out = [memoryview(p) for p in parts]
             got = sum(len(p) for p in out)
-            self._count(_requests(starts, stops), got)
+            self._count(_requests(starts, stops, gap), got)
             if got != want or any(len(p) != b - a for p, a, b in zip(out, starts, stops, strict=True)):
                 raise _ShortBody(got, want)
             return out
-        return self._call("GET", key, span, once, cost=_requests(starts, stops))
+        return self._call("GET", key, span, once, cost=_requests(starts, stops, gap))
 
     def get_range(self, key: str, start: int, stop: int) -> memoryview:
         """Bytes ``[start, stop)`` of object ``key`` (see :meth:`get_ranges`)."""
@@ -808,19 +810,20 @@ class _TooLarge(Exception):
 #: Ranges of one object less than this far apart are fetched by one request (the gap's bytes
 #: are fetched and dropped). 64 KiB cost 1.90 bytes fetched per byte delivered on shuffled
 #: 4 KiB windows, 16 KiB 1.48, 4 KiB 1.40 with one request more per step
-#: (tools/bench_remote_peers.py).
+#: (tools/bench_remote_peers.py). A caller with small ranges spread over an object (pages of
+#: digests) passes a smaller gap (``get_ranges(coalesce=)``).
 COALESCE_BYTES = 16 << 10
 #: Part size of multipart uploads.
 PART_BYTES = 16 << 20
 
 
-def _requests(starts: list[int], stops: list[int]) -> int:
-    """The requests obstore makes for these ranges (those less than COALESCE_BYTES apart are
-    merged)."""
+def _requests(starts: list[int], stops: list[int], coalesce: int = COALESCE_BYTES) -> int:
+    """The requests obstore makes for these ranges (those at most ``coalesce`` bytes apart
+    are merged)."""
     pairs = sorted(zip(starts, stops, strict=True))
-    n, end = 0, -1 - COALESCE_BYTES
+    n, end = 0, -1 - coalesce
     for a, b in pairs:
-        if a - end > COALESCE_BYTES:
+        if a - end > coalesce:
             n += 1
         end = max(end, b)
     return n

@@ -96,6 +96,8 @@ class RemoteShard(Shard):
         self._documents = self._metadata_index = None
         self._index_lock = threading.Lock()
         self._pages_lock = threading.Lock()
+        self._pages_cond = threading.Condition(threading.Lock())
+        self._pages_claimed: set[int] = set()     # pages a thread is fetching
         e = self.entry
         self.digest_bytes, self.top_bytes = T.digest_sizes(e.files, manifest.metadata, manifest.block,
                                                            manifest.top_digests)
@@ -213,32 +215,54 @@ class RemoteShard(Shard):
     def _fetch_pages(self, p0: int, p1: int, pages: list[int] | None = None) -> None:
         """Pages ``[p0, p1)`` (or the sorted ``pages``) of the digest list held: those the
         local copy holds (checked against the top level) kept, the others fetched (one
-        request) and checked."""
-        block, d = self.block, self.digest_bytes
-        with self._pages_lock:
-            todo = [p for p in (range(p0, p1) if pages is None else pages) if not self._page_ok[p]]
-            if not todo:
-                return
-            self._pages_held(todo)
-            missing = [p for p in todo if not self._page_ok[p]]
-            if not missing:
-                return
-            with self._lock("checksums.bin", [(r0 * block, min(r1 * block, d)) for r0, r1 in _runs(missing)]) as waited:
-                if waited:                  # another process fetched them meanwhile: read its copy
-                    self._pages_held(missing)
-                    missing = [p for p in missing if not self._page_ok[p]]
-                    if not missing:
-                        return
-                runs = _runs(missing)
-                starts = [r[0] * block for r in runs]
-                stops = [min(r[1] * block, d) for r in runs]
+        request) and checked. Threads fetch different pages of a shard at once (a sequential
+        read keeps several runs of blocks, each with its own pages, in flight); a page another
+        thread is fetching is waited for, not fetched twice."""
+        want = [p for p in (range(p0, p1) if pages is None else pages) if not self._page_ok[p]]
+        tried: set[int] = set()
+        while want:
+            with self._pages_cond:
+                want = [p for p in want if not self._page_ok[p]]
+                mine = [p for p in want if p not in self._pages_claimed and p not in tried]
+                if not mine:
+                    if not want or all(p in tried for p in want):
+                        return          # what is left failed in this thread: the read raises
+                    self._pages_cond.wait()
+                    continue
+                self._pages_claimed.update(mine)
+            try:
+                tried.update(mine)
+                self._fetch_claimed_pages(mine)
+            finally:
+                with self._pages_cond:
+                    self._pages_claimed.difference_update(mine)
+                    self._pages_cond.notify_all()
 
-                def accept(which: list[int], parts: list[Any]) -> list[int]:
-                    self._accept_pages([runs[i] for i in which], [starts[i] for i in which], parts)
-                    return [i for i in which if not self._page_ok[runs[i][0]:runs[i][1]].all()]
-                fetch_checked(self.remote.store, f"{self.key}/checksums.bin", starts, stops, accept,
-                              path=f"{self.url}/checksums.bin", field="checksums.bin",
-                              against="their top-level digests")
+    def _fetch_claimed_pages(self, todo: list[int]) -> None:
+        block, d = self.block, self.digest_bytes
+        self._pages_held(todo)
+        missing = [p for p in todo if not self._page_ok[p]]
+        if not missing:
+            return
+        with self._lock("checksums.bin", [(r0 * block, min(r1 * block, d)) for r0, r1 in _runs(missing)]) as waited:
+            if waited:                  # another process fetched them meanwhile: read its copy
+                self._pages_held(missing)
+                missing = [p for p in missing if not self._page_ok[p]]
+                if not missing:
+                    return
+            runs = _runs(missing)
+            starts = [r[0] * block for r in runs]
+            stops = [min(r[1] * block, d) for r in runs]
+
+            def accept(which: list[int], parts: list[Any]) -> list[int]:
+                self._accept_pages([runs[i] for i in which], [starts[i] for i in which], parts)
+                return [i for i in which if not self._page_ok[runs[i][0]:runs[i][1]].all()]
+            # pages at most one page apart in one request: a page is a block (1 KiB), and
+            # pages merged across the store's usual gap (16 KiB, for blocks of tokens) fetched
+            # 0.13 bytes of gaps per byte delivered on shuffled 2,049-token windows
+            fetch_checked(self.remote.store, f"{self.key}/checksums.bin", starts, stops, accept,
+                          path=f"{self.url}/checksums.bin", field="checksums.bin",
+                          against="their top-level digests", coalesce=block)
 
     def _pages_held(self, pages: list[int]) -> None:
         """Mark held the ``pages`` of digests the local copy holds (checked against the top

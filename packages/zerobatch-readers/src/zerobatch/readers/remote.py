@@ -91,12 +91,13 @@ def open_sparse(path: str, size: int, tail: bytes = b"") -> int:
 
 def fetch_checked(store: Any, key: str, starts: Sequence[int], stops: Sequence[int],
                   accept: Callable[[list[int], list[Any]], list[int]], *, path: str, field: str,
-                  against: str = "their checksums") -> None:
+                  against: str = "their checksums", coalesce: int | None = None) -> None:
     """The one fetch loop of every remote reader: ranges ``[starts[i], stops[i])`` of object
     ``key`` fetched in one request (obstore merges close ranges), handed to ``accept(which,
     parts)`` (the range numbers and their bytes), which checks them, writes those that
     matched into the local copy and returns the numbers of those that did not; those are
-    fetched again, :data:`FETCH_TRIES` fetches in all.
+    fetched again, :data:`FETCH_TRIES` fetches in all. ``coalesce``: ranges at most this many
+    bytes apart go in one request (default: the store's own gap).
 
     Raises:
         IntegrityError: a range never matched (naming ``path``, the first such range and
@@ -107,7 +108,8 @@ def fetch_checked(store: Any, key: str, starts: Sequence[int], stops: Sequence[i
     for _ in range(FETCH_TRIES):
         if not todo:
             return
-        parts = store.get_ranges(key, [starts[i] for i in todo], [stops[i] for i in todo])
+        kw = {} if coalesce is None else {"coalesce": coalesce}
+        parts = store.get_ranges(key, [starts[i] for i in todo], [stops[i] for i in todo], **kw)
         todo = accept(todo, parts)
     if todo:
         a, b = int(starts[todo[0]]), int(stops[todo[0]])

@@ -21,7 +21,7 @@ from zerobatch.formats.errors import ConfigError, NotFoundError
 from zerobatch.readers.base import MAPPED, Access
 from zerobatch.samplers import GlobalRandomOrder, IndexOrder, IndexSampler, Schedule, SequentialOrder
 
-__all__ = ["CHUNK_BYTES", "IGNORE_INDEX", "VIEW_STEPS", "Array", "Output", "OutputPlan", "ReadTicket", "Source", "StackedRuns", "Value", "build", "leaves",
+__all__ = ["CHUNK_BYTES", "IGNORE_INDEX", "VIEW_STEPS", "Array", "Output", "OutputPlan", "ReadTicket", "Source", "StackedRuns", "Value", "build", "hinted_bytes", "leaves",
            "check_dataset", "how_to_read", "open_reader"]
 
 #: Bytes one read-ahead job fills when steps can be read together (amortizes the hand-off
@@ -426,8 +426,11 @@ class Source(ABC):
         """Whether the source's bytes are fetched from object storage (``access.fetched``)."""
         return self.access.fetched
 
-    def prepare(self, items: np.ndarray) -> None:  # noqa: B027 - optional hook, no-op by default
-        """Called in order as reads are planned (read-ahead hints)."""
+    def prepare(self, items: np.ndarray) -> int | None:  # noqa: B027 - optional hook, no-op by default
+        """Called in order as reads are planned (read-ahead hints). Returns the bytes it
+        asked to fetch ahead, when known (the loader keeps at most ``Access.hint_bytes`` of
+        them ahead of its reads), or ``None``."""
+        return None
 
     #: ``read_async(pool, items, dtype)``: the read queued on a
     #: :class:`~zerobatch.core.pool.TaskPool` as one compiled task, returning a ticket with
@@ -532,6 +535,13 @@ class ReadTicket:
 
     def cancel(self, wait: bool = True) -> None:
         self.ticket.cancel() if wait else self.ticket.cancel(False)
+
+
+def hinted_bytes(reader: Any, tokens: int) -> int | None:
+    """The bytes of ``tokens`` tokens of ``reader`` (its ``itemsize`` a token), for a
+    :meth:`Source.prepare` to return; ``None`` for a reader that does not say."""
+    itemsize = getattr(reader, "itemsize", None)
+    return tokens * itemsize if isinstance(itemsize, int) else None
 
 
 def next_token_pair(name: str = "tokens") -> tuple[Array, Array]:

@@ -120,6 +120,21 @@ class Mixture(Source):
     def chunk_steps(self, items_per_step: int) -> int:
         return 1
 
+    def prepare(self, items: np.ndarray, sources: np.ndarray | None = None) -> int | None:
+        """Read-ahead hints: each source hears of its own items of these steps (a source at a
+        URL fetches their bytes in the background); returns the bytes they hinted when every
+        source says. Sources read where they lie are not hinted (as before)."""
+        if sources is None or not self.access.fetched:
+            return None
+        flat_items, flat_tags = items.reshape(-1), sources.reshape(-1)
+        total: int | None = 0
+        for k, source in enumerate(self.sources):
+            where = np.flatnonzero(flat_tags == k)
+            if where.size:
+                n = source.prepare(flat_items[where].reshape(1, -1))
+                total = None if n is None or total is None else total + n
+        return total
+
     def read(self, items: np.ndarray, dtype: np.dtype, sources: np.ndarray | None = None) -> dict[str, Any]:
         if sources is None:
             raise ConfigError("a mixture is read with the source of every item", field="sources")

@@ -19,7 +19,7 @@ import numpy as np
 
 from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Access, Array, ReadTicket, Source, Value,
                                               check_dataset, check_pad_id, check_position_dtype,
-                                              check_seq_len)
+                                              check_seq_len, hinted_bytes)
 from zerobatch.core import PACKING_ALGORITHMS, pack_plan, pack_rows
 from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError
@@ -346,12 +346,14 @@ class PackedDocuments(Source):
         idx = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(before - a, count)
         return self.piece_start[idx], self.piece_len[idx], which
 
-    def prepare(self, items: np.ndarray) -> None:
+    def prepare(self, items: np.ndarray) -> int | None:
         """A dataset at a URL: these rows' tokens fetched in the background, steps ahead."""
-        if self.reader.access.fetched:
-            starts, lens, _ = self.pieces(items)
-            if lens.size:
-                self.reader.prefetch(starts, stops=starts + lens)
+        if not self.reader.access.fetched:
+            return None
+        starts, lens, _ = self.pieces(items)
+        if lens.size:
+            self.reader.prefetch(starts, stops=starts + lens)
+        return hinted_bytes(self.reader, int(lens.sum()))
 
     def chunk_steps(self, items_per_step: int) -> int:
         if not self.stacked:
@@ -527,12 +529,14 @@ class FlatDocuments(Source):
         keep = stops > starts
         return starts[keep], (stops - starts)[keep]
 
-    def prepare(self, items: np.ndarray) -> None:
+    def prepare(self, items: np.ndarray) -> int | None:
         """A dataset at a URL: these documents' tokens fetched in the background, steps ahead."""
-        if self.reader.access.fetched:
-            starts, lens = self._pieces(items.reshape(-1))
-            if lens.size:
-                self.reader.prefetch(starts, stops=starts + lens)
+        if not self.reader.access.fetched:
+            return None
+        starts, lens = self._pieces(items.reshape(-1))
+        if lens.size:
+            self.reader.prefetch(starts, stops=starts + lens)
+        return hinted_bytes(self.reader, int(lens.sum()))
 
     def read(self, items: np.ndarray, dtype: np.dtype) -> list[dict[str, Any]]:
         return [self._step(items[s], dtype) for s in range(items.shape[0])]

@@ -9,9 +9,8 @@ from typing import Any
 import numpy as np
 
 from zerobatch.adapters.sources._base import (CHUNK_BYTES, IGNORE_INDEX, Access, Array, ReadTicket, Source, Value,
-                                              check_pad_id,
-                                              check_dataset, check_position_dtype, check_seq_len,
-                                              next_token_pair, open_reader)
+                                              check_dataset, check_pad_id, check_position_dtype, check_seq_len,
+                                              hinted_bytes, next_token_pair, open_reader)
 from zerobatch.core import pad_rows
 from zerobatch.core.checks import check_count
 from zerobatch.formats.errors import ConfigError
@@ -109,11 +108,13 @@ class TokenWindows(Source):
             return 1
         return max(1, CHUNK_BYTES // (items_per_step * self.length * 8))
 
-    def prepare(self, items: np.ndarray) -> None:
+    def prepare(self, items: np.ndarray) -> int | None:
         """A dataset at a URL: the blocks of these windows fetched in the background, steps
         ahead of their read (the schedule is known)."""
-        if self.reader.access.fetched:
-            self.reader.prefetch(self.reader.window_starts(items.reshape(-1), self.length, self.stride), self.length)
+        if not self.reader.access.fetched:
+            return None
+        self.reader.prefetch(self.reader.window_starts(items.reshape(-1), self.length, self.stride), self.length)
+        return hinted_bytes(self.reader, items.size * self.length)
 
     def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any] | list[dict[str, Any]]:
         steps, per = items.shape
@@ -262,11 +263,13 @@ class TokenDocuments(Source):
     def chunk_steps(self, items_per_step: int) -> int:
         return max(1, CHUNK_BYTES // (items_per_step * self.width * 9))
 
-    def prepare(self, items: np.ndarray) -> None:
+    def prepare(self, items: np.ndarray) -> int | None:
         """A dataset at a URL: these documents' blocks fetched in the background, steps ahead
-        of their read."""
-        if self.reader.access.fetched:
-            self.reader.prefetch(documents=items.reshape(-1), length=self.width)
+        of their read (returns an upper bound of their bytes: ``width`` tokens each)."""
+        if not self.reader.access.fetched:
+            return None
+        self.reader.prefetch(documents=items.reshape(-1), length=self.width)
+        return hinted_bytes(self.reader, items.size * self.width)
 
     def read(self, items: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
         steps, per = items.shape
