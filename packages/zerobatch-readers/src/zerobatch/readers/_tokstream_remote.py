@@ -244,12 +244,13 @@ class RemoteShard(Shard):
         missing = [p for p in todo if not self._page_ok[p]]
         if not missing:
             return
-        with self._lock("checksums.bin", [(r0 * block, min(r1 * block, d)) for r0, r1 in _runs(missing)]) as waited:
-            if waited:                  # another process fetched them meanwhile: read its copy
-                self._pages_held(missing)
-                missing = [p for p in missing if not self._page_ok[p]]
-                if not missing:
-                    return
+        with self._lock("checksums.bin", [(r0 * block, min(r1 * block, d)) for r0, r1 in _runs(missing)]):
+            # read the copy again under the lock: another process may have fetched them (and
+            # let go) since they were found missing
+            self._pages_held(missing)
+            missing = [p for p in missing if not self._page_ok[p]]
+            if not missing:
+                return
             runs = _runs(missing)
             starts = [r[0] * block for r in runs]
             stops = [min(r[1] * block, d) for r in runs]
@@ -432,9 +433,10 @@ class RemoteShard(Shard):
         digests and written into the local copy."""
         size, block = self.entry.files[fname].size, self.block
         fd = self._fds[fname] if fd is None else fd
-        with self._lock(fname, [(r0 * block, min(r1 * block, size)) for r0, r1 in _runs(blocks)]) as waited:
-            if waited:                        # another process of the host fetched them meanwhile
-                blocks = self._missing(fname, blocks, fd)
+        with self._lock(fname, [(r0 * block, min(r1 * block, size)) for r0, r1 in _runs(blocks)]):
+            # checked again under the lock, waited for or not: another process of the host may
+            # have fetched them (and let go) since they were found missing
+            blocks = self._missing(fname, blocks, fd)
             if blocks:
                 self._fetch_locked(fname, blocks, fd)
 
