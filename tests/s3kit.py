@@ -15,6 +15,7 @@ Traffic goes to 127.0.0.1 only.
 
 from __future__ import annotations
 
+import collections
 import http.client
 import json
 import os
@@ -207,6 +208,9 @@ class FaultProxy:
         self.requests: list[tuple[str, str, str]] = []
         self.times: list[float] = []           # when each request arrived (monotonic)
         self.clients: list[str] = []           # the address each came from
+        # how each ended: the status sent with the whole body, or None (the client went away,
+        # the connection was reset or cut short: the client's retry is not a new fetch)
+        self.outcomes: list[int | None] = []
         self.injected: dict[str, int] = {}
         self._lock = threading.Lock()
         proxy = self
@@ -270,6 +274,8 @@ class FaultProxy:
             self.requests.append((method, path, h.headers.get("Range", "")))
             self.times.append(time.monotonic())
             self.clients.append(h.client_address[0])
+            self.outcomes.append(None)
+            index = len(self.outcomes) - 1
         fault = self._take(method, path)
         if self.latency:
             time.sleep(self.latency)
@@ -284,6 +290,7 @@ class FaultProxy:
             h.send_header("Content-Length", str(len(payload)))
             h.end_headers()
             h.wfile.write(payload)
+            self.outcomes[index] = int(kind)
             return
         if kind == "reset":
             # an RST instead of an answer
@@ -310,6 +317,7 @@ class FaultProxy:
         h.send_header("Content-Length", resp.getheader("Content-Length", "0") if method == "HEAD" else str(len(data)))
         h.end_headers()
         if method == "HEAD":
+            self.outcomes[index] = resp.status
             return
         if kind == "short":
             h.wfile.write(data[:len(data) // 2])
@@ -333,6 +341,23 @@ class FaultProxy:
                 h.wfile.write(piece)
         else:
             h.wfile.write(data)
+        h.wfile.flush()
+        self.outcomes[index] = resp.status
+
+    def retries(self) -> list[bool]:
+        """For each request: whether it repeats one from the same client (method, path and
+        range) that did not end with a whole answer of 2xx (a client's retry, not a new fetch)."""
+        failed: collections.Counter = collections.Counter()
+        out = []
+        with self._lock:
+            for (method, path, rng), client, outcome in zip(self.requests, self.clients, self.outcomes, strict=True):
+                key = (client, method, path, rng)
+                out.append(failed[key] > 0)
+                if failed[key]:
+                    failed[key] -= 1
+                if outcome is None or not 200 <= outcome < 300:
+                    failed[key] += 1
+        return out
 
     def close(self) -> None:
         self.server.shutdown()

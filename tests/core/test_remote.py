@@ -101,6 +101,9 @@ def test_every_fault_heals_by_retry(endpoint, blob, proxy, kind):
     proxy.add(kind, 2)
     assert store.get("blob.bin", limit=1 << 20) == data
     assert proxy.injected == {kind: 4}
+    # the store counts the attempts made again; the proxy sees each failed one repeated
+    assert store.retries == 4 and store.requests == 2
+    assert sum(proxy.retries()) == 4
 
 
 def test_a_timeout_is_retried(endpoint, blob, proxy):

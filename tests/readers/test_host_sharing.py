@@ -113,3 +113,35 @@ def test_the_processes_of_a_host_fetch_each_range_once(dataset, seaweed_endpoint
     assert dup.get("manifest.json") == nproc - 1 and dup.get("checksums.bin", 0) >= nproc - 1, dup
     assert len(gets) > n_shared + sum(dup.values()) // 2
     assert [o["steps"] for o in alone] == [o["steps"] for o in shared]
+
+
+def test_blocks_fetched_by_another_process_between_the_look_and_the_lock_are_not_fetched_again(
+        dataset, seaweed_endpoint, tmp_path, monkeypatch):
+    # Process A finds a shard's blocks missing for sure (no copy yet), and before it takes their
+    # lock, process B fetches them, writes them to the host's copy and lets go. A must look again
+    # once it holds the lock, and read B's copy: no second GET of those bytes. (Both readers
+    # live in this process here; B runs inside A's look, so the order is fixed.)
+    folder, url = dataset
+    monkeypatch.setenv("ZEROBATCH_RUN_ID", "toctou")
+    proxy = FaultProxy(seaweed_endpoint)
+    cache = tmp_path / "cache"
+    a = TokenStreamReader(url, storage_options=options(proxy.url), cache_dir=cache)
+    b = TokenStreamReader(url, storage_options=options(proxy.url), cache_dir=cache)
+    starts = np.array([1000, 5000, 20_000], np.int64)
+    shards = a._shards
+    look = type(shards)._missing_for_sure
+    after_b: list[int] = []
+
+    def look_then_b_fetches(self, k, fname, blocks):
+        missing = look(self, k, fname, blocks)
+        if self is shards and not after_b:
+            b.windows(starts, 200)
+            after_b.append(len(proxy.requests))
+        return missing
+
+    monkeypatch.setattr(type(shards), "_missing_for_sure", look_then_b_fetches)
+    got = a.windows(starts, 200)
+    assert after_b, "A never looked for missing blocks"
+    assert np.array_equal(got, TokenStreamReader(folder).windows(starts, 200))
+    again = [r for r in proxy.requests[after_b[0]:] if r[0] == "GET" and "tokens.bin" in r[1]]
+    assert again == [], again

@@ -499,7 +499,7 @@ class ObjectStore:
         self._client: Any = None
         self._pid = -1
         self._lock = threading.Lock()
-        self._stats = [0, 0]   # requests, bytes fetched
+        self._stats = [0, 0, 0]   # requests, bytes fetched, retries
         self._rng = random.Random()
         self.budgets: RequestBudgets | None = None
         _obstore()
@@ -587,6 +587,16 @@ class ObjectStore:
         """Bytes received from the store."""
         return self._stats[1]
 
+    @property
+    def retries(self) -> int:
+        """Attempts made again after a failed one (a throttled, reset or short answer)."""
+        return self._stats[2]
+
+    @property
+    def throttled_seconds(self) -> float:
+        """Seconds this process's requests waited for the per-prefix request budgets."""
+        return 0.0 if self.budgets is None else self.budgets.waited
+
     def _count(self, requests: int, nbytes: int) -> None:
         with self._lock:
             self._stats[0] += requests
@@ -603,6 +613,8 @@ class ObjectStore:
         budget = None if self.budgets is None or write else self.budgets.bucket(key)
         for attempt in range(policy.attempts):
             if attempt:
+                with self._lock:
+                    self._stats[2] += 1
                 time.sleep(policy.delay(attempt - 1, self._rng))
                 if time.monotonic() - t0 > policy.deadline:
                     break

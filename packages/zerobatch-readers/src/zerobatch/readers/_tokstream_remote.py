@@ -206,7 +206,7 @@ class RemoteShard(Shard):
         local copy and marked held (the others stay missing)."""
         block = self._manifest.block
         for (r0, _), s0, part in zip(runs, starts, parts, strict=True):
-            ok = block_digests(part, block) == self._top[r0:r0 + -(-len(part) // block)]
+            ok = self.remote.digests(part, block) == self._top[r0:r0 + -(-len(part) // block)]
             if ok.all():
                 pwrite_all(self._sums_fd, part, s0)
                 self.remote.fetched(len(part))
@@ -271,7 +271,7 @@ class RemoteShard(Shard):
         block, d, fd = self.block, self.digest_bytes, self._sums_fd
         for r0, r1 in _runs(pages):
             a, b = r0 * block, min(r1 * block, d)
-            have = block_digests(os.pread(fd, b - a, a), block)
+            have = self.remote.digests(os.pread(fd, b - a, a), block)
             for p in range(r0, r1):
                 if have[p - r0] == self._top[p]:
                     self._page_ok[p] = True
@@ -352,7 +352,7 @@ class RemoteShard(Shard):
         size, block = self.entry.files[fname].size, self.block
         want = self._digests_of(fname, c, c + count)
         a, b = c * block, min((c + count) * block, size)
-        have = block_digests(os.pread(fd, b - a, a), block)
+        have = self.remote.digests(os.pread(fd, b - a, a), block, held=want)
         missing = np.flatnonzero(have != want)
         if missing.size:
             self.fetch(fname, (c + missing).tolist())
@@ -419,7 +419,7 @@ class RemoteShard(Shard):
         if fetched:
             block, written = self.block, 0
             for (r0, r1), part in fetched.items():
-                if (block_digests(part, block) == self._digests_of(fname, r0, r1)).all():
+                if (self.remote.digests(part, block) == self._digests_of(fname, r0, r1)).all():
                     pwrite_all(fd, part, r0 * block)
                     written += len(part)
             self.remote.fetched(written)
@@ -446,8 +446,9 @@ class RemoteShard(Shard):
         missing: list[int] = []
         for first, stop in _runs(blocks):
             a, b = first * block, min(stop * block, size)
-            have = block_digests(os.pread(fd, b - a, a), block)
-            missing += (first + np.flatnonzero(have != self._digests_of(fname, first, stop))).tolist()
+            want = self._digests_of(fname, first, stop)
+            have = self.remote.digests(os.pread(fd, b - a, a), block, held=want)
+            missing += (first + np.flatnonzero(have != want)).tolist()
         return missing
 
     def _fetch_locked(self, fname: str, blocks: list[int], fd: int) -> None:
@@ -460,7 +461,7 @@ class RemoteShard(Shard):
             bad, written = [], 0
             for i, part in zip(which, parts, strict=True):
                 r0, r1 = runs[i]
-                if (block_digests(part, block) == self._digests_of(fname, r0, r1)).all():
+                if (self.remote.digests(part, block) == self._digests_of(fname, r0, r1)).all():
                     pwrite_all(fd, part, starts[i])
                     written += len(part)
                 else:
@@ -538,6 +539,27 @@ class RemoteShards:
         self._used: set[int] = set()
         self._scan_due = False
         self._indexed: frozenset[int] | set[int] = frozenset()     # shards whose indexes the kernels have
+        # bytes hashed to check them (local copies and fetched parts), bytes found held in the
+        # local copies when checked: the loader's metrics
+        self._counts = [0, 0]
+        self._counts_lock = threading.Lock()
+
+    def digests(self, data: Any, block: int, held: Any = None) -> np.ndarray:
+        """``block_digests(data, block)``, counted as checksum work; ``held``: the digests the
+        local copy must match (the bytes that do are counted as found in the cache)."""
+        out = block_digests(data, block)
+        found = 0
+        if held is not None:
+            found = min(len(data), int(np.count_nonzero(out == held)) * block)
+        with self._counts_lock:
+            self._counts[0] += len(data)
+            self._counts[1] += found
+        return out
+
+    def counters(self) -> dict[str, int]:
+        """``{"checked_bytes", "cache_hit_bytes"}`` so far (see :meth:`digests`)."""
+        with self._counts_lock:
+            return {"checked_bytes": self._counts[0], "cache_hit_bytes": self._counts[1]}
 
     # -- the read path's calls (as LocalShards') ---------------------------------------------
 
@@ -677,6 +699,11 @@ class RemoteShards:
             release = self.cache.locks.try_hold(self.manifest.shards[k].build_id, _SLOTS[fname],
                                                 [(a * block, min(b * block, size)) for a, b in _runs(fresh[k])])
             if release is None:
+                del fresh[k]
+            elif not self._missing_for_sure(k, fname, fresh[k]):
+                # another process fetched them between the look and the lock, and let go:
+                # the checked path reads its copy
+                release()
                 del fresh[k]
             else:
                 releases[k] = release

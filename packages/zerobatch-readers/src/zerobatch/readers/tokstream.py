@@ -288,6 +288,22 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         ``None``."""
         return self._store
 
+    def io_counters(self) -> dict[str, float]:
+        """What reading has cost so far in this process, for a dataset at a URL (empty for
+        a local one): ``requests``, ``bytes_fetched``, ``retries``, ``throttled_seconds``
+        (waits for the request budgets), ``checked_bytes`` (hashed to check blocks and
+        pages of digests) and ``cache_hit_bytes`` (found already in the local copy when
+        checked). Counters only grow; cheap enough to read every step."""
+        store = self._store
+        if store is None:
+            return {}
+        out: dict[str, float] = {"requests": store.requests, "bytes_fetched": store.bytes_fetched,
+                                 "retries": store.retries, "throttled_seconds": store.throttled_seconds}
+        counters = getattr(self._shards, "counters", None)
+        if counters is not None:
+            out.update(counters())
+        return out
+
     def _gather_for(self, starts: Any, length: int) -> WindowGather:
         """The window kernels ready for windows ``[start, start + length)``: with the indexes
         of every shard the windows touch (those of a dataset at a URL fetched on first use;
