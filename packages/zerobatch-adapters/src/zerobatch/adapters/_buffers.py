@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,9 +25,13 @@ class BufferPool:
         shape: shape of each array.
         dtype: element type.
         max_buffers: arrays kept for reuse.
+        allocate: makes a new array (default ``numpy.empty``; a loader that copies to a
+            CUDA device gives page-locked memory: the ring its copies start from).
     """
 
-    def __init__(self, shape: tuple[int, ...], dtype: Any, max_buffers: int) -> None:
+    def __init__(self, shape: tuple[int, ...], dtype: Any, max_buffers: int,
+                 allocate: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None = None) -> None:
+        self.allocate = allocate or np.empty
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.max_buffers = max(0, int(max_buffers))
@@ -50,7 +55,7 @@ class BufferPool:
                     buffers.append(arr)
                     self.reused += 1
                     return arr
-            arr = np.empty(self.shape, self.dtype)
+            arr = self.allocate(self.shape, self.dtype)
             self.allocated += 1
             buffers.append(arr)
             if len(buffers) > self.max_buffers:

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from zerobatch.adapters.metrics import LoaderMetrics, clock, nbytes, storage_counters
 from zerobatch.adapters.sources import Source, open_source
 from zerobatch.adapters.sources._base import DEFAULT_PREFETCH, DEFAULT_SEED, VIEW_STEPS, OutputPlan, StackedRuns
 from zerobatch.core.checks import check_count
@@ -42,7 +43,7 @@ from zerobatch.core.pool import shared_pool
 from zerobatch.formats.errors import ConfigError, StateError
 from zerobatch.samplers import TAILS, IndexOrder, Schedule, check_seed, resolve_rank
 
-__all__ = ["DEFAULT_PREFETCH", "DEFAULT_SEED", "READ_AHEAD_POOL", "WORKER_STATE", "BaseLoader"]
+__all__ = ["DEFAULT_PREFETCH", "DEFAULT_SEED", "HEADSPACE_ENV", "READ_AHEAD_POOL", "WORKER_STATE", "BaseLoader"]
 
 
 #: The name of the read-ahead pool's threads (``zerobatch-loader-0``...).
@@ -52,6 +53,22 @@ READ_AHEAD_POOL = "zerobatch-loader"
 #: share of the rank's steps (``worker`` of ``num_workers``), the pass's ``start`` and the
 #: steps of the share it ``delivered``.
 WORKER_STATE = "zerobatch-worker"
+
+#: The environment variable that turns on headspace mode in every loader made after it is set
+#: (``ZEROBATCH_HEADSPACE=16``: replay the first 16 batches; see ``BaseLoader(headspace=)``).
+HEADSPACE_ENV = "ZEROBATCH_HEADSPACE"
+
+
+def _headspace(value: Any) -> int:
+    if value is None:
+        raw = os.environ.get(HEADSPACE_ENV, "").strip()
+        if not raw:
+            return 0
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"{HEADSPACE_ENV}={raw!r}: give the number of batches to replay", field="headspace") from None
+    return check_count(value, "headspace", maximum=1 << 20)
 
 
 def default_num_threads() -> int:
@@ -88,7 +105,7 @@ class BaseLoader:
                  shuffle: bool = True, seed: int = DEFAULT_SEED, drop_last: bool = True, tail: str | None = None,
                  order: Any = None, rank: int | None = None, world_size: int | None = None,
                  epoch: int = 0, prefetch: int = DEFAULT_PREFETCH, num_threads: int | None = None, dtype: Any = np.int64,
-                 world: tuple[int, int] | None = None) -> None:
+                 world: tuple[int, int] | None = None, headspace: int | None = None) -> None:
         self.source: Source = open_source(source)
         if world is not None and rank is None and world_size is None:
             rank, world_size = world
@@ -147,6 +164,9 @@ class BaseLoader:
         # excluded (zerobatch.adapters.provenance)
         self._worlds: list[list[int]] = [[0, world_size]]
         self._exclusions: Any = None
+        # what the data path costs the loop (metrics()), and the headspace mode
+        self._metrics = LoaderMetrics()
+        self.headspace = _headspace(headspace)
 
     def _np_dtype(self, dtype: Any) -> np.dtype:
         dt = np.dtype(dtype)
@@ -325,7 +345,69 @@ class BaseLoader:
         """The batches as NumPy arrays (the torch and JAX loaders yield their own types)."""
         return self._iter()
 
+    # ---------------------------------------------------------------------------------------
+    # metrics and headspace
+
+    def metrics(self) -> dict[str, float]:
+        """What the data path has cost this rank so far, as one flat dict of numbers: steps,
+        items and bytes delivered, the time the loop waited inside ``next()`` (total, last,
+        max, p50 and p99 of the last 1,024 steps) and its share of the loop's time, the reads
+        queued ahead, object-storage requests, bytes, retries, throttling waits, checksum work
+        and cache hits, and host-to-device copies (see :mod:`zerobatch.adapters.metrics`).
+        Cheap enough to call every step; :func:`~zerobatch.adapters.metrics.format_metrics`
+        makes it one line for a log."""
+        out = self._metrics.snapshot()
+        p = None if self._active is None else self._active()
+        out["read_ahead"] = 0 if p is None or p.closed else len(p._tickets)
+        out["read_ahead_target"] = 0 if p is None else p.depth
+        out["headspace"] = 1 if self.headspace else 0
+        out.update(storage_counters(self.source))
+        return out
+
+    def reset_metrics(self) -> None:
+        """Start the counters of :meth:`metrics` again (those of object storage are the
+        process's and keep counting)."""
+        self._metrics.reset()
+
+    def _replay(self) -> Iterator[Any]:
+        """Headspace mode: the first ``headspace`` batches of the pass read once, then handed
+        out again and again (without reading) for as many steps as the pass has; the
+        position does not move (a checkpoint saved now resumes where the pass began)."""
+        state = self.state_dict()
+        kept: list[Any] = []
+        m = self._metrics
+        asked = clock()
+        m.asked(asked)
+        try:
+            for batch in self._iter_pass():
+                kept.append(batch)
+                now = clock()
+                m.delivered(now - asked, now, self.items_per_step)
+                yield batch
+                asked = clock()
+                if len(kept) >= self.headspace:
+                    break
+        finally:
+            self._close_active()
+            self.load_state_dict(state)
+        if not kept:
+            return
+        steps = None if self.schedule.endless else len(self)
+        k = len(kept)
+        while steps is None or k < steps:
+            batch = kept[k % len(kept)]
+            k += 1
+            now = clock()
+            m.delivered(now - asked, now, self.items_per_step)
+            yield batch
+            asked = clock()
+
     def _iter(self) -> Iterator[Any]:
+        if self.headspace and not self._in_worker():
+            return self._replay()
+        return self._iter_pass()
+
+    def _iter_pass(self) -> Iterator[Any]:
         self._close_active()
         worker, num_workers = self._worker_split()
         skip = 0
@@ -622,7 +704,11 @@ class _Pass:
                           "delivered": skip}
             loader._share, loader._share_loaded = self.share, False
         self.closed = False
-        self.dtype = loader.dtype
+        # the dtype reads fill (a loader copying to a device may read narrower ids and widen
+        # them there), and what is done to each read's result on the thread that read it
+        # (the start of its copy to a device; never inside a DataLoader worker process)
+        self.dtype = loader.__dict__.get("_read_dtype") or loader.dtype
+        self.stage = None if share else loader.__dict__.get("_stage")
         b = self.schedule.batch_size
         # reads of views (no output to hold) may cover more steps than ``prefetch``: what runs
         # ahead is then only their checking, and a longer read costs the loop less per step
@@ -710,6 +796,12 @@ class _Pass:
         if items.shape[1] == 0:                 # this rank has nothing in a short last step
             return _Ready(None), after
         args = (items, self.dtype) if sources is None else (items, self.dtype, sources)
+        stage = self.stage
+        if stage is not None:
+            read = functools.partial(_staged, stage, self.source.read, args)
+            if here or self.pool is None:
+                return _Ready(read()), after
+            return self.pool.call(read, caller_runs=self.loader.reads_here), after
         if here or self.pool is None:
             return _Ready(self.source.read(*args)), after
         if sources is None and self.source.read_async is not None:
@@ -755,10 +847,17 @@ class _Pass:
     def batches(self) -> Iterator[Any]:
         """The generator ``iter(loader)`` returns."""
         ld, schedule = self.loader, self.schedule
+        m = ld._metrics
+        replay = bool(ld.headspace)          # (the replay times the steps itself)
+        items = ld.items_per_step
+        asked = clock()
+        m.asked(asked)
         try:
             for ready, after in self._results():
                 if self.closed:
                     return
+                if ready.result is not None:
+                    m.read(nbytes(ready.result))
                 outputs = [None] * len(after) if ready.result is None else ld._convert(ready.result, len(after))
                 for out, pos in zip(outputs, after, strict=True):
                     if self.closed:
@@ -769,7 +868,11 @@ class _Pass:
                     if self.share is not None:
                         self.share["delivered"] += 1
                     if out is not None:
+                        if not replay:
+                            now = clock()
+                            m.delivered(now - asked, now, items)
                         yield out
+                        asked = clock()
                 del outputs, ready
             if not self.closed and not schedule.endless:
                 schedule.finish()
@@ -805,6 +908,10 @@ def _check_share(state: Any) -> dict[str, Any]:
         raise StateError(f"a bad zerobatch worker state: worker {share['worker']!r} of {share['num_workers']!r}, "
                          f"{share['delivered']!r} delivered", field="worker")
     return share
+
+
+def _staged(stage: Any, read: Any, args: tuple[Any, ...]) -> Any:
+    return stage(read(*args))
 
 
 class _Ready:

@@ -88,20 +88,21 @@ class Loader(BaseLoader):
             cannot start here raises a :class:`ConfigError`, field ``device``).
         sharding: a ``jax.sharding.Sharding`` of the global batch; each array becomes a
             global array made of every process's rows.
+        headspace: as for :class:`zerobatch.adapters.torch.Loader`.
     """
 
     def __init__(self, source: Any, batch_size: int | None = None, *, global_batch_size: int | None = None,
                  shuffle: bool = True, seed: int = DEFAULT_SEED, drop_last: bool = True, tail: str | None = None,
                  order: Any = None, rank: int | None = None, world_size: int | None = None, epoch: int = 0,
                  prefetch: int = DEFAULT_PREFETCH, num_threads: int | None = None, dtype: Any = np.int32, output: str = "jax",
-                 device: Any = None, sharding: Any = None) -> None:
+                 device: Any = None, sharding: Any = None, headspace: int | None = None) -> None:
         if rank is None and world_size is None:
             rank, world_size = jax.process_index(), jax.process_count()
         if output not in OUTPUTS:
             raise ConfigError(f"output must be one of {OUTPUTS}, got {output!r}", field="output")
         super().__init__(source, batch_size, global_batch_size=global_batch_size, shuffle=shuffle, seed=seed,
                          drop_last=drop_last, tail=tail, order=order, rank=rank, world_size=world_size, epoch=epoch,
-                         prefetch=prefetch, num_threads=num_threads, dtype=dtype)
+                         prefetch=prefetch, num_threads=num_threads, dtype=dtype, headspace=headspace)
         if output == "jax" and self.dtype == np.int64 and not jax.config.jax_enable_x64:
             raise ConfigError("dtype int64 needs jax_enable_x64 (jax.config.update('jax_enable_x64', True)); "
                               "JAX would silently cut the ids to int32", field="dtype")

@@ -15,7 +15,9 @@ loader over an LLMBATCH file in the seed's block-shuffle order.
 
 from __future__ import annotations
 
+import collections
 import os
+import threading
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +31,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("zerobatch.adapters.torch needs PyTorch: pip install 'zerobatch-adapters[torch]'") from exc
 
 from zerobatch.adapters import sources as _sources
+from zerobatch.adapters._buffers import BufferPool
 from zerobatch.adapters._loader import DEFAULT_PREFETCH, DEFAULT_SEED, WORKER_STATE, BaseLoader, _check_share
 from zerobatch.adapters.sources import *  # noqa: F403 - every source, re-exported with the loader
 from zerobatch.adapters.sources import LLMBatchSource
@@ -130,6 +133,162 @@ def _device(device: Any) -> torch.device | None:
     return dev
 
 
+#: The arrays of a read that carry the loader's dtype (token ids and labels, every source's
+#: names for them): on a CUDA device they cross the bus as int32 and become int64 there when
+#: the loader's dtype is int64 (half the bytes over PCIe or NVLink).
+TOKEN_ARRAYS = frozenset({"tokens", "labels"})
+
+
+class CudaCopier:
+    """The CUDA calls of the host-to-device hop, and the only ones a :class:`Loader` makes:
+    page-locked buffers, copies on a dedicated stream, events, hand-over to the consumer's
+    stream. (The tests replace this class at exactly this boundary to check the ring's logic
+    on machines without a GPU.)"""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device)
+
+    def pinned(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A page-locked host array (allocated once per buffer of the ring, then reused)."""
+        return torch.empty(shape, dtype=_torch_dtype(dtype), pin_memory=True).numpy()
+
+    def is_pinned(self, t: torch.Tensor) -> bool:
+        return bool(t.is_pinned())
+
+    def copy(self, hosts: list[torch.Tensor], dtypes: list[Any]) -> tuple[list[torch.Tensor], Any]:
+        """``hosts`` copied to the device on the copy stream (each then cast to its
+        ``dtypes`` entry, when not ``None``, there), and the mark of their completion."""
+        start, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        out = []
+        with torch.cuda.stream(self.stream):
+            start.record(self.stream)
+            for host, dtype in zip(hosts, dtypes, strict=True):
+                dev = host.to(self.device, non_blocking=True)
+                out.append(dev if dtype is None or dev.dtype == dtype else dev.to(dtype))
+            done.record(self.stream)
+        return out, (start, done)
+
+    def ready(self, mark: Any) -> bool:
+        """Whether the copies of ``mark`` are done (their host buffers may be written again)."""
+        return bool(mark[1].query())
+
+    def seconds(self, mark: Any) -> float:
+        """How long the copies of a ready ``mark`` took on the copy stream."""
+        return float(mark[0].elapsed_time(mark[1])) / 1e3
+
+    def hand_over(self, mark: Any, tensors: list[torch.Tensor]) -> None:
+        """The consumer's current stream waits for the copies of ``mark`` (it does not block
+        the host), and the caching allocator keeps ``tensors`` (made on the copy stream) until
+        the consumer's work queued on them is done (``record_stream``)."""
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(mark[1])
+        for t in tensors:
+            t.record_stream(current)
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype)).dtype
+
+
+def _copier(device: torch.device) -> Any:
+    """The :class:`CudaCopier` of ``device`` (the one place a loader makes one)."""
+    return CudaCopier(device)
+
+
+class _Staged:
+    """A read's result on its way to the device: its structure with device tensors in place
+    of its arrays, the mark of their copies, and the bytes that crossed."""
+
+    __slots__ = ("result", "mark", "tensors", "nbytes")
+
+    def __init__(self, result: Any, mark: Any, tensors: list[torch.Tensor], nbytes: int) -> None:
+        self.result, self.mark, self.tensors, self.nbytes = result, mark, tensors, nbytes
+
+
+class DeviceHop:
+    """Reads copied to a CUDA device without a ``pin_memory()`` per batch.
+
+    Reads gather into page-locked buffers of the sources' pools (allocated once each, reused;
+    :meth:`~zerobatch.adapters.sources.Source.use_allocator`); an array that is not in one (a
+    view of a mapped file) is first copied into a page-locked staging buffer. Right after a
+    read, on the read-ahead thread that made it, its arrays are copied on the copy stream;
+    the host buffers stay referenced (so no read can reuse them) until the copy's event has
+    completed. When the loop takes the step, its current stream waits on that event and the
+    device tensors are recorded on it. Ids cross as int32 and become int64 on the device
+    when the loader's dtype is int64 (:data:`TOKEN_ARRAYS`).
+    """
+
+    def __init__(self, copier: Any, metrics: Any, widen: torch.dtype | None) -> None:
+        self.copier, self.metrics, self.widen = copier, metrics, widen
+        self._flight: collections.deque[tuple[Any, list[torch.Tensor], int]] = collections.deque()
+        self._lock = threading.Lock()
+        self._staging: dict[tuple[Any, ...], BufferPool] = {}
+
+    def allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """The sources' allocator: page-locked arrays (counted: the ring's size)."""
+        self.metrics.pinned_buffers += 1
+        return self.copier.pinned(shape, dtype)
+
+    def _host(self, value: np.ndarray) -> torch.Tensor:
+        if value.flags.writeable:
+            t = torch.from_numpy(value)
+            if self.copier.is_pinned(t):
+                return t
+        key = (value.shape, value.dtype.str)
+        with self._lock:
+            pool = self._staging.get(key)
+            if pool is None:
+                if len(self._staging) > 16:
+                    self._staging.clear()
+                pool = self._staging[key] = BufferPool(value.shape, value.dtype, max_buffers=16, allocate=self.allocate)
+        buf = pool.acquire()
+        np.copyto(buf, value)
+        return torch.from_numpy(buf)
+
+    def settle(self) -> None:
+        """Let go of the host buffers whose copies are done (in stream order), counting them."""
+        m = self.metrics
+        with self._lock:
+            while self._flight and self.copier.ready(self._flight[0][0]):
+                mark, _, n = self._flight.popleft()
+                m.h2d_copies += 1
+                m.h2d_bytes += n
+                m.h2d_seconds += self.copier.seconds(mark)
+
+    def stage(self, result: Any) -> Any:
+        """On the read-ahead thread: ``result``'s arrays on their way to the device."""
+        if result is None:
+            return None
+        self.settle()
+        hosts: list[torch.Tensor] = []
+        dtypes: list[Any] = []
+        slots: list[tuple[dict[str, Any], str]] = []
+        runs = [result] if isinstance(result, dict) else list(result)
+        mapped = [dict(run) for run in runs]
+        for run in mapped:
+            for name, value in run.items():
+                if isinstance(value, np.ndarray):
+                    hosts.append(self._host(value))
+                    widen = self.widen is not None and name in TOKEN_ARRAYS and value.dtype == np.int32
+                    dtypes.append(self.widen if widen else None)
+                    slots.append((run, name))
+        nbytes = sum(h.numel() * h.element_size() for h in hosts)
+        with self._lock:                 # enqueued in the order of the flight record
+            devs, mark = self.copier.copy(hosts, dtypes)
+            self._flight.append((mark, hosts, nbytes))
+        for (run, name), dev in zip(slots, devs, strict=True):
+            run[name] = dev
+        out: Any = mapped[0] if isinstance(result, dict) else type(result)(mapped)
+        return _Staged(out, mark, devs, nbytes)
+
+    def hand_over(self, staged: _Staged) -> Any:
+        """On the loop's thread: the consumer's stream waits for the copies; the result."""
+        self.copier.hand_over(staged.mark, staged.tensors)
+        self.settle()
+        return staged.result
+
+
 def _accelerator_available() -> bool:
     acc = getattr(torch, "accelerator", None)
     if acc is not None and hasattr(acc, "is_available"):
@@ -162,12 +321,20 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
             0 reads on the calling thread).
         dtype: ``torch.int64`` (default) or ``torch.int32`` (zero-copy views where the
             source allows: an LLMBATCH file read one file batch per step).
-        pin_memory: copy each batch into page-locked memory (ignored, with a warning, on a
-            machine without an accelerator).
-        device: move each batch there (``non_blocking`` copies from pinned memory); checked
-            when the loader is made: a device torch does not know, or one whose backend is
-            not available (``"cuda"`` where ``torch.cuda.is_available()`` is False), raises
-            a :class:`ConfigError` (field ``device``).
+        pin_memory: without a device, copy each batch into page-locked memory (ignored, with
+            a warning, on a machine without an accelerator). A CUDA ``device`` needs no pin:
+            its reads gather into a ring of page-locked buffers.
+        device: where batches go; checked when the loader is made: a device torch does not
+            know, or one whose backend is not available (``"cuda"`` where
+            ``torch.cuda.is_available()`` is False), raises a :class:`ConfigError` (field
+            ``device``). On a CUDA device (:class:`DeviceHop`) read-ahead gathers into
+            page-locked buffers allocated once and reused, copies each read on a dedicated
+            stream right after it is read, and hands the tensors over with an event the
+            loop's current stream waits on (and ``record_stream``); int64 ids cross the bus
+            as int32 and are widened on the device. Other devices: ``.to(device)`` per batch.
+        headspace: replay the first ``headspace`` batches from memory instead of reading
+            (the position does not move): the loop's step time as if data were free, to set
+            against a normal run's (``metrics()``). Default ``$ZEROBATCH_HEADSPACE`` or off.
         num_workers: refused with a :class:`ConfigError` that says where worker processes
             live (:meth:`dataloader`); the loader itself uses threads.
 
@@ -192,7 +359,8 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
                  shuffle: bool = True, seed: int = DEFAULT_SEED, drop_last: bool = True, tail: str | None = None,
                  order: Any = None, rank: int | None = None, world_size: int | None = None, epoch: int = 0,
                  prefetch: int = DEFAULT_PREFETCH, num_threads: int | None = None, dtype: Any = torch.int64,
-                 pin_memory: bool = False, device: Any = None, num_workers: int | None = None) -> None:
+                 pin_memory: bool = False, device: Any = None, num_workers: int | None = None,
+                 headspace: int | None = None) -> None:
         if num_workers is not None:
             raise ConfigError(f"Loader(num_workers={num_workers!r}): the loader reads on num_threads threads inside "
                               f"the training process; worker processes live in loader.dataloader(num_workers=...), "
@@ -202,16 +370,28 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
             raise ConfigError(f"dtype must be torch.int64 or torch.int32, got {dtype!r}", field="dtype")
         super().__init__(source, batch_size, global_batch_size=global_batch_size, shuffle=shuffle, seed=seed,
                          drop_last=drop_last, tail=tail, order=order, rank=rank, world_size=world_size, epoch=epoch,
-                         prefetch=prefetch, num_threads=num_threads, dtype=_DTYPES[dtype])
+                         prefetch=prefetch, num_threads=num_threads, dtype=_DTYPES[dtype], headspace=headspace)
         self.torch_dtype = dtype
         self.pin_memory = bool(pin_memory)
-        if self.pin_memory and not _accelerator_available():
-            warnings.warn("pin_memory=True but no accelerator is available: batches are not pinned",
-                          RuntimeWarning, stacklevel=2)
-            self.pin_memory = False
         self.device = _device(device)
         if self.device is not None and self.device.type == "cpu":
             self.device = None
+        self._hop: DeviceHop | None = None
+        if self.device is not None and self.device.type == "cuda":
+            self._use_copier(_copier(self.device))
+        elif self.pin_memory and not _accelerator_available():
+            warnings.warn("pin_memory=True but no accelerator is available: batches are not pinned",
+                          RuntimeWarning, stacklevel=2)
+            self.pin_memory = False
+
+    def _use_copier(self, copier: Any) -> None:
+        """Copy reads to the device through ``copier`` (:class:`CudaCopier`): the ring."""
+        widen = torch.int64 if self.torch_dtype == torch.int64 else None
+        self._hop = DeviceHop(copier, self._metrics, widen)
+        self._stage = self._hop.stage
+        if widen is not None:
+            self._read_dtype = np.dtype(np.int32)     # ids cross as int32, widened on the device
+        self.source.use_allocator(self._hop.allocate)
 
     def __iter__(self) -> Iterator[Any]:
         return self._iter()
@@ -223,7 +403,23 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
     def _in_worker(self) -> bool:
         return torch.utils.data.get_worker_info() is not None
 
-    def _to_framework(self, value: np.ndarray) -> torch.Tensor:
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy in a DataLoader worker process reads on the host: the ring, its CUDA stream
+        # and the device's events are this process's
+        d = super().__getstate__()
+        d["_hop"] = None
+        d.pop("_stage", None)
+        d.pop("_read_dtype", None)
+        return d
+
+    def _convert(self, result: Any, steps: int) -> list[Any]:
+        if isinstance(result, _Staged):
+            result = self._hop.hand_over(result)    # type: ignore[union-attr]
+        return super()._convert(result, steps)
+
+    def _to_framework(self, value: Any) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):         # already on the device (DeviceHop)
+            return value
         t = torch.from_numpy(value) if value.flags.writeable else torch.from_numpy(value.copy())
         if self.pin_memory:
             t = t.pin_memory()

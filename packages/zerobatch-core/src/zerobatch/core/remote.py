@@ -584,7 +584,8 @@ class ObjectStore:
 
     @property
     def bytes_fetched(self) -> int:
-        """Bytes received from the store."""
+        """Bytes received from the store (the gaps between ranges merged into one request
+        included)."""
         return self._stats[1]
 
     @property
@@ -696,7 +697,9 @@ class ObjectStore:
             parts = obs.get_ranges(self.client, key, starts=starts, ends=stops, coalesce=gap)
             out = [memoryview(p) for p in parts]
             got = sum(len(p) for p in out)
-            self._count(_requests(starts, stops, gap), got)
+            requests, sent = _spans(starts, stops, gap)
+            # what crossed the network: the merged requests' gaps too (a short answer, all of it)
+            self._count(requests, sent if got == want else got)
             if got != want or any(len(p) != b - a for p, a, b in zip(out, starts, stops, strict=True)):
                 raise _ShortBody(got, want)
             return out
@@ -832,10 +835,23 @@ PART_BYTES = 16 << 20
 def _requests(starts: list[int], stops: list[int], coalesce: int = COALESCE_BYTES) -> int:
     """The requests obstore makes for these ranges (those at most ``coalesce`` bytes apart
     are merged)."""
+    return _spans(starts, stops, coalesce)[0]
+
+
+def _spans(starts: list[int], stops: list[int], coalesce: int = COALESCE_BYTES) -> tuple[int, int]:
+    """``(requests, bytes)`` obstore asks the store for, for these ranges: those at most
+    ``coalesce`` bytes apart are merged into one request, their gaps fetched too."""
     pairs = sorted(zip(starts, stops, strict=True))
-    n, end = 0, -1 - coalesce
+    n, total, first, end = 0, 0, 0, -1 - coalesce
     for a, b in pairs:
         if a - end > coalesce:
+            if n:
+                total += end - first
             n += 1
-        end = max(end, b)
-    return n
+            first = a
+            end = b
+        else:
+            end = max(end, b)
+    if n:
+        total += end - first
+    return n, total

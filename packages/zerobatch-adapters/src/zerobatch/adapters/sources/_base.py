@@ -451,8 +451,21 @@ class Source(ABC):
             if pool is None:
                 if len(self._pools) > 16:
                     self._pools.clear()
-                pool = self._pools[key] = BufferPool(shape, dtype, max_buffers=count)
+                pool = self._pools[key] = BufferPool(shape, dtype, max_buffers=count,
+                                                     allocate=self.__dict__.get("_allocate"))
         return pool.acquire()
+
+    def use_allocator(self, allocate: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None) -> None:
+        """Make the output arrays of later reads with ``allocate(shape, dtype)`` (``None``:
+        ``numpy.empty``): a loader that copies to a CUDA device has reads gather straight into
+        page-locked memory, allocated once per buffer of the pools and reused. The sources of
+        a mixture are told too."""
+        with self._pools_lock:
+            self._allocate = allocate
+            self._pools = {}
+        for inner in getattr(self, "sources", None) or ():
+            if isinstance(inner, Source):
+                inner.use_allocator(allocate)
 
     def _flat(self, n: int, dtype: np.dtype) -> np.ndarray:
         """A reusable 1-D output of ``n`` elements whose size changes from step to step (whole
@@ -469,6 +482,7 @@ class Source(ABC):
         d = dict(self.__dict__)
         d["_pools"] = {}
         d.pop("_pools_lock", None)
+        d.pop("_allocate", None)          # page-locked memory is this process's
         return d
 
     def __setstate__(self, d: dict[str, Any]) -> None:
