@@ -499,7 +499,7 @@ class ObjectStore:
         self._client: Any = None
         self._pid = -1
         self._lock = threading.Lock()
-        self._stats = [0, 0, 0]   # requests, bytes fetched, retries
+        self._stats = [0, 0, 0, 0]   # requests, bytes fetched, retries, bytes transferred
         self._rng = random.Random()
         self.budgets: RequestBudgets | None = None
         _obstore()
@@ -584,8 +584,8 @@ class ObjectStore:
 
     @property
     def bytes_fetched(self) -> int:
-        """Bytes received from the store (the gaps between ranges merged into one request
-        included)."""
+        """Bytes of the objects and ranges asked for and received (see
+        :attr:`bytes_transferred` for the gaps of merged requests)."""
         return self._stats[1]
 
     @property
@@ -598,10 +598,17 @@ class ObjectStore:
         """Seconds this process's requests waited for the per-prefix request budgets."""
         return 0.0 if self.budgets is None else self.budgets.waited
 
-    def _count(self, requests: int, nbytes: int) -> None:
+    @property
+    def bytes_transferred(self) -> int:
+        """Bytes that crossed the network: :attr:`bytes_fetched` and the gaps between ranges
+        that obstore merged into one request (``coalesce``), fetched and dropped."""
+        return self._stats[3]
+
+    def _count(self, requests: int, nbytes: int, transferred: int | None = None) -> None:
         with self._lock:
             self._stats[0] += requests
             self._stats[1] += nbytes
+            self._stats[3] += nbytes if transferred is None else transferred
 
     # -- the retry loop -------------------------------------------------------------------
 
@@ -698,8 +705,8 @@ class ObjectStore:
             out = [memoryview(p) for p in parts]
             got = sum(len(p) for p in out)
             requests, sent = _spans(starts, stops, gap)
-            # what crossed the network: the merged requests' gaps too (a short answer, all of it)
-            self._count(requests, sent if got == want else got)
+            # the ranges' bytes; and what crossed the network: the merged requests' gaps too
+            self._count(requests, got, sent if got == want else got)
             if got != want or any(len(p) != b - a for p, a, b in zip(out, starts, stops, strict=True)):
                 raise _ShortBody(got, want)
             return out

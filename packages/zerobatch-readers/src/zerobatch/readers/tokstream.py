@@ -290,7 +290,8 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
 
     def io_counters(self) -> dict[str, float]:
         """What reading has cost so far in this process, for a dataset at a URL (empty for
-        a local one): ``requests``, ``bytes_fetched``, ``retries``, ``throttled_seconds``
+        a local one): ``requests``, ``bytes_fetched`` (the ranges asked for),
+        ``bytes_transferred`` (with the gaps of merged requests), ``retries``, ``throttled_seconds``
         (waits for the request budgets), ``checked_bytes`` (hashed to check blocks and
         pages of digests) and ``cache_hit_bytes`` (found already in the local copy when
         checked). Counters only grow; cheap enough to read every step."""
@@ -298,7 +299,8 @@ class TokenStreamReader(OpensOnFirstUse, BatchReader):
         if store is None:
             return {}
         out: dict[str, float] = {"requests": store.requests, "bytes_fetched": store.bytes_fetched,
-                                 "retries": store.retries, "throttled_seconds": store.throttled_seconds}
+                                 "bytes_transferred": store.bytes_transferred, "retries": store.retries,
+                                 "throttled_seconds": store.throttled_seconds}
         counters = getattr(self._shards, "counters", None)
         if counters is not None:
             out.update(counters())
