@@ -66,7 +66,7 @@ class StreamCopier:
     def is_pinned(self, t) -> bool:
         return self._root(t.data_ptr())[0] is not None
 
-    def copy(self, hosts, dtypes):
+    def copy(self, hosts, dtypes, after=None):
         jobs = []
         for h, d in zip(hosts, dtypes, strict=True):
             assert h.is_contiguous()
@@ -76,13 +76,14 @@ class StreamCopier:
                          torch.empty(h.shape, dtype=d or h.dtype)))
             del root
         mark = _Mark()
-        self._queue.put((jobs, mark, self.rng.uniform(0, self.max_delay)))
+        made = [] if after is None else [torch.empty(shape, dtype=dt) for shape, dt in after.outputs]
+        self._queue.put((jobs, after, made, mark, self.rng.uniform(0, self.max_delay)))
         self.copies += 1
-        return [j[-1] for j in jobs], mark
+        return [j[-1] for j in jobs] + made, mark
 
     def _run(self) -> None:
         while True:
-            jobs, mark, delay = self._queue.get()
+            jobs, after, made, mark, delay = self._queue.get()
             time.sleep(delay)              # the stream is busy: the host buffer is read only now
             for ref, offset, n, shape, dtype, dev in jobs:
                 root = ref()
@@ -92,6 +93,10 @@ class StreamCopier:
                 raw = root.reshape(-1).view(np.uint8)[offset:offset + n].copy()
                 dev.copy_(torch.from_numpy(raw.view(dtype).reshape(shape)))
                 del root
+            if after is not None:          # built on the "device", on the stream, after the copies
+                for t, got in zip(made, after([j[-1] for j in jobs]), strict=True):
+                    assert t.shape == got.shape and t.dtype == got.dtype, (t.shape, got.shape, t.dtype, got.dtype)
+                    t.copy_(got)
             mark.seconds = delay
             mark.done.set()
 
@@ -243,3 +248,28 @@ def test_headspace_replays_the_first_batches_without_moving(tmp_path, monkeypatc
     monkeypatch.setenv("ZEROBATCH_HEADSPACE", "x")
     with pytest.raises(zt.ConfigError):
         Loader(TokenWindows(folder, 32), **kw)
+
+
+@pytest.mark.parametrize("kw", [{}, {"layout": "hf"}, {"position_dtype": np.int32, "seq_len": 50},
+                                {"next_token": False, "seq_len": 300}])
+def test_packed_boundaries_built_on_the_device_equal_the_hosts_and_move_fewer_bytes(cuda_stub, tmp_path, kw):
+    folder, _ = token_stream(tmp_path / "ds", n_tokens=30_000)
+    kw = {"seq_len": 128, **kw}
+    seq = kw.pop("seq_len")
+    opts = dict(batch_size=6, seed=7, prefetch=4, num_threads=2)
+    expected = [plain(b) for b in Loader(PackedDocuments(folder, seq, **kw), **opts)]
+    loader = Loader(PackedDocuments(folder, seq, **kw), device="cuda", **opts)
+    held = list(loader)
+    assert len(held) == len(expected) > 5
+    pads = 0
+    for got, want in zip(held, expected, strict=True):
+        same(got, want)
+        pads += int((want["position_ids"] == 0).sum()) if "position_ids" in want else 0
+    assert pads > len(held) * 6             # rows of several pieces, and padding
+    assert cuda_stub[-1].errors == []
+    m = loader.metrics()
+    # positions, segments and mask did not cross: the bytes that did are the tokens, labels,
+    # offsets and a fill count a row, at most half the host's arrays
+    loader._hop.settle()
+    assert m["reads"] == cuda_stub[-1].copies
+    assert 0 < loader.metrics()["h2d_bytes"] < 0.5 * m["bytes_read"]

@@ -19,7 +19,7 @@ import collections
 import os
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 
 from zerobatch.adapters import sources as _sources
 from zerobatch.adapters._buffers import BufferPool
+from zerobatch.adapters.metrics import nbytes as _nbytes
 from zerobatch.adapters._loader import DEFAULT_PREFETCH, DEFAULT_SEED, WORKER_STATE, BaseLoader, _check_share
 from zerobatch.adapters.sources import *  # noqa: F403 - every source, re-exported with the loader
 from zerobatch.adapters.sources import LLMBatchSource
@@ -156,9 +157,12 @@ class CudaCopier:
     def is_pinned(self, t: torch.Tensor) -> bool:
         return bool(t.is_pinned())
 
-    def copy(self, hosts: list[torch.Tensor], dtypes: list[Any]) -> tuple[list[torch.Tensor], Any]:
+    def copy(self, hosts: list[torch.Tensor], dtypes: list[Any],
+             after: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None) -> tuple[list[torch.Tensor], Any]:
         """``hosts`` copied to the device on the copy stream (each then cast to its
-        ``dtypes`` entry, when not ``None``, there), and the mark of their completion."""
+        ``dtypes`` entry, when not ``None``, there), then ``after(copies)`` run on the same
+        stream (its tensors, as ``after.outputs`` lists their shapes and dtypes, appended),
+        and the mark of their completion."""
         start, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         out = []
         with torch.cuda.stream(self.stream):
@@ -166,6 +170,8 @@ class CudaCopier:
             for host, dtype in zip(hosts, dtypes, strict=True):
                 dev = host.to(self.device, non_blocking=True)
                 out.append(dev if dtype is None or dev.dtype == dtype else dev.to(dtype))
+            if after is not None:
+                out += after(out)
             done.record(self.stream)
         return out, (start, done)
 
@@ -191,14 +197,55 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
+def _packed_step(run: dict[str, Any]) -> bool:
+    """Whether ``run`` is one packed step whose boundaries can be built on the device."""
+    mask, cu = run.get("mask"), run.get("cu_seqlens")
+    if not (isinstance(mask, np.ndarray) and mask.ndim == 2 and mask.dtype == np.bool_ and isinstance(cu, np.ndarray)
+            and cu.ndim == 1 and cu.size >= 1 and mask.shape[0] > 0):
+        return False
+    rows, width = mask.shape
+    # the offsets cover each row (Hugging Face's layout) or its inputs (next-token rows hold
+    # one more column, the last target, which no output hands out)
+    return (int(cu[-1]) in (rows * width, rows * (width - 1))
+            and all(isinstance(run.get(k), np.ndarray) and run[k].shape == mask.shape for k in BUILT_ON_DEVICE))
+
+
 def _copier(device: torch.device) -> Any:
     """The :class:`CudaCopier` of ``device`` (the one place a loader makes one)."""
     return CudaCopier(device)
 
 
+#: The arrays of a packed step (PackedDocuments) built on the device from ``cu_seqlens`` and
+#: each row's fill instead of crossing the bus: 13 of the 21 bytes a position (int64
+#: positions, int32 segments, a bool mask) become a few bytes a row.
+BUILT_ON_DEVICE = ("position_ids", "segment_ids", "mask")
+
+
+def packed_boundaries(cu: torch.Tensor, fill: torch.Tensor, rows: int, width: int, position_dtype: torch.dtype,
+                      segment_dtype: torch.dtype) -> list[torch.Tensor]:
+    """``[position_ids, segment_ids, mask]`` of ``rows`` packed rows of ``width``, as
+    ``pack_rows`` lays them out, from ``cu`` (the pieces' offsets in the flattened rows, a
+    row's padding its last piece) and ``fill`` (each row's real tokens, padding after them):
+    positions count from 0 in each piece (0 on padding), segments number a row's pieces
+    from 0 (-1 on padding), the mask is False on padding. Torch operations on ``cu``'s
+    device; no host synchronization (the output sizes are known)."""
+    dev = cu.device
+    total = rows * width
+    starts = cu[:-1].long()
+    lengths = cu[1:].long() - starts
+    piece = torch.repeat_interleave(torch.arange(lengths.numel(), device=dev), lengths, output_size=total)
+    flat = torch.arange(total, device=dev)
+    row = flat // width
+    first = torch.searchsorted(starts, torch.arange(rows, device=dev) * width)     # each row's first piece
+    real = (flat - row * width) < fill.long()[row]
+    pos = torch.where(real, flat - starts[piece], 0).to(position_dtype).view(rows, width)
+    seg = torch.where(real, piece - first[row], -1).to(segment_dtype).view(rows, width)
+    return [pos, seg, real.view(rows, width)]
+
+
 class _Staged:
     """A read's result on its way to the device: its structure with device tensors in place
-    of its arrays, the mark of their copies, and the bytes that crossed."""
+    of its arrays, the mark of their copies, and the bytes of the arrays read."""
 
     __slots__ = ("result", "mark", "tensors", "nbytes")
 
@@ -219,8 +266,9 @@ class DeviceHop:
     when the loader's dtype is int64 (:data:`TOKEN_ARRAYS`).
     """
 
-    def __init__(self, copier: Any, metrics: Any, widen: torch.dtype | None) -> None:
+    def __init__(self, copier: Any, metrics: Any, widen: torch.dtype | None, build_boundaries: bool = True) -> None:
         self.copier, self.metrics, self.widen = copier, metrics, widen
+        self.build_boundaries = build_boundaries
         self._flight: collections.deque[tuple[Any, list[torch.Tensor], int]] = collections.deque()
         self._lock = threading.Lock()
         self._staging: dict[tuple[Any, ...], BufferPool] = {}
@@ -263,24 +311,57 @@ class DeviceHop:
         self.settle()
         hosts: list[torch.Tensor] = []
         dtypes: list[Any] = []
-        slots: list[tuple[dict[str, Any], str]] = []
+        slots: list[tuple[dict[str, Any], str] | None] = []   # where each copy goes (None: a row fill)
+        builds: list[tuple[dict[str, Any], int, int, int, int, Any, Any]] = []
         runs = [result] if isinstance(result, dict) else list(result)
         mapped = [dict(run) for run in runs]
         for run in mapped:
+            derive = self.build_boundaries and _packed_step(run)
             for name, value in run.items():
-                if isinstance(value, np.ndarray):
+                if isinstance(value, np.ndarray) and not (derive and name in BUILT_ON_DEVICE):
+                    if derive and name == "cu_seqlens":
+                        cu_at = len(hosts)
                     hosts.append(self._host(value))
                     widen = self.widen is not None and name in TOKEN_ARRAYS and value.dtype == np.int32
                     dtypes.append(self.widen if widen else None)
                     slots.append((run, name))
+            if derive:
+                mask = run["mask"]
+                rows, width = mask.shape
+                covered = int(run["cu_seqlens"][-1]) // rows
+                hosts.append(self._host(np.count_nonzero(mask[:, :covered], axis=1).astype(np.int32)))
+                dtypes.append(None)
+                slots.append(None)
+                builds.append((run, cu_at, len(hosts) - 1, rows, width, _torch_dtype(run["position_ids"].dtype),
+                               _torch_dtype(run["segment_ids"].dtype)))
+
+        run_cu_end = {id(run): int(run["cu_seqlens"][-1]) for run, *_ in builds}
+
+        def after(devs: list[torch.Tensor]) -> list[torch.Tensor]:
+            out: list[torch.Tensor] = []
+            for run, cu_at, fill_at, rows, width, pos_dtype, seg_dtype in builds:
+                covered = int(run_cu_end[id(run)]) // rows
+                made = packed_boundaries(devs[cu_at], devs[fill_at], rows, covered, pos_dtype, seg_dtype)
+                if covered < width:      # the next-token rows' last column: never handed out
+                    made = [torch.nn.functional.pad(t, (0, width - covered)) for t in made]
+                out += made
+            return out
+        # what it makes, known before it runs (shape, dtype): [positions, segments, mask] a build
+        after.outputs = [((rows, width), dt) for _, _, _, rows, width, pos_dtype, seg_dtype in builds  # type: ignore[attr-defined]
+                         for dt in (pos_dtype, seg_dtype, torch.bool)]
         nbytes = sum(h.numel() * h.element_size() for h in hosts)
         with self._lock:                 # enqueued in the order of the flight record
-            devs, mark = self.copier.copy(hosts, dtypes)
+            devs, mark = self.copier.copy(hosts, dtypes, after if builds else None)
             self._flight.append((mark, hosts, nbytes))
-        for (run, name), dev in zip(slots, devs, strict=True):
-            run[name] = dev
+        for slot, dev in zip(slots, devs, strict=False):
+            if slot is not None:
+                slot[0][slot[1]] = dev
+        extra = iter(devs[len(hosts):])
+        for run, *_ in builds:
+            for name in BUILT_ON_DEVICE:
+                run[name] = next(extra)
         out: Any = mapped[0] if isinstance(result, dict) else type(result)(mapped)
-        return _Staged(out, mark, devs, nbytes)
+        return _Staged(out, mark, devs, _nbytes(result))        # (the bytes read, not those copied)
 
     def hand_over(self, staged: _Staged) -> Any:
         """On the loop's thread: the consumer's stream waits for the copies; the result."""
