@@ -189,6 +189,7 @@ def test_quickstart_shortest(tmp_path):
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "[4/4] training" in out and "step   12  loss" in out and "M tokens/s" in out
+    assert "  loader.metrics(): steps 12 | data " in out
     import re
 
     first, last = (float(x) for x in re.search(r"\n  loss ([0-9.]+) -> ([0-9.]+) \(uniform", out).groups())

@@ -195,12 +195,15 @@ def _train(args: _Settings, stream: str, vocab: int) -> Any:
             if step == 1 or step % every == 0 or step == args.steps:
                 print(f"  step {step:>4}  loss {last:.3f}  ({time.perf_counter() - t_train:.1f} s)")
         epoch += 1
+    metrics = loader.metrics()
     loader.close()
     train_s = time.perf_counter() - t_train
     print(f"  loss {first_loss:.3f} -> {last:.3f} (uniform guess: {np.log(vocab):.3f})")
     print(f"  loader: {delivered:,} tokens in {wait * 1e3:.1f} ms waiting on next(): "
           f"{delivered / max(wait, 1e-9) / 1e6:,.0f}M tokens/s, {100 * wait / train_s:.2f} % of the training time; "
           f"training {delivered / train_s:,.0f} tokens/s")
+    from zerobatch.adapters.metrics import format_metrics
+    print(f"  loader.metrics(): {format_metrics(metrics)}")
     return model
 
 
