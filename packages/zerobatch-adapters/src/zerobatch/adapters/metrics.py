@@ -42,6 +42,7 @@ TensorBoard or W&B logs ``loader.metrics()`` or :func:`format_metrics`.
 
 from __future__ import annotations
 
+import array
 import os
 import time
 from typing import Any
@@ -76,7 +77,8 @@ class LoaderMetrics:
     def reset(self) -> None:
         self.steps = self.items = self.reads = self.bytes_read = 0
         self.wait_total = self.wait_max = self.wait_last = 0.0
-        self._waits = np.zeros(WAIT_WINDOW)
+        # an array.array: a float stored in 30 ns (a NumPy item takes 100), read by NumPy in place
+        self._waits = array.array("d", bytes(8 * WAIT_WINDOW))
         self.first_asked: float | None = None
         self.last_delivered: float | None = None
         self.h2d_copies = self.h2d_bytes = 0
@@ -109,7 +111,7 @@ class LoaderMetrics:
         p50 = p99 = 0.0
         if n:                            # nearest-rank percentiles (np.percentile costs 30 us)
             k50, k99 = (n - 1) // 2, min(n - 1, -(-99 * n // 100) - 1)
-            part = np.partition(self._waits[:n], (k50, k99))
+            part = np.partition(np.frombuffer(self._waits, np.float64, n), (k50, k99))
             p50, p99 = float(part[k50]), float(part[k99])
         elapsed = 0.0
         if self.first_asked is not None and self.last_delivered is not None:
@@ -242,6 +244,5 @@ def serve_prometheus(loader: Any, port: int | None = None, addr: str = "0.0.0.0"
     return registry
 
 
-def clock() -> float:
-    """The clock the loaders time steps with."""
-    return time.perf_counter()
+#: The clock the loaders time steps with.
+clock = time.perf_counter
