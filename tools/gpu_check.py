@@ -8,14 +8,17 @@ at three batch sizes, fed four ways in one run:
 - ``pin``: the old path: a CPU batch from the zerobatch loader, then ``pin_memory()`` and
   ``.to("cuda", non_blocking=True)`` per batch;
 - ``dataloader``: ``torch.utils.data.DataLoader(pin_memory=True, num_workers=W)`` over a
-  map-style dataset of the same windows (``TokenStreamReader.windows``), then ``.to``;
+  map-style dataset of the same windows (``TokenStreamReader.windows``), then ``.to``: the
+  typical baseline (int64 ids, copied on the compute stream);
 - ``packed``: the ring over packed rows (``PackedDocuments``: input_ids, labels,
   position_ids, cu_seqlens built on the host and copied; their bytes are reported).
 
 For each: the step time (CUDA events around the step on the compute stream, the loop
 synchronizing once a step as one that logs its loss does), the time inside ``next()``
 (the data stall: the GPU idles while the host waits there, since the step before was
-synchronized), its share of the step time and its p50/p99, the host-to-device copy time per
+synchronized), its share of the step time and its p50/p99, the GPU's own stall (CUDA events
+from before ``next()`` to the step's first kernel: the host's wait, the stream's wait on the
+copy event, a copy on the compute stream), the host-to-device copy time per
 copy (CUDA events on the copy stream; the ring only), the share of it hidden behind the
 steps (1 - stall / copy time) and the bytes handed to the model per step. Target
 (issue 35): a stall under 1 % of the step time where a baseline shows more, none above 1 ms at
@@ -110,14 +113,19 @@ def run(feed: str, data: str, args: argparse.Namespace, batch: int, device: Any)
                 w = torch.from_numpy(reader.windows(np.array([i * seq]), seq + 1)[0].astype(np.int64))
                 return w[:-1], w[1:]
         dl = torch.utils.data.DataLoader(Windows(), batch_size=batch, shuffle=True, num_workers=args.workers,
-                                         pin_memory=cuda, drop_last=True, persistent_workers=True,
+                                         pin_memory=cuda, drop_last=True,
                                          generator=torch.Generator().manual_seed(1))
         batches = ((x.to(device, non_blocking=True), y.to(device, non_blocking=True)) for x, y in dl)
     stalls, steps_s, gpu_ms = [], [], []
     nbytes = 0
     total = args.warmup + args.steps
     t_prev = time.perf_counter()
+    gpu_stalls: list[float] = []
+    pinned = None
     for k in range(total):
+        before = torch.cuda.Event(enable_timing=True) if cuda else None
+        if cuda:
+            before.record()               # the step before synchronized: the GPU is idle from here
         t0 = time.perf_counter()
         b = next(batches)
         t1 = time.perf_counter()
@@ -144,12 +152,16 @@ def run(feed: str, data: str, args: argparse.Namespace, batch: int, device: Any)
         loss_value = float(loss.detach())            # one synchronization a step, as a loop logging its loss
         t2 = time.perf_counter()
         if k == args.warmup and loader is not None:
+            pinned = loader.metrics().get("pinned_buffers")
             loader.reset_metrics()
         if k >= args.warmup:
             stalls.append(t1 - t0)
             steps_s.append(t2 - t_prev)
             if cuda:
                 gpu_ms.append(start.elapsed_time(end))
+                # the GPU's own stall: from before next() to the step's first kernel (the host's
+                # wait, the stream's wait on the copy event, a copy on the compute stream)
+                gpu_stalls.append(before.elapsed_time(start) / 1e3)
         t_prev = t2
     assert np.isfinite(loss_value)
     m = loader.metrics() if loader is not None else {}
@@ -157,15 +169,18 @@ def run(feed: str, data: str, args: argparse.Namespace, batch: int, device: Any)
     out = {"feed": feed, "batch": batch, "steps": args.steps, "step_ms": 1e3 * float(np.median(steps_a)),
            "gpu_step_ms": float(np.median(gpu_ms)) if gpu_ms else None,
            "stall_share": float(stalls_a.sum() / steps_a.sum()),
+           "gpu_stall_share": float(sum(gpu_stalls) / steps_a.sum()) if gpu_stalls else None,
+           "gpu_stall_p99_ms": 1e3 * float(np.percentile(gpu_stalls, 99)) if gpu_stalls else None,
            "stall_p50_ms": 1e3 * float(np.percentile(stalls_a, 50)),
            "stall_p99_ms": 1e3 * float(np.percentile(stalls_a, 99)),
            "stall_max_ms": 1e3 * float(stalls_a.max()),
            "bytes_per_step": nbytes // args.steps,
            "h2d_ms_per_copy": (1e3 * m["h2d_seconds"] / m["h2d_copies"]) if m.get("h2d_copies") else None,
            "h2d_bytes_per_step": (m["h2d_bytes"] / max(1, m["steps"])) if m.get("h2d_copies") else None,
-           # the share of the copy time the loop did not wait for (hidden behind the steps)
-           "h2d_overlap": (max(0.0, 1.0 - float(stalls_a.sum()) / m["h2d_seconds"]) if m.get("h2d_seconds") else None),
-           "pinned_buffers": m.get("pinned_buffers")}
+           # the share of the copy time the GPU did not wait for beyond the host's own wait
+           "h2d_overlap": (max(0.0, 1.0 - max(0.0, sum(gpu_stalls) - float(stalls_a.sum())) / m["h2d_seconds"])
+                           if m.get("h2d_seconds") and gpu_stalls else None),
+           "pinned_buffers": pinned}
     if loader is not None:
         loader.close()
     return out
@@ -205,7 +220,9 @@ def main() -> None:
                 rows.append(r)
                 h2d = "" if r["h2d_ms_per_copy"] is None else (f"  h2d {r['h2d_ms_per_copy']:.3f} ms/copy, "
                                                                f"{100 * r['h2d_overlap']:.0f}% hidden")
-                print(f"batch {batch:3d} {feed:10s} step {r['step_ms']:8.2f} ms  stall {100 * r['stall_share']:6.2f}%  "
+                gpu = "" if r["gpu_stall_share"] is None else (f"  GPU stall {100 * r['gpu_stall_share']:.2f}% "
+                                                                f"(p99 {r['gpu_stall_p99_ms']:.3f} ms)")
+                print(f"batch {batch:3d} {feed:10s} step {r['step_ms']:8.2f} ms  stall {100 * r['stall_share']:6.2f}%{gpu}  "
                       f"p50 {r['stall_p50_ms']:.3f} ms  p99 {r['stall_p99_ms']:.3f} ms  max {r['stall_max_ms']:.2f} ms  "
                       f"{r['bytes_per_step'] / 1e6:.2f} MB/step{h2d}", flush=True)
     info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

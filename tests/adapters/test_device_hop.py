@@ -160,8 +160,8 @@ def test_batches_through_the_ring_equal_the_cpu_loaders_after_every_later_step(c
     kw = dict(batch_size=8, seed=3, prefetch=6, num_threads=2)
     expected = [plain(b) for b in Loader(make(), **kw)]
     loader = Loader(make(), device="cuda", **kw)
-    copier = cuda_stub[-1]
     held = list(loader)                        # every batch held until the end
+    copier = cuda_stub[-1]                     # (made at the first iteration)
     assert len(held) == len(expected) > 20
     for got, want in zip(held, expected, strict=True):
         same(got, want)
@@ -273,3 +273,28 @@ def test_packed_boundaries_built_on_the_device_equal_the_hosts_and_move_fewer_by
     loader._hop.settle()
     assert m["reads"] == cuda_stub[-1].copies
     assert 0 < loader.metrics()["h2d_bytes"] < 0.5 * m["bytes_read"]
+
+
+def test_headspace_after_a_resume_replays_the_steps_left_and_metrics_reset_mid_pass(tmp_path):
+    folder, _ = token_stream(tmp_path / "ds", n_tokens=30_000)
+    kw = dict(batch_size=4, seed=5, num_threads=2)
+    first = Loader(TokenWindows(folder, 32), **kw)
+    it = iter(first)
+    for _ in range(10):
+        next(it)
+    state = first.state_dict()
+    it.close()
+    replay = Loader(TokenWindows(folder, 32), headspace=2, **kw)
+    replay.load_state_dict(state)
+    assert len(list(replay)) == len(first) - 10
+    assert replay.state_dict() == state
+    loader = Loader(TokenWindows(folder, 32), **kw)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    loader.reset_metrics()
+    for _ in range(5):
+        next(it)
+        time.sleep(0.001)
+    m = loader.metrics()
+    assert m["steps"] == 5 and m["elapsed_seconds"] >= 0.004 and 0 <= m["data_share"] < 1

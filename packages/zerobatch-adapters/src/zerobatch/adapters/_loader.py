@@ -374,6 +374,8 @@ class BaseLoader:
         out again and again (without reading) for as many steps as the pass has; the
         position does not move (a checkpoint saved now resumes where the pass began)."""
         state = self.state_dict()
+        self.schedule.begin()
+        steps = self.schedule.steps_left()          # (None: endless)
         kept: list[Any] = []
         m = self._metrics
         asked = clock()
@@ -392,7 +394,6 @@ class BaseLoader:
             self.load_state_dict(state)
         if not kept:
             return
-        steps = None if self.schedule.endless else len(self)
         k = len(kept)
         while steps is None or k < steps:
             batch = kept[k % len(kept)]
@@ -707,7 +708,7 @@ class _Pass:
         # the dtype reads fill (a loader copying to a device may read narrower ids and widen
         # them there), and what is done to each read's result on the thread that read it
         # (the start of its copy to a device; never inside a DataLoader worker process)
-        self.dtype = loader.__dict__.get("_read_dtype") or loader.dtype
+        self.dtype = loader.dtype if share else (loader.__dict__.get("_read_dtype") or loader.dtype)
         self.stage = None if share else loader.__dict__.get("_stage")
         b = self.schedule.batch_size
         # reads of views (no output to hold) may cover more steps than ``prefetch``: what runs

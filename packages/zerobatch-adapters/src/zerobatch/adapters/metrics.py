@@ -72,6 +72,7 @@ class LoaderMetrics:
     :meth:`snapshot` (any thread: a snapshot may be a step behind, never torn badly)."""
 
     def __init__(self) -> None:
+        self.pinned_buffers = 0          # the ring's size: not reset
         self.reset()
 
     def reset(self) -> None:
@@ -83,7 +84,6 @@ class LoaderMetrics:
         self.last_delivered: float | None = None
         self.h2d_copies = self.h2d_bytes = 0
         self.h2d_seconds = 0.0
-        self.pinned_buffers = 0
 
     def asked(self, now: float) -> None:
         """The loop called ``next()`` for the first time."""
@@ -97,6 +97,8 @@ class LoaderMetrics:
 
     def delivered(self, wait: float, now: float, items: int) -> None:
         """A step goes to the loop after it waited ``wait`` seconds inside ``next()``."""
+        if self.first_asked is None:     # (reset in the middle of a pass)
+            self.first_asked = now - wait
         self._waits[self.steps % WAIT_WINDOW] = wait
         self.steps += 1
         self.items += items

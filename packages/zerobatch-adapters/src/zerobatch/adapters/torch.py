@@ -197,6 +197,16 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
+def _narrowable(source: Any) -> bool:
+    """Whether ``source`` fills only its :data:`TOKEN_ARRAYS` with the loader's dtype and its
+    ids fit int32 (every source of a mixture)."""
+    inner = getattr(source, "sources", None)
+    if isinstance(inner, (list, tuple)):
+        return bool(inner) and all(_narrowable(s) for s in inner)
+    vocab = getattr(getattr(source, "reader", None), "vocab_size", None)
+    return bool(getattr(source, "token_arrays_only", False)) and isinstance(vocab, int) and 0 < vocab <= 2**31
+
+
 def _packed_step(run: dict[str, Any]) -> bool:
     """Whether ``run`` is one packed step whose boundaries can be built on the device."""
     mask, cu = run.get("mask"), run.get("cu_seqlens")
@@ -271,11 +281,16 @@ class DeviceHop:
         self.build_boundaries = build_boundaries
         self._flight: collections.deque[tuple[Any, list[torch.Tensor], int]] = collections.deque()
         self._lock = threading.Lock()
-        self._staging: dict[tuple[Any, ...], BufferPool] = {}
+        self._staging: dict[int, BufferPool] = {}
+        self._pid = os.getpid()
 
     def allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """The sources' allocator: page-locked arrays (counted: the ring's size)."""
-        self.metrics.pinned_buffers += 1
+        """The sources' allocator: page-locked arrays (counted: the ring's size); in a forked
+        child (a DataLoader worker), plain ones."""
+        if os.getpid() != self._pid:
+            return np.empty(shape, dtype)
+        with self._lock:
+            self.metrics.pinned_buffers += 1
         return self.copier.pinned(shape, dtype)
 
     def _host(self, value: np.ndarray) -> torch.Tensor:
@@ -283,14 +298,15 @@ class DeviceHop:
             t = torch.from_numpy(value)
             if self.copier.is_pinned(t):
                 return t
-        key = (value.shape, value.dtype.str)
+        # staged through page-locked byte buffers of power-of-two sizes (a few serve arrays of
+        # any shape: a step's offsets change length from step to step)
+        size = max(4096, 1 << (max(value.nbytes, 1) - 1).bit_length())
         with self._lock:
-            pool = self._staging.get(key)
+            pool = self._staging.get(size)
             if pool is None:
-                if len(self._staging) > 16:
-                    self._staging.clear()
-                pool = self._staging[key] = BufferPool(value.shape, value.dtype, max_buffers=16, allocate=self.allocate)
-        buf = pool.acquire()
+                pool = self._staging[size] = BufferPool((size,), np.dtype(np.uint8), max_buffers=16,
+                                                        allocate=self.allocate)
+        buf = pool.acquire()[:value.nbytes].view(value.dtype).reshape(value.shape)
         np.copyto(buf, value)
         return torch.from_numpy(buf)
 
@@ -366,7 +382,9 @@ class DeviceHop:
     def hand_over(self, staged: _Staged) -> Any:
         """On the loop's thread: the consumer's stream waits for the copies; the result."""
         self.copier.hand_over(staged.mark, staged.tensors)
-        self.settle()
+        if self._lock.acquire(blocking=False):     # (never waits behind a read thread's copy)
+            self._lock.release()
+            self.settle()
         return staged.result
 
 
@@ -458,23 +476,43 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
         if self.device is not None and self.device.type == "cpu":
             self.device = None
         self._hop: DeviceHop | None = None
-        if self.device is not None and self.device.type == "cuda":
-            self._use_copier(_copier(self.device))
+        # the ring is made when the loader is first iterated, on the device current then
+        # ("cuda" without an index: a DDP script may call set_device after making the loader)
+        self._ring_pending = self.device is not None and self.device.type == "cuda"
+        if self._ring_pending:
+            pass
         elif self.pin_memory and not _accelerator_available():
             warnings.warn("pin_memory=True but no accelerator is available: batches are not pinned",
                           RuntimeWarning, stacklevel=2)
             self.pin_memory = False
 
+    def _ring(self) -> None:
+        """Make the ring (first iteration): on ``self.device``, or the current CUDA device."""
+        if not self.__dict__.get("_ring_pending") or self._in_worker():
+            return
+        self._ring_pending = False
+        device = self.device
+        if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+            device = self.device = torch.device("cuda", torch.cuda.current_device())
+        self._use_copier(_copier(device))
+
     def _use_copier(self, copier: Any) -> None:
         """Copy reads to the device through ``copier`` (:class:`CudaCopier`): the ring."""
-        widen = torch.int64 if self.torch_dtype == torch.int64 else None
+        # ids cross as int32 and are widened on the device only for sources that say which
+        # arrays hold them and whose ids all fit (a vocabulary of at most 2**31)
+        widen = torch.int64 if self.torch_dtype == torch.int64 and _narrowable(self.source) else None
         self._hop = DeviceHop(copier, self._metrics, widen)
         self._stage = self._hop.stage
         if widen is not None:
             self._read_dtype = np.dtype(np.int32)     # ids cross as int32, widened on the device
         self.source.use_allocator(self._hop.allocate)
 
+    def start_prefetch(self) -> None:
+        self._ring()
+        super().start_prefetch()
+
     def __iter__(self) -> Iterator[Any]:
+        self._ring()
         return self._iter()
 
     def _worker_split(self) -> tuple[int, int]:

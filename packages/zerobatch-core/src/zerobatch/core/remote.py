@@ -350,7 +350,8 @@ class RequestBudget:
             return 0.0
         wait = -level / self.rate
         time.sleep(wait)
-        self.waited += wait
+        with self._lock:
+            self.waited += wait
         return wait
 
     def penalize(self) -> None:
@@ -411,7 +412,9 @@ class RequestBudgets:
     @property
     def waited(self) -> float:
         """Seconds this process's requests waited for their tokens."""
-        return sum(b.waited for b in self._buckets.values())
+        with self._lock:
+            buckets = list(self._buckets.values())
+        return sum(b.waited for b in buckets)
 
 
 class _ShortBody(Exception):
@@ -621,11 +624,11 @@ class ObjectStore:
         budget = None if self.budgets is None or write else self.budgets.bucket(key)
         for attempt in range(policy.attempts):
             if attempt:
-                with self._lock:
-                    self._stats[2] += 1
                 time.sleep(policy.delay(attempt - 1, self._rng))
                 if time.monotonic() - t0 > policy.deadline:
                     break
+                with self._lock:
+                    self._stats[2] += 1
             tries += 1
             if budget is not None:
                 budget.take(cost)

@@ -432,6 +432,11 @@ class Source(ABC):
         them ahead of its reads), or ``None``."""
         return None
 
+    #: Whether the loader's ``dtype`` sets the element type of the arrays ``tokens`` and
+    #: ``labels`` only (a loader copying to a device may then read int32 ids and widen them
+    #: there; see ``zerobatch.adapters.torch.TOKEN_ARRAYS``).
+    token_arrays_only = False
+
     #: ``read_async(pool, items, dtype)``: the read queued on a
     #: :class:`~zerobatch.core.pool.TaskPool` as one compiled task, returning a ticket with
     #: ``wait()`` (the result) and ``cancel()`` (a :class:`ReadTicket`), or ``None`` when this

@@ -174,6 +174,8 @@ class PackedDocuments(Source):
         split_documents: documents cut over more than one row.
     """
 
+    token_arrays_only = True       # (int32 ids may cross to a device, widened there)
+
     kind = "tokstream-packed"
     item_name = "rows"
 
@@ -450,6 +452,8 @@ class FlatDocuments(Source):
     positions and labels by one pass over them (both layouts: Hugging Face's labels are the
     next-token labels one place later).
     """
+
+    token_arrays_only = True       # (int32 ids may cross to a device, widened there)
 
     kind = "tokstream-flat"
     item_name = "documents"

@@ -42,6 +42,8 @@ class TokenWindows(Source):
     ``(x, y)`` pair.
     """
 
+    token_arrays_only = True       # (int32 ids may cross to a device, widened there)
+
     kind = "tokstream-windows"
     item_name = "windows"
 
@@ -224,6 +226,8 @@ class TokenDocuments(Source):
     Each step is a dict with ``input_ids``, ``attention_mask`` (bool) and, for next-token
     pairs, ``labels``.
     """
+
+    token_arrays_only = True       # (int32 ids may cross to a device, widened there)
 
     kind = "tokstream-documents"
     item_name = "documents"
