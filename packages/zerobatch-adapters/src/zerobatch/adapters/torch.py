@@ -429,7 +429,7 @@ class Loader(BaseLoader, torch.utils.data.IterableDataset):
             ``device``). On a CUDA device (:class:`DeviceHop`) read-ahead gathers into
             page-locked buffers allocated once and reused, copies each read on a dedicated
             stream right after it is read, and hands the tensors over with an event the
-            loop's current stream waits on (and ``record_stream``); int64 ids cross the bus
+            loop's current stream waits on (and ``record_stream``); int64 token ids cross the bus
             as int32 and are widened on the device. Other devices: ``.to(device)`` per batch.
         headspace: replay the first ``headspace`` batches from memory instead of reading
             (the position does not move): the loop's step time as if data were free, to set
